@@ -1,0 +1,19 @@
+module github.com/activator/activator
+
+go 1.26
+
+require (
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+	github.com/coder/websocket v1.8.15 // indirect
+	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/go-chi/chi/v5 v5.5.0 // indirect
+	github.com/godbus/dbus/v5 v5.2.4 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/stmcginnis/gofish v0.23.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

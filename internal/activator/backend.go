@@ -1,0 +1,118 @@
+package activator
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// Backend wakes and sleeps one route's tenant. The activator owns the decision of when; a Backend
+// knows only how. Implementations live in internal/backend/* and never see HTTP.
+//
+// The activator never calls Wake and Sleep concurrently for one Backend, and never calls either after
+// Close. Both must be safe to call in any state:
+//   - Wake on an awake tenant returns at once with its current Life.
+//   - Sleep on a tenant that is already asleep (or gone) returns nil.
+type Backend interface {
+	// Wake brings the tenant up and returns once the backend considers it started (process spawned,
+	// job done, guest running, node powered on); the activator's health gate runs after it. ctx carries
+	// the route's wake budget and is detached from any request. Wake reports progress to t: each call to
+	// t.Phase starts a named phase (see the Phase* constants for the common names).
+	//
+	// The returned Life must be ended by the backend when the tenant stops on its own (exited,
+	// crashed, powered itself off, stopped by an operator), with the reason. A failed Wake must leave
+	// nothing running.
+	Wake(ctx context.Context, t Tracker) (*Life, error)
+
+	// Sleep puts the tenant to sleep in the route's configured mode (stop, freeze, pause, snapshot,
+	// power off). ctx carries the route's sleep budget. After Sleep returns nil the upstream must not
+	// be serving. Sleep may End the Life returned by Wake (with ErrSlept); the activator ignores Life
+	// ends it caused.
+	Sleep(ctx context.Context) error
+}
+
+// Adopter is implemented by backends whose tenants can outlive the activator (systemd units, QEMU
+// guests, bare-metal nodes). Adopt is called once, before the first Wake, and reports whether the
+// tenant is already awake; an awake tenant is adopted as is (its idle clock starts) instead of being
+// restarted. An error is logged and the tenant treated as asleep.
+type Adopter interface {
+	Adopt(ctx context.Context) (life *Life, awake bool, err error)
+}
+
+// Closer is implemented by backends that hold resources or own tenants that must not outlive the
+// activator (exec children, QEMU processes unless configured otherwise). Close is called once, when the
+// route is removed by a reload (after Sleep) or when the activator shuts down (without Sleep: the
+// backend decides what shutdown means for its tenant).
+type Closer interface {
+	Close(ctx context.Context) error
+}
+
+// Provider opens the Backend for a route. internal/backend/split implements it by dispatching on
+// Route.Backing.
+type Provider interface {
+	Open(r *registry.Route) (Backend, error)
+}
+
+// Tracker receives one wake's progress; the activator turns it into the wake record, logs and metrics.
+// A Tracker is safe for use by one goroutine at a time.
+type Tracker interface {
+	// Phase marks the start of a named phase; the previous phase ends now.
+	Phase(name string)
+	// Note adds a line to the wake's explanation, e.g. "snapshot file corrupt, cold boot instead".
+	Note(msg string)
+}
+
+// Common phase names. Backends may add their own (kvm: "qmp", "restore"; redfish: "power_on").
+const (
+	PhaseStart  = "start"  // the backend's first step (spawn, start job, QEMU launch, Reset)
+	PhaseHealth = "health" // the activator's health gate
+)
+
+// Discard is a Tracker that records nothing, for tests and adoption.
+var Discard Tracker = discard{}
+
+type discard struct{}
+
+func (discard) Phase(string) {}
+func (discard) Note(string)  {}
+
+// ErrSlept is the Life error a backend may use when the tenant ended because Sleep stopped it.
+var ErrSlept = errors.New("put to sleep")
+
+// Life tracks one woken tenant. The backend creates it in Wake and calls End when the tenant stops;
+// everyone else waits on Done and reads Err.
+type Life struct {
+	done chan struct{}
+	once sync.Once
+	err  error // written once, before done is closed
+}
+
+// NewLife returns a Life that has not ended.
+func NewLife() *Life { return &Life{done: make(chan struct{})} }
+
+// End records why the tenant stopped and closes Done. Only the first call counts; a nil err is
+// recorded as "exited".
+func (l *Life) End(err error) {
+	l.once.Do(func() {
+		if err == nil {
+			err = errors.New("exited")
+		}
+		l.err = err
+		close(l.done)
+	})
+}
+
+// Done is closed when the tenant has stopped.
+func (l *Life) Done() <-chan struct{} { return l.done }
+
+// Err is why the tenant stopped, or nil while it runs.
+func (l *Life) Err() error {
+	select {
+	case <-l.done:
+		return l.err
+	default:
+		return nil
+	}
+}

@@ -1,0 +1,128 @@
+// Package registry owns the activator's configuration: the routes, their common settings, and the
+// validation that turns a YAML file into an immutable *Config or a list of errors that each name the
+// route and key at fault.
+//
+// The registry knows the keys every route shares. Each backing's own settings block (the mapping under
+// the key named after the backing, e.g. `exec:`) is decoded by a SettingsDecoder that the composition
+// root supplies, so the registry never imports a backend and a backend owns its own schema.
+package registry
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Config is a parsed, validated configuration. It is immutable after Load returns.
+type Config struct {
+	// Listen is the edge's address (default 127.0.0.1:8080).
+	Listen string
+	// Admin is the admin API's address (default 127.0.0.1:9090).
+	Admin string
+	// Routes in file order.
+	Routes []*Route
+}
+
+// Route returns the route with the given name, or nil.
+func (c *Config) Route(name string) *Route {
+	for _, r := range c.Routes {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// Route is one tenant: where its requests come from, how to wake it and when to let it sleep.
+type Route struct {
+	Name       string
+	Hosts      []string // exact ("app.example.com") or leading wildcard ("*.example.com"), lower case
+	PathPrefix string   // "" or a prefix starting with "/"
+	Backing    string   // "exec", "unit", "kvm", "redfish"
+	Upstream   Upstream
+	Health     Health
+	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
+	Idle time.Duration
+	// WakeBudget bounds a whole wake: backend start plus health gate.
+	WakeBudget time.Duration
+	// SleepBudget bounds one Sleep call.
+	SleepBudget time.Duration
+	Hold        Hold
+	Backoff     Backoff
+	// Settings is what the backing's SettingsDecoder returned for this route.
+	Settings any
+}
+
+// Upstream is where a woken tenant listens.
+type Upstream struct {
+	Network string // "tcp" or "unix"
+	Address string // host:port or a socket path
+}
+
+// ParseUpstream accepts "host:port", "unix:/path" or an absolute "/path" (a unix socket).
+func ParseUpstream(s string) (Upstream, error) {
+	switch {
+	case s == "":
+		return Upstream{}, fmt.Errorf("upstream is empty")
+	case strings.HasPrefix(s, "unix:"):
+		p := strings.TrimPrefix(s, "unix:")
+		if !strings.HasPrefix(p, "/") {
+			return Upstream{}, fmt.Errorf("unix socket path %q must be absolute", p)
+		}
+		return Upstream{Network: "unix", Address: p}, nil
+	case strings.HasPrefix(s, "/"):
+		return Upstream{Network: "unix", Address: s}, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return Upstream{}, fmt.Errorf("upstream %q is neither host:port nor a unix socket path", s)
+	}
+	if host == "" {
+		return Upstream{}, fmt.Errorf("upstream %q has no host", s)
+	}
+	if port == "" || port == "0" {
+		return Upstream{}, fmt.Errorf("upstream %q needs a fixed port", s)
+	}
+	return Upstream{Network: "tcp", Address: s}, nil
+}
+
+// String renders the upstream the way ParseUpstream accepts it.
+func (u Upstream) String() string {
+	if u.Network == "unix" {
+		return "unix:" + u.Address
+	}
+	return u.Address
+}
+
+// Dial connects to the upstream.
+func (u Upstream) Dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, u.Network, u.Address)
+}
+
+// Health is the gate a woken tenant must pass before held requests are released.
+type Health struct {
+	Path      string        // default "/"
+	MinStatus int           // default 200
+	MaxStatus int           // default 399
+	Interval  time.Duration // the longest pause between probes (default 1s); probing starts at a few ms
+	Timeout   time.Duration // one probe's limit (default 2s)
+	Passes    int           // consecutive passes required (default 1)
+	// Budget bounds the health phase alone; 0 means whatever is left of the wake budget.
+	Budget time.Duration
+}
+
+// Hold limits the requests held while a route wakes.
+type Hold struct {
+	MaxRequests int           // default 10000
+	MaxTime     time.Duration // default: the wake budget
+}
+
+// Backoff spaces wake attempts after a failed wake, so a crash-looping tenant is not restarted on every
+// request.
+type Backoff struct {
+	Initial time.Duration // default 1s
+	Max     time.Duration // default 1m
+}
