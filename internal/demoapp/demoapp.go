@@ -1,0 +1,208 @@
+// Package demoapp is a tiny HTTP tenant: the app `activator demo` wakes (the activator binary
+// re-executed in a hidden mode) and the app every integration test and benchmark starts as a real
+// child process, systemd unit or (in spirit) guest service. It is configured by environment so it works
+// the same under exec, systemd units and test re-execution.
+//
+// Where it listens, first match wins:
+//   - LISTEN_FDS (systemd socket activation protocol, LISTEN_PID must match): the first inherited socket;
+//   - SOCKET=/path: a unix socket (removed first if stale);
+//   - PORT=n (HOST defaults to 127.0.0.1): TCP.
+//
+// Behaviour knobs:
+//   - DEMOAPP_START_DELAY=200ms   wait this long before listening (a slow-starting app);
+//   - DEMOAPP_EXIT_CODE=3         print DEMOAPP_EXIT_MESSAGE (or a default) to stderr and exit before listening;
+//   - DEMOAPP_UNHEALTHY=1         /healthz always answers 503;
+//   - DEMOAPP_BODY=text           the body of GET / (default "hello from demoapp");
+//   - DEMOAPP_READY=text          printed on stdout once listening (default "demoapp ready");
+//   - DEMOAPP_CHATTY=n            print n lines on stdout and stderr before listening (pipe-drain tests).
+//
+// Endpoints: / (body), /healthz, /echo (echoes the request body), /sse?n=3 (server-sent events,
+// flushed one by one), /ws (WebSocket echo), /pid, /bound (JSON: pid, main_ns, bound_ns, wall clock
+// unix nanoseconds), /slow?d=100ms.
+package demoapp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/coreos/go-systemd/v22/activation"
+)
+
+// ChildEnv is the variable that makes a test binary run the demo app instead of its tests: a test
+// package's TestMain calls RunIfChild, and a test starts os.Args[0] with ChildEnv=1.
+const ChildEnv = "ACTIVATOR_DEMOAPP"
+
+// RunIfChild runs the app and exits when ChildEnv=1 is set; otherwise it returns at once. Call it first
+// thing in TestMain.
+func RunIfChild() {
+	if os.Getenv(ChildEnv) == "1" {
+		os.Exit(Main())
+	}
+}
+
+// Main runs the app until SIGTERM or SIGINT and returns the exit code.
+func Main() int {
+	mainNS := time.Now().UnixNano()
+	if d, err := time.ParseDuration(os.Getenv("DEMOAPP_START_DELAY")); err == nil && d > 0 {
+		time.Sleep(d) // the app is deliberately slow to start; this is its behaviour, not test timing
+	}
+	if n, _ := strconv.Atoi(os.Getenv("DEMOAPP_CHATTY")); n > 0 {
+		line := fmt.Sprintf("%0200d", 0)
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(os.Stdout, "out %d %s\n", i, line)
+			fmt.Fprintf(os.Stderr, "err %d %s\n", i, line)
+		}
+	}
+	if code, err := strconv.Atoi(os.Getenv("DEMOAPP_EXIT_CODE")); err == nil {
+		msg := os.Getenv("DEMOAPP_EXIT_MESSAGE")
+		if msg == "" {
+			msg = "demoapp: failing on purpose before listening"
+		}
+		fmt.Fprintln(os.Stderr, msg)
+		return code
+	}
+	ln, err := listen()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demoapp:", err)
+		return 1
+	}
+	boundNS := time.Now().UnixNano()
+	ready := os.Getenv("DEMOAPP_READY")
+	if ready == "" {
+		ready = "demoapp ready"
+	}
+	fmt.Fprintf(os.Stdout, "%s on %s\n", ready, ln.Addr())
+
+	srv := &http.Server{Handler: Handler(mainNS, boundNS), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		fmt.Fprintln(os.Stderr, "demoapp:", err)
+		return 1
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return 0
+}
+
+func listen() (net.Listener, error) {
+	if os.Getenv("LISTEN_FDS") != "" {
+		lns, err := activation.Listeners()
+		if err != nil {
+			return nil, fmt.Errorf("LISTEN_FDS: %w", err)
+		}
+		for _, l := range lns {
+			if l != nil {
+				return l, nil
+			}
+		}
+		return nil, errors.New("LISTEN_FDS set but no listening socket inherited (does LISTEN_PID match?)")
+	}
+	if p := os.Getenv("SOCKET"); p != "" {
+		_ = os.Remove(p)
+		return net.Listen("unix", p)
+	}
+	if port := os.Getenv("PORT"); port != "" {
+		host := os.Getenv("HOST")
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		return net.Listen("tcp", net.JoinHostPort(host, port))
+	}
+	return nil, errors.New("nowhere to listen: set LISTEN_FDS, SOCKET or PORT")
+}
+
+// Handler is the app's HTTP handler; mainNS and boundNS are reported by /bound.
+func Handler(mainNS, boundNS int64) http.Handler {
+	body := os.Getenv("DEMOAPP_BODY")
+	if body == "" {
+		body = "hello from demoapp"
+	}
+	unhealthy := os.Getenv("DEMOAPP_UNHEALTHY") == "1"
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, body)
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if unhealthy {
+			http.Error(w, "unhealthy on purpose", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", r.Header.Get("Content-Type"))
+		_, _ = io.Copy(w, r.Body)
+	})
+	mux.HandleFunc("/pid", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, os.Getpid())
+	})
+	mux.HandleFunc("/bound", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]int64{"pid": int64(os.Getpid()), "main_ns": mainNS, "bound_ns": boundNS})
+	})
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		d, _ := time.ParseDuration(r.URL.Query().Get("d"))
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+		}
+		fmt.Fprintln(w, "slow done")
+	})
+	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		if n <= 0 {
+			n = 3
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		f, _ := w.(http.Flusher)
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "data: event %d\n\n", i)
+			if f != nil {
+				f.Flush()
+			}
+			// Wait for the client to ask for more by waiting on a tiny interval only when asked to.
+			if d, err := time.ParseDuration(r.URL.Query().Get("every")); err == nil {
+				select {
+				case <-time.After(d):
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+	})
+	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, msg, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			if err := c.Write(r.Context(), typ, msg); err != nil {
+				return
+			}
+		}
+	})
+	return mux
+}
