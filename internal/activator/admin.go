@@ -1,0 +1,84 @@
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// AdminHandler serves the admin API:
+//
+//	GET  /healthz               200 "ok" while the server runs
+//	GET  /routes                every route's Status (JSON)
+//	GET  /routes/{name}         one route's Status
+//	POST /routes/{name}/wake    wake and wait for the result (?wait=false to return at once)
+//	POST /routes/{name}/sleep   put to sleep and wait until asleep
+//
+// metrics, when non-nil, is mounted at /metrics.
+func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
+	r := chi.NewRouter()
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	if metrics != nil {
+		r.Handle("/metrics", metrics)
+	}
+	r.Get("/routes", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.Statuses())
+	})
+	r.Get("/routes/{name}", func(w http.ResponseWriter, req *http.Request) {
+		in := s.instance(chi.URLParam(req, "name"))
+		if in == nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + chi.URLParam(req, "name")})
+			return
+		}
+		writeJSON(w, http.StatusOK, in.status())
+	})
+	r.Post("/routes/{name}/wake", func(w http.ResponseWriter, req *http.Request) {
+		name := chi.URLParam(req, "name")
+		if req.URL.Query().Get("wait") == "false" {
+			in := s.instance(name)
+			if in == nil {
+				writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
+				return
+			}
+			in.kick()
+			writeJSON(w, http.StatusAccepted, in.status())
+			return
+		}
+		s.adminAct(w, req, name, s.Wake)
+	})
+	r.Post("/routes/{name}/sleep", func(w http.ResponseWriter, req *http.Request) {
+		s.adminAct(w, req, chi.URLParam(req, "name"), s.Sleep)
+	})
+	return r
+}
+
+func (s *Server) adminAct(w http.ResponseWriter, req *http.Request, name string, act func(context.Context, string) error) {
+	ctx, cancel := context.WithTimeout(req.Context(), 15*time.Minute)
+	defer cancel()
+	err := act(ctx, name)
+	in := s.instance(name)
+	switch {
+	case errors.Is(err, errNoRoute) || in == nil:
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
+	case err != nil:
+		code, _ := statusFor(err)
+		writeJSON(w, code, map[string]any{"error": err.Error(), "status": in.status()})
+	default:
+		writeJSON(w, http.StatusOK, in.status())
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,463 @@
+package activator
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/registry"
+)
+
+// fakeBackend is a hand-written Backend for state-machine tests. Its Wake and Sleep can be made to
+// block until released, fail, or succeed.
+type fakeBackend struct {
+	wakes  atomic.Int32
+	sleeps atomic.Int32
+
+	mu       sync.Mutex // guards the fields below
+	life     *Life
+	wakeErr  error
+	wakeGate chan struct{} // when non-nil, Wake blocks until it is closed
+	sleepGte chan struct{} // when non-nil, Sleep blocks until it is closed
+}
+
+func (f *fakeBackend) Wake(ctx context.Context, t Tracker) (*Life, error) {
+	f.wakes.Add(1)
+	t.Phase("spawn")
+	f.mu.Lock()
+	gate, err := f.wakeGate, f.wakeErr
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.life == nil || f.life.Err() != nil {
+		f.life = NewLife()
+	}
+	return f.life, nil
+}
+
+func (f *fakeBackend) Sleep(ctx context.Context) error {
+	f.sleeps.Add(1)
+	f.mu.Lock()
+	gate := f.sleepGte
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.life != nil {
+		f.life.End(ErrSlept)
+		f.life = nil
+	}
+	return nil
+}
+
+func (f *fakeBackend) set(fn func(f *fakeBackend)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// passGate is a health gate that passes at once unless the tenant is gone.
+type passGate struct{ err error }
+
+func (g passGate) Wait(ctx context.Context, gone <-chan struct{}) error {
+	select {
+	case <-gone:
+		return health.ErrGone
+	default:
+	}
+	return g.err
+}
+
+type fakeProvider struct{ b *fakeBackend }
+
+func (p fakeProvider) Open(*registry.Route) (Backend, error) { return p.b, nil }
+
+func testRoute(name string) *registry.Route {
+	return &registry.Route{
+		Name: name, Hosts: []string{name + ".test"}, Backing: "fake",
+		Upstream:   registry.Upstream{Network: "tcp", Address: "127.0.0.1:1"},
+		Idle:       time.Minute,
+		WakeBudget: 30 * time.Second, SleepBudget: 10 * time.Second,
+		Hold:    registry.Hold{MaxRequests: 1000, MaxTime: 30 * time.Second},
+		Backoff: registry.Backoff{Initial: 5 * time.Second, Max: time.Minute},
+		Health:  registry.Health{Path: "/", MinStatus: 200, MaxStatus: 399, Interval: time.Second, Timeout: time.Second, Passes: 1},
+	}
+}
+
+// newTestServer builds a Server over one fake route and registers shutdown.
+func newTestServer(t *testing.T, b *fakeBackend, gate Gate, mut ...func(*registry.Route)) (*Server, *instance) {
+	t.Helper()
+	r := testRoute("app")
+	for _, m := range mut {
+		m(r)
+	}
+	s := New(Options{
+		Provider: fakeProvider{b},
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate:  func(*registry.Route) Gate { return gate },
+	})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s, s.instance("app")
+}
+
+func TestHerdWakesOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		_, in := newTestServer(t, b, passGate{})
+		const n = 200
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rel, err := in.acquire(context.Background(), "request")
+				if err != nil {
+					errs <- err
+					return
+				}
+				rel()
+			}()
+		}
+		synctest.Wait()
+		if got := in.status().Held; got != n {
+			t.Fatalf("held = %d, want %d", got, n)
+		}
+		close(b.wakeGate)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("acquire: %v", err)
+		}
+		if got := b.wakes.Load(); got != 1 {
+			t.Fatalf("backend woken %d times, want 1", got)
+		}
+		st := in.status()
+		if st.State != "awake" || st.LastWake == nil || st.LastWake.Joined != n-1 {
+			t.Fatalf("status = %+v, want awake with %d joined", st, n-1)
+		}
+	})
+}
+
+func TestFailedWakeAnswersAllThenBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{}), wakeErr: errors.New("exited with code 3: boom")}
+		_, in := newTestServer(t, b, passGate{})
+		errs := make(chan error, 10)
+		for i := 0; i < 10; i++ {
+			go func() {
+				_, err := in.acquire(context.Background(), "request")
+				errs <- err
+			}()
+		}
+		synctest.Wait()
+		close(b.wakeGate)
+		for i := 0; i < 10; i++ {
+			err := <-errs
+			var we *WakeError
+			if !errors.As(err, &we) || we.Phase != "spawn" || !strings.Contains(err.Error(), "code 3") {
+				t.Fatalf("err = %v, want a WakeError in phase spawn naming code 3", err)
+			}
+		}
+		// During the backoff: refused at once with the time left, and no new wake.
+		time.Sleep(2 * time.Second)
+		_, err := in.acquire(context.Background(), "request")
+		var be *BackoffError
+		if !errors.As(err, &be) || be.RetryAfter != 3*time.Second {
+			t.Fatalf("err = %v, want BackoffError with 3s left", err)
+		}
+		if code, retry := statusFor(err); code != 503 || retry != 3*time.Second {
+			t.Fatalf("status = %d retry %v, want 503 and 3s", code, retry)
+		}
+		// After the backoff the next request wakes again.
+		time.Sleep(3 * time.Second)
+		b.set(func(f *fakeBackend) { f.wakeErr = nil; f.wakeGate = nil })
+		rel, err := in.acquire(context.Background(), "request")
+		if err != nil {
+			t.Fatalf("acquire after backoff: %v", err)
+		}
+		rel()
+		if got := b.wakes.Load(); got != 2 {
+			t.Fatalf("wakes = %d, want 2", got)
+		}
+	})
+}
+
+func TestUnhealthyTenantIsStopped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		_, in := newTestServer(t, b, passGate{err: errors.New("health gate did not pass")})
+		_, err := in.acquire(context.Background(), "request")
+		var we *WakeError
+		if !errors.As(err, &we) || we.Phase != PhaseHealth {
+			t.Fatalf("err = %v, want WakeError in phase health", err)
+		}
+		if b.sleeps.Load() != 1 {
+			t.Fatalf("sleeps = %d, want 1: an unhealthy tenant must be stopped", b.sleeps.Load())
+		}
+	})
+}
+
+func TestIdleSleepAndRequestDuringStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		_, in := newTestServer(t, b, passGate{})
+		rel, err := in.acquire(context.Background(), "request")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Minute) // in flight: the idle clock has not started
+		if b.sleeps.Load() != 0 {
+			t.Fatal("slept with a request in flight")
+		}
+		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
+		rel()
+		time.Sleep(time.Minute + time.Millisecond)
+		synctest.Wait()
+		if st := in.status().State; st != "stopping" {
+			t.Fatalf("state = %s, want stopping", st)
+		}
+		got := make(chan error, 1)
+		go func() {
+			rel, err := in.acquire(context.Background(), "request")
+			if err == nil {
+				rel()
+			}
+			got <- err
+		}()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			t.Fatalf("request during stop answered before the stop finished: %v", err)
+		default:
+		}
+		close(b.sleepGte)
+		if err := <-got; err != nil {
+			t.Fatalf("request during stop: %v", err)
+		}
+		if b.wakes.Load() != 2 {
+			t.Fatalf("wakes = %d, want 2 (re-wake after the stop)", b.wakes.Load())
+		}
+	})
+}
+
+func TestClientHangUpDoesNotCancelWake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		_, in := newTestServer(t, b, passGate{})
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan error, 1)
+		go func() { _, err := in.acquire(ctx, "request"); first <- err }()
+		second := make(chan error, 1)
+		go func() {
+			rel, err := in.acquire(context.Background(), "request")
+			if err == nil {
+				rel()
+			}
+			second <- err
+		}()
+		synctest.Wait()
+		cancel()
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first = %v, want canceled", err)
+		}
+		close(b.wakeGate)
+		if err := <-second; err != nil {
+			t.Fatalf("second waiter failed after the first hung up: %v", err)
+		}
+	})
+}
+
+func TestTenantExitNoticed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		_, in := newTestServer(t, b, passGate{})
+		rel, err := in.acquire(context.Background(), "request")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel()
+		b.mu.Lock()
+		b.life.End(errors.New("exited with code 1"))
+		b.mu.Unlock()
+		synctest.Wait()
+		if st := in.status(); st.State != "asleep" || st.LastSleep != ReasonExited {
+			t.Fatalf("status = %s/%s, want asleep/exited", st.State, st.LastSleep)
+		}
+		rel, err = in.acquire(context.Background(), "request")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel()
+		if b.wakes.Load() != 2 {
+			t.Fatalf("wakes = %d, want 2", b.wakes.Load())
+		}
+	})
+}
+
+func TestHoldLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		_, in := newTestServer(t, b, passGate{}, func(r *registry.Route) {
+			r.Hold = registry.Hold{MaxRequests: 2, MaxTime: 10 * time.Second}
+		})
+		errs := make(chan error, 2)
+		for i := 0; i < 2; i++ {
+			go func() { _, err := in.acquire(context.Background(), "request"); errs <- err }()
+		}
+		synctest.Wait()
+		if _, err := in.acquire(context.Background(), "request"); !errors.Is(err, ErrHoldFull) {
+			t.Fatalf("third request: %v, want ErrHoldFull", err)
+		}
+		time.Sleep(10 * time.Second)
+		for i := 0; i < 2; i++ {
+			if err := <-errs; !errors.Is(err, ErrHoldTimeout) {
+				t.Fatalf("held request: %v, want ErrHoldTimeout", err)
+			}
+		}
+		if code, _ := statusFor(ErrHoldTimeout); code != http.StatusGatewayTimeout {
+			t.Fatalf("hold timeout maps to %d, want 504", code)
+		}
+		close(b.wakeGate)
+	})
+}
+
+func TestReloadKeepsHeldRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		s, old := newTestServer(t, b, passGate{})
+		got := make(chan error, 1)
+		go func() {
+			rel, err := old.acquire(context.Background(), "request")
+			if err == nil {
+				rel()
+			}
+			got <- err
+		}()
+		synctest.Wait()
+		// Change the route: the held request stays with the old instance, which serves it and retires.
+		r := testRoute("app")
+		r.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		close(b.wakeGate)
+		if err := <-got; err != nil {
+			t.Fatalf("held request across reload: %v", err)
+		}
+		synctest.Wait()
+		select {
+		case <-old.retired:
+		default:
+			t.Fatal("old instance did not retire after its last request")
+		}
+		if b.sleeps.Load() != 1 {
+			t.Fatalf("sleeps = %d, want 1 (old instance put its tenant to sleep)", b.sleeps.Load())
+		}
+		// The new instance wakes the tenant for the next request.
+		rel, err := s.instance("app").acquire(context.Background(), "request")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel()
+	})
+}
+
+func TestEdgeErrors(t *testing.T) {
+	b := &fakeBackend{wakeErr: errors.New("exited with code 3: no config")}
+	s, _ := newTestServer(t, b, passGate{})
+	for _, tc := range []struct {
+		host, accept string
+		code         int
+		want         string
+	}{
+		{"unknown.test", "", 404, "no route"},
+		{"app.test", "application/json", 503, `"phase": "spawn"`},
+		{"app.test", "text/html", 503, "<pre>"},
+		{"APP.test:8080", "", 503, "backoff"},
+	} {
+		req := httptest.NewRequest("GET", "http://"+tc.host+"/", nil)
+		req.Header.Set("Accept", tc.accept)
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, req)
+		if w.Code != tc.code {
+			t.Errorf("%s: code %d, want %d (body %q)", tc.host, w.Code, tc.code, w.Body)
+		}
+		if tc.code == 503 && w.Header().Get("Retry-After") == "" {
+			t.Errorf("%s: 503 without Retry-After", tc.host)
+		}
+		body := strings.ReplaceAll(w.Body.String(), `":"`, `": "`)
+		if tc.want == "backoff" {
+			tc.want = "next attempt in"
+		}
+		if !strings.Contains(body, tc.want) {
+			t.Errorf("%s: body %q does not contain %q", tc.host, body, tc.want)
+		}
+	}
+	if b.wakes.Load() != 1 {
+		t.Fatalf("wakes = %d, want 1 (unknown host wakes nothing; backoff refuses)", b.wakes.Load())
+	}
+}
+
+func TestLookup(t *testing.T) {
+	cfg := &registry.Config{}
+	ins := map[string]*instance{}
+	for _, r := range []struct{ name, host, prefix string }{
+		{"exact", "a.example.com", ""},
+		{"api", "a.example.com", "/api"},
+		{"wild", "*.example.com", ""},
+		{"deep", "*.b.example.com", ""},
+	} {
+		rt := testRoute(r.name)
+		rt.Hosts, rt.PathPrefix = []string{r.host}, r.prefix
+		cfg.Routes = append(cfg.Routes, rt)
+		ins[r.name] = &instance{route: rt}
+	}
+	tb := buildTable(cfg, ins)
+	for _, tc := range []struct{ host, path, want string }{
+		{"a.example.com", "/", "exact"},
+		{"A.Example.com:80", "/api/x", "api"},
+		{"a.example.com", "/apix", "exact"},
+		{"z.example.com", "/", "wild"},
+		{"x.b.example.com", "/", "deep"},
+		{"example.com", "/", ""},
+		{"other.org", "/", ""},
+	} {
+		got := ""
+		if rt := tb.lookup(tc.host, tc.path); rt != nil {
+			got = rt.in.route.Name
+		}
+		if got != tc.want {
+			t.Errorf("lookup(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
+		}
+	}
+}

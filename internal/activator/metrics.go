@@ -1,0 +1,142 @@
+package activator
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics is the activator's narrow recorder. Every label value comes from configured route names,
+// backing names and fixed vocabularies (results, phases, states, reasons), never from request data, so
+// cardinality is bounded by the config. A nil *Metrics records nothing.
+type Metrics struct {
+	wakeDuration  *prometheus.HistogramVec
+	phaseDuration *prometheus.HistogramVec
+	wakes         *prometheus.CounterVec
+	joined        *prometheus.CounterVec
+	held          *prometheus.GaugeVec
+	holdDuration  *prometheus.HistogramVec
+	requests      *prometheus.CounterVec
+	state         *prometheus.GaugeVec
+	sleeps        *prometheus.CounterVec
+}
+
+// States, in the order exported by activator_instance_state.
+var allStates = []string{"asleep", "waking", "awake", "stopping", "failed"}
+
+// NewMetrics creates the activator's metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	// 1 ms to 10 min: exec wakes take milliseconds, bare-metal boots minutes.
+	wakeBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	m := &Metrics{
+		wakeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "activator_wake_duration_seconds", Help: "Time from the start of a wake to its result (health gate passed or failure).", Buckets: wakeBuckets,
+		}, []string{"route", "backing", "result"}),
+		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "activator_wake_phase_duration_seconds", Help: "Duration of each phase of a wake.", Buckets: wakeBuckets,
+		}, []string{"route", "phase"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_wakes_total", Help: "Wakes by result.",
+		}, []string{"route", "result"}),
+		joined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_wake_joined_requests_total", Help: "Requests that joined a wake already in progress instead of starting one.",
+		}, []string{"route"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "activator_held_requests", Help: "Requests currently held while their route wakes.",
+		}, []string{"route"}),
+		holdDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "activator_hold_duration_seconds", Help: "How long requests were held before being released or answered.", Buckets: wakeBuckets,
+		}, []string{"route"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts).",
+		}, []string{"route", "code"}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "activator_instance_state", Help: "1 for the state each route's instance is in, 0 for the others.",
+		}, []string{"route", "state"}),
+		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_sleeps_total", Help: "Times a route went to sleep, by reason (idle, admin, exited, reload, gate_failed).",
+		}, []string{"route", "reason"}),
+	}
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.wakes, m.joined, m.held, m.holdDuration, m.requests, m.state, m.sleeps)
+	return m
+}
+
+func (m *Metrics) wakeDone(rec WakeRecord) {
+	if m == nil {
+		return
+	}
+	m.wakeDuration.WithLabelValues(rec.Route, rec.Backing, rec.Result).Observe(rec.Duration.Seconds())
+	m.wakes.WithLabelValues(rec.Route, rec.Result).Inc()
+	for _, p := range rec.Phases {
+		m.phaseDuration.WithLabelValues(rec.Route, p.Name).Observe(p.Duration.Seconds())
+	}
+}
+
+func (m *Metrics) joinedWake(route string) {
+	if m != nil {
+		m.joined.WithLabelValues(route).Inc()
+	}
+}
+
+func (m *Metrics) heldDelta(route string, d float64) {
+	if m != nil {
+		m.held.WithLabelValues(route).Add(d)
+	}
+}
+
+func (m *Metrics) holdDone(route string, d time.Duration) {
+	if m != nil {
+		m.holdDuration.WithLabelValues(route).Observe(d.Seconds())
+	}
+}
+
+// requestCounter returns the per-code request counter for one route. Counters are cached per code so
+// the hot path skips label hashing.
+func (m *Metrics) requestCounter(route string) func(code int) {
+	if m == nil {
+		return func(int) {}
+	}
+	cv := m.requests.MustCurryWith(prometheus.Labels{"route": route})
+	var cache sync.Map // int -> prometheus.Counter
+	return func(code int) {
+		if c, ok := cache.Load(code); ok {
+			c.(prometheus.Counter).Inc()
+			return
+		}
+		c := cv.WithLabelValues(strconv.Itoa(code))
+		cache.Store(code, c)
+		c.Inc()
+	}
+}
+
+func (m *Metrics) setState(route, state string) {
+	if m == nil {
+		return
+	}
+	for _, s := range allStates {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.state.WithLabelValues(route, s).Set(v)
+	}
+}
+
+func (m *Metrics) slept(route, reason string) {
+	if m != nil {
+		m.sleeps.WithLabelValues(route, reason).Inc()
+	}
+}
+
+// forget drops a removed route's series so a reload does not leave stale gauges behind.
+func (m *Metrics) forget(route string) {
+	if m == nil {
+		return
+	}
+	l := prometheus.Labels{"route": route}
+	m.state.DeletePartialMatch(l)
+	m.held.DeletePartialMatch(l)
+	m.requests.DeletePartialMatch(l)
+}

@@ -1,0 +1,126 @@
+package activator
+
+import (
+	"sync"
+	"time"
+)
+
+// WakeRecord explains one wake: what triggered it, each phase and how long it took, the decisions the
+// backend noted, and how it ended. It is what `activator status`, GET /routes and the wake log line show.
+type WakeRecord struct {
+	Route       string        `json:"route"`
+	Backing     string        `json:"backing"`
+	Trigger     string        `json:"trigger"` // "request", "admin", "adopt"
+	Started     time.Time     `json:"started"`
+	Duration    time.Duration `json:"duration_ns"`
+	Phases      []PhaseRecord `json:"phases"`
+	Notes       []string      `json:"notes,omitempty"`
+	Result      string        `json:"result"` // "ok", "failed", "adopted", "in_progress"
+	Error       string        `json:"error,omitempty"`
+	FailedPhase string        `json:"failed_phase,omitempty"`
+	Joined      int           `json:"joined_requests"` // requests that joined this wake after it began
+}
+
+// PhaseRecord is one phase of a wake.
+type PhaseRecord struct {
+	Name     string        `json:"name"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+// Result values.
+const (
+	ResultOK      = "ok"
+	ResultFailed  = "failed"
+	ResultAdopted = "adopted"
+	ResultRunning = "in_progress"
+)
+
+// tracker is the Tracker the activator hands to a backend: it builds a WakeRecord. The admin API reads
+// a snapshot while the wake runs, so it is guarded.
+type tracker struct {
+	now func() time.Time
+
+	mu         sync.Mutex // guards the fields below
+	rec        WakeRecord
+	phaseStart time.Time
+}
+
+func newTracker(route, backing, trigger string, now func() time.Time) *tracker {
+	t := &tracker{now: now}
+	t.rec = WakeRecord{Route: route, Backing: backing, Trigger: trigger, Started: now(), Result: ResultRunning}
+	return t
+}
+
+// Phase implements Tracker.
+func (t *tracker) Phase(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closePhaseLocked()
+	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name})
+	t.phaseStart = t.now()
+}
+
+// Note implements Tracker.
+func (t *tracker) Note(msg string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rec.Notes = append(t.rec.Notes, msg)
+}
+
+func (t *tracker) closePhaseLocked() {
+	if n := len(t.rec.Phases); n > 0 && t.rec.Phases[n-1].Duration == 0 {
+		d := t.now().Sub(t.phaseStart)
+		if d <= 0 {
+			d = 1 // a phase that happened took some time; 0 means "still running"
+		}
+		t.rec.Phases[n-1].Duration = d
+	}
+}
+
+// currentPhase returns the name of the phase in progress.
+func (t *tracker) currentPhase() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n := len(t.rec.Phases); n > 0 {
+		return t.rec.Phases[n-1].Name
+	}
+	return PhaseStart
+}
+
+func (t *tracker) joined() {
+	t.mu.Lock()
+	t.rec.Joined++
+	t.mu.Unlock()
+}
+
+// finish closes the last phase and sets the result.
+func (t *tracker) finish(result string, err error) WakeRecord {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil && len(t.rec.Phases) > 0 {
+		t.rec.FailedPhase = t.rec.Phases[len(t.rec.Phases)-1].Name
+	}
+	t.closePhaseLocked()
+	t.rec.Duration = t.now().Sub(t.rec.Started)
+	t.rec.Result = result
+	if err != nil {
+		t.rec.Error = err.Error()
+	}
+	return t.snapshotLocked()
+}
+
+func (t *tracker) snapshot() WakeRecord {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.snapshotLocked()
+}
+
+func (t *tracker) snapshotLocked() WakeRecord {
+	r := t.rec
+	r.Phases = append([]PhaseRecord(nil), r.Phases...)
+	r.Notes = append([]string(nil), r.Notes...)
+	if r.Result == ResultRunning {
+		r.Duration = t.now().Sub(r.Started)
+	}
+	return r
+}
