@@ -303,13 +303,16 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 			awake, err = false, nil
 		}
 	} else {
-		rec.Phase(PhaseStart)
+		rec.begin(PhaseStart)
 		life, err = in.backend.Wake(ctx, rec)
 		if err == nil && life == nil {
 			err = errors.New("backend returned no Life")
 		}
 	}
 	if err == nil && awake {
+		rec.mu.Lock()
+		rec.provisional = false
+		rec.mu.Unlock()
 		rec.Phase(PhaseHealth)
 		hctx := ctx
 		if b := in.route.Health.Budget; b > 0 {

@@ -43,6 +43,9 @@ type tracker struct {
 	mu         sync.Mutex // guards the fields below
 	rec        WakeRecord
 	phaseStart time.Time
+	// provisional: the last phase is the activator's generic "start", which the backend's first named
+	// phase replaces (keeping its start time), so records read "spawn=…", not "start=0s spawn=…".
+	provisional bool
 }
 
 func newTracker(route, backing, trigger string, now func() time.Time) *tracker {
@@ -55,9 +58,22 @@ func newTracker(route, backing, trigger string, now func() time.Time) *tracker {
 func (t *tracker) Phase(name string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.provisional {
+		t.provisional = false
+		t.rec.Phases[len(t.rec.Phases)-1].Name = name
+		return
+	}
 	t.closePhaseLocked()
 	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name})
 	t.phaseStart = t.now()
+}
+
+// begin starts the activator's generic phase, which the backend's first Phase call renames.
+func (t *tracker) begin(name string) {
+	t.Phase(name)
+	t.mu.Lock()
+	t.provisional = true
+	t.mu.Unlock()
 }
 
 // Note implements Tracker.
@@ -100,6 +116,7 @@ func (t *tracker) finish(result string, err error) WakeRecord {
 	if err != nil && len(t.rec.Phases) > 0 {
 		t.rec.FailedPhase = t.rec.Phases[len(t.rec.Phases)-1].Name
 	}
+	t.provisional = false
 	t.closePhaseLocked()
 	t.rec.Duration = t.now().Sub(t.rec.Started)
 	t.rec.Result = result

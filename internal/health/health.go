@@ -1,5 +1,5 @@
 // Package health owns probing a tenant's upstream: one HTTP GET per probe, and the gate that waits for
-// N consecutive passes with a backoff that starts at a few milliseconds, so a fast tenant is released
+// N consecutive passes, probing every millisecond at first, so a fast tenant is released
 // within milliseconds of listening while a slow one is not hammered.
 package health
 
@@ -15,8 +15,13 @@ import (
 	"github.com/activator/activator/internal/registry"
 )
 
-// FirstBackoff is the pause after the first failed probe; it doubles up to the configured interval.
-const FirstBackoff = 2 * time.Millisecond
+// Probe pacing: FastProbes probes FastPause apart (a refused loopback connect costs microseconds, and
+// a fast tenant listens within milliseconds: a coarse backoff here would be most of the wake), then
+// the pause doubles up to the configured interval.
+const (
+	FastPause  = time.Millisecond
+	FastProbes = 50
+)
 
 // ErrGone is returned by Wait when the gone channel closed: the tenant stopped while being gated.
 var ErrGone = errors.New("tenant stopped before it turned healthy")
@@ -93,12 +98,13 @@ func (p *Prober) Probe(ctx context.Context) error {
 	return nil
 }
 
-// Wait probes at once, then with a backoff from FirstBackoff up to the interval, until the configured
+// Wait probes at once, then every FastPause for FastProbes probes, then with a doubling pause up to
+// the interval, until the configured
 // number of consecutive probes pass (nil), gone is closed (ErrGone), or ctx ends (*GateError). A nil
 // gone never closes.
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	var (
-		pause  = FirstBackoff
+		pause  = FastPause
 		passes int
 		probes int
 		last   error
@@ -136,8 +142,10 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 			return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
 		case <-timer.C:
 		}
-		if pause *= 2; pause > p.cfg.Interval {
-			pause = p.cfg.Interval
+		if probes >= FastProbes {
+			if pause *= 2; pause > p.cfg.Interval {
+				pause = p.cfg.Interval
+			}
 		}
 	}
 }

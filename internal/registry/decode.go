@@ -109,7 +109,7 @@ func checkKeys(l *errs, n *yaml.Node, t reflect.Type, prefix string) {
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if t == reflect.TypeOf(Duration(0)) || n.Kind != yaml.MappingNode {
+		if t == reflect.TypeOf(yaml.Node{}) || n.Kind != yaml.MappingNode {
 			return
 		}
 		if reflect.PointerTo(t).Implements(reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()) {

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/activator/activator/internal/backend/exec"
+	"github.com/activator/activator/internal/backend/split"
+	"github.com/activator/activator/internal/registry"
+)
+
+// backings is every backing this build has: the decoders the registry validates settings with, and
+// the split provider the activator opens backends from.
+type backings struct {
+	decoders map[string]registry.SettingsDecoder
+	provider *split.Provider
+}
+
+// newBackings wires the backings. ctx is the process lifetime: backings that hold connections (the
+// unit backing's D-Bus) keep them on it.
+func newBackings(ctx context.Context, log *slog.Logger) *backings {
+	_ = ctx
+	return &backings{
+		decoders: map[string]registry.SettingsDecoder{
+			"exec": exec.Decode,
+		},
+		provider: split.New(map[string]split.Opener{
+			"exec": exec.NewProvider(exec.Options{Logger: log}),
+		}),
+	}
+}

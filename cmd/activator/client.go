@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+)
+
+func cmdCheck(args []string) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "config file (YAML)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *cfgPath == "" {
+		fmt.Fprintln(os.Stderr, "activator check: --config FILE is required")
+		return 2
+	}
+	logger, _ := newLogger(os.Stderr, "text", "error")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bk := newBackings(ctx, logger)
+	defer bk.provider.Close()
+	cfg, err := registry.LoadFile(*cfgPath, bk.decoders)
+	if err != nil {
+		printConfigErrors(os.Stderr, *cfgPath, err)
+		return 1
+	}
+	// Live checks: what only the host can tell (a systemd that cannot freeze, say).
+	var problems []string
+	for _, r := range cfg.Routes {
+		if err := bk.provider.Check(ctx, r); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(os.Stderr, "%s: %d problem%s found on this host:\n", *cfgPath, len(problems), plural(len(problems)))
+		for _, p := range problems {
+			fmt.Fprintf(os.Stderr, "  %s\n", p)
+		}
+		return 1
+	}
+	fmt.Printf("%s: ok, %d route%s\n", *cfgPath, len(cfg.Routes), plural(len(cfg.Routes)))
+	return 0
+}
+
+func adminFlag(fs *flag.FlagSet) *string {
+	def := os.Getenv("ACTIVATOR_ADMIN")
+	if def == "" {
+		def = registry.DefaultAdmin
+	}
+	return fs.String("admin", def, "admin API address (env ACTIVATOR_ADMIN)")
+}
+
+func cmdStatus(args []string) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	admin := adminFlag(fs)
+	asJSON := fs.Bool("json", false, "print the raw JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	body, code, err := adminCall(http.MethodGet, *admin, "/routes", 10*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "activator status:", err)
+		return 1
+	}
+	if code != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "activator status: admin API answered %d: %s\n", code, body)
+		return 1
+	}
+	if *asJSON {
+		os.Stdout.Write(body)
+		return 0
+	}
+	var sts []activator.Status
+	if err := json.Unmarshal(body, &sts); err != nil {
+		fmt.Fprintln(os.Stderr, "activator status: bad answer from the admin API:", err)
+		return 1
+	}
+	printStatus(os.Stdout, sts, time.Now())
+	return 0
+}
+
+func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROUTE\tBACKING\tSTATE\tFOR\tIN-FLIGHT\tHELD\tLAST WAKE\tPHASES\tNOTE")
+	for _, s := range sts {
+		last, phases := "-", "-"
+		wr := s.LastWake
+		if s.CurrentWake != nil {
+			wr = s.CurrentWake
+		}
+		if wr != nil {
+			last = fmt.Sprintf("%s %s (%s ago)", wr.Result, wr.Duration.Round(100*time.Microsecond), now.Sub(wr.Started).Round(time.Second))
+			var ps []string
+			for _, p := range wr.Phases {
+				ps = append(ps, fmt.Sprintf("%s=%s", p.Name, p.Duration.Round(100*time.Microsecond)))
+			}
+			phases = strings.Join(ps, " ")
+		}
+		note := s.LastError
+		if note == "" && wr != nil && len(wr.Notes) > 0 {
+			note = strings.Join(wr.Notes, "; ")
+		}
+		if len(note) > 100 {
+			note = note[:97] + "..."
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Route, s.Backing, s.State,
+			now.Sub(s.Since).Round(time.Second), s.InFlight, s.Held, last, phases, strings.ReplaceAll(note, "\n", " "))
+	}
+	tw.Flush()
+}
+
+func cmdAct(verb string, args []string) int {
+	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
+	admin := adminFlag(fs)
+	// Accept the route before or after the flags.
+	var route string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		route, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if route == "" && fs.NArg() > 0 {
+		route = fs.Arg(0)
+	}
+	if route == "" {
+		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
+		return 2
+	}
+	body, code, err := adminCall(http.MethodPost, *admin, "/routes/"+route+"/"+verb, 16*time.Minute)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "activator %s: %v\n", verb, err)
+		return 1
+	}
+	if code != http.StatusOK {
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			fmt.Fprintf(os.Stderr, "activator %s %s: %s\n", verb, route, e.Error)
+		} else {
+			fmt.Fprintf(os.Stderr, "activator %s %s: admin API answered %d\n", verb, route, code)
+		}
+		return 1
+	}
+	var st activator.Status
+	_ = json.Unmarshal(body, &st)
+	printStatus(os.Stdout, []activator.Status{st}, time.Now())
+	return 0
+}
+
+func adminCall(method, addr, path string, timeout time.Duration) ([]byte, int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cannot reach the admin API at %s (is `activator serve` running? set --admin): %w", addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return b, resp.StatusCode, err
+}

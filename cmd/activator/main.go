@@ -1,0 +1,62 @@
+// Command activator is the composition root: the only place that wires the registry, the backings,
+// the edge and the admin API together.
+//
+//	activator serve  --config FILE     run the edge and the admin API
+//	activator check  --config FILE     validate a config; print every problem; exit 1 if any
+//	activator status [--admin ADDR]    a table of routes from the admin API
+//	activator wake   ROUTE             wake a route and wait for the result
+//	activator sleep  ROUTE             put a route to sleep
+//	activator demo                     the embedded demo: a sleeping app that wakes on request
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/activator/activator/internal/backend/exec"
+	"github.com/activator/activator/internal/demoapp"
+)
+
+const usage = `activator: an HTTP edge that wakes sleeping tenants on demand.
+
+Usage:
+  activator serve  --config FILE [--log-format text|json] [--log-level info]
+  activator check  --config FILE
+  activator status [--admin 127.0.0.1:9090] [--json]
+  activator wake   ROUTE [--admin ADDR]
+  activator sleep  ROUTE [--admin ADDR]
+  activator demo   [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090]
+
+See README.md and docs/ for the config reference.
+`
+
+func main() {
+	// Re-executed as the LISTEN_FDS shim: set LISTEN_PID and exec the tenant. Must come first.
+	exec.RunShimIfRequested()
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	var code int
+	switch cmd {
+	case "serve":
+		code = cmdServe(args)
+	case "check":
+		code = cmdCheck(args)
+	case "status":
+		code = cmdStatus(args)
+	case "wake", "sleep":
+		code = cmdAct(cmd, args)
+	case "demo":
+		code = cmdDemo(args)
+	case "app": // hidden: the demo tenant
+		code = demoapp.Main()
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "activator: unknown command %q\n\n%s", cmd, usage)
+		code = 2
+	}
+	os.Exit(code)
+}

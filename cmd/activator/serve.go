@@ -1,0 +1,348 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/fsnotify/fsnotify"
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/backend/split"
+	"github.com/activator/activator/internal/registry"
+)
+
+// serveOptions is what `serve` and `demo` share.
+type serveOptions struct {
+	configPath string // "" when the config is embedded (demo)
+	configData []byte // used when configPath is ""
+	listen     string // overrides the config's listen
+	admin      string // overrides the config's admin
+	logger     *slog.Logger
+	// onReady runs once both listeners are bound (demo prints its banner there).
+	onReady func(edge, admin net.Addr)
+}
+
+func cmdServe(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "config file (YAML)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *cfgPath == "" {
+		fmt.Fprintln(os.Stderr, "activator serve: --config FILE is required")
+		return 2
+	}
+	logger, err := newLogger(os.Stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "activator serve:", err)
+		return 2
+	}
+	return serve(serveOptions{configPath: *cfgPath, logger: logger})
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func (o serveOptions) load(decoders map[string]registry.SettingsDecoder) (*registry.Config, error) {
+	if o.configPath == "" {
+		return registry.Load(o.configData, decoders)
+	}
+	return registry.LoadFile(o.configPath, decoders)
+}
+
+// serve runs until SIGTERM/SIGINT and returns the exit code.
+func serve(o serveOptions) int {
+	log := o.logger
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	bk := newBackings(ctx, log)
+	cfg, err := o.load(bk.decoders)
+	if err != nil {
+		printConfigErrors(os.Stderr, o.configPath, err)
+		return 1
+	}
+	liveCheck(ctx, log, bk.provider, cfg)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := activator.New(activator.Options{
+		Provider: bk.provider,
+		Logger:   log,
+		Metrics:  activator.NewMetrics(reg),
+	})
+	if err := srv.Apply(cfg); err != nil {
+		log.Error("cannot start routes", "err", err)
+		return 1
+	}
+
+	edgeLn, adminLn, err := listeners(cfg, o)
+	if err != nil {
+		log.Error("cannot listen", "err", err)
+		_ = srv.Shutdown(context.Background())
+		return 1
+	}
+	edge := &http.Server{
+		Handler:           edgeRouter(srv),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		Protocols:         edgeProtocols(),
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	admin := &http.Server{
+		Handler:           srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return serveHTTP(edge, edgeLn) })
+	g.Go(func() error { return serveHTTP(admin, adminLn) })
+	g.Go(func() error { return watchdog(gctx) })
+	g.Go(func() error { return reloader(gctx, log, o, bk, srv) })
+	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes))
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("sd_notify READY failed", "err", err)
+	}
+	if o.onReady != nil {
+		o.onReady(edgeLn.Addr(), adminLn.Addr())
+	}
+
+	<-gctx.Done()
+	log.Info("shutting down")
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The edge first: in-flight responses finish, then no new requests arrive.
+	if err := edge.Shutdown(sctx); err != nil {
+		log.Warn("edge shutdown", "err", err)
+	}
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("route shutdown", "err", err)
+	}
+	if err := bk.provider.Close(); err != nil {
+		log.Warn("backing shutdown", "err", err)
+	}
+	_ = admin.Shutdown(sctx)
+	stop()
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("activator stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serveHTTP(s *http.Server, ln net.Listener) error {
+	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func edgeProtocols() *http.Protocols {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true) // h2c, prior knowledge
+	return &p
+}
+
+// edgeRouter: every request goes to the activator, which routes by Host and path prefix.
+func edgeRouter(srv *activator.Server) http.Handler {
+	r := chi.NewRouter()
+	r.Handle("/*", srv)
+	r.Handle("/", srv)
+	r.MethodNotAllowed(srv.ServeHTTP)
+	r.NotFound(srv.ServeHTTP)
+	return r
+}
+
+// listeners returns the edge and admin listeners: passed in by systemd socket activation
+// (FileDescriptorName=edge / admin, see units/activator.socket) when present, bound here otherwise.
+func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, err error) {
+	named, err := activation.ListenersWithNames()
+	if err != nil {
+		return nil, nil, fmt.Errorf("systemd socket activation: %w", err)
+	}
+	if l := named["edge"]; len(l) > 0 {
+		edge = l[0]
+	}
+	if l := named["admin"]; len(l) > 0 {
+		admin = l[0]
+	}
+	edgeAddr, adminAddr := cfg.Listen, cfg.Admin
+	if o.listen != "" {
+		edgeAddr = o.listen
+	}
+	if o.admin != "" {
+		adminAddr = o.admin
+	}
+	if edge == nil {
+		if edge, err = net.Listen("tcp", edgeAddr); err != nil {
+			return nil, nil, fmt.Errorf("edge: %w", err)
+		}
+	}
+	if admin == nil {
+		if admin, err = net.Listen("tcp", adminAddr); err != nil {
+			edge.Close()
+			return nil, nil, fmt.Errorf("admin: %w", err)
+		}
+	}
+	return edge, admin, nil
+}
+
+// watchdog pings systemd's watchdog at half its interval while the activator runs (no-op otherwise).
+func watchdog(ctx context.Context) error {
+	every, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || every == 0 {
+		return nil
+	}
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+		}
+	}
+}
+
+// reloader reloads on SIGHUP and when the config file changes. A burst of triggers (an editor's
+// write+rename, SIGHUP during a file event) coalesces into one reload through singleflight. A bad new
+// config is rejected with all its errors logged and the old one stays in force.
+func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv *activator.Server) error {
+	if o.configPath == "" {
+		<-ctx.Done()
+		return nil
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	var events <-chan fsnotify.Event
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		log.Warn("config file watching disabled", "err", err)
+	} else {
+		defer w.Close()
+		// Watch the directory: editors and config managers replace the file by rename.
+		if err := w.Add(filepath.Dir(o.configPath)); err != nil {
+			log.Warn("config file watching disabled", "err", err)
+		} else {
+			events = w.Events
+		}
+	}
+	var sf singleflight.Group
+	reload := func(trigger string) {
+		_, _, _ = sf.Do("reload", func() (any, error) {
+			cfg, err := o.load(bk.decoders)
+			if err != nil {
+				errs := registry.Errors(err)
+				log.Error("config reload rejected; the old config stays in force", "trigger", trigger, "problems", len(errs))
+				for _, e := range errs {
+					log.Error("config problem", "file", o.configPath, "err", e)
+				}
+				return nil, err
+			}
+			liveCheck(ctx, log, bk.provider, cfg)
+			if err := srv.Apply(cfg); err != nil {
+				log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
+				return nil, err
+			}
+			log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
+			return nil, nil
+		})
+	}
+	base := filepath.Base(o.configPath)
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			reload("SIGHUP")
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			if filepath.Base(ev.Name) == base && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
+				// Wait for the writer to finish: editors write in several steps.
+				debounce = time.After(100 * time.Millisecond)
+			}
+		case <-debounce:
+			debounce = nil
+			reload("file change")
+		}
+	}
+}
+
+// liveCheck runs each backing's host checks (e.g. "this systemd cannot freeze units") and logs what
+// fails; the route still loads, and its wakes will fail with the same message.
+func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, cfg *registry.Config) int {
+	bad := 0
+	for _, r := range cfg.Routes {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := p.Check(cctx, r); err != nil {
+			log.Error("route check failed", "route", r.Name, "err", err)
+			bad++
+		}
+		cancel()
+	}
+	return bad
+}
+
+func printConfigErrors(w io.Writer, path string, err error) {
+	errs := registry.Errors(err)
+	where := path
+	if where == "" {
+		where = "config"
+	}
+	fmt.Fprintf(w, "%s: %d problem%s:\n", where, len(errs), plural(len(errs)))
+	for _, e := range errs {
+		fmt.Fprintf(w, "  %s\n", strings.TrimSpace(e.Error()))
+	}
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
