@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/activator/activator/internal/backend/exec"
+	"github.com/activator/activator/internal/backend/redfish"
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/registry"
 )
@@ -22,10 +23,12 @@ func newBackings(ctx context.Context, log *slog.Logger) *backings {
 	_ = ctx
 	return &backings{
 		decoders: map[string]registry.SettingsDecoder{
-			"exec": exec.Decode,
+			"exec":    exec.Decode,
+			"redfish": redfish.Decode,
 		},
 		provider: split.New(map[string]split.Opener{
-			"exec": exec.NewProvider(exec.Options{Logger: log}),
+			"exec":    exec.NewProvider(exec.Options{Logger: log}),
+			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),
 		}),
 	}
 }

@@ -1,0 +1,500 @@
+package redfish
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/stmcginnis/gofish"
+	"github.com/stmcginnis/gofish/schemas"
+)
+
+// maxAmbiguous bounds the attempts of one read or one Reset when the BMC's answers are ambiguous
+// (throttled attempts are bounded by the phase budget instead, and by maxAttempts overall).
+const (
+	maxAmbiguous = 5
+	maxAttempts  = 20
+)
+
+// bmc is one route's connection to its BMC: a gofish client created lazily, logged in once and
+// reused (a session is re-created once when the BMC forgets it). Safe for concurrent use.
+type bmc struct {
+	s     *Settings
+	log   *slog.Logger
+	httpc *http.Client
+
+	loginMu sync.Mutex // held while logging in
+
+	mu      sync.Mutex // guards the fields below
+	api     *gofish.APIClient
+	sysURI  string // the ComputerSystem's @odata.id, once found
+	node    string // how messages name the node: the system's Id once known
+	secrets []string
+}
+
+func newBMC(s *Settings, log *slog.Logger, node string) (*bmc, error) {
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		MaxIdleConns:        4,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: s.Timeout.D(),
+	}
+	if strings.HasPrefix(s.Endpoint, "https:") {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if s.TLS.CAFile != "" {
+			pool, err := loadCAs(s.TLS.CAFile)
+			if err != nil {
+				return nil, err
+			}
+			cfg.RootCAs = pool
+		}
+		if s.TLS.InsecureSkipVerify {
+			cfg.InsecureSkipVerify = true
+			log.Warn("TLS certificate verification of the BMC is OFF (tls.insecure_skip_verify): anyone on the path can impersonate it and capture its credentials", "endpoint", s.Endpoint)
+		}
+		tr.TLSClientConfig = cfg
+	} else if s.Username != "" {
+		log.Warn("BMC endpoint is plain http: credentials travel unencrypted", "endpoint", s.Endpoint)
+	}
+	return &bmc{
+		s:   s,
+		log: log,
+		// The client-wide timeout backs up the per-call contexts (gofish's Logout may drop its context).
+		httpc: &http.Client{Transport: &throttleTransport{next: tr}, Timeout: s.Timeout.D()},
+		node:  node,
+	}, nil
+}
+
+// throttleTransport turns 429 and 503 answers into a *throttledError carrying Retry-After, which gofish
+// would otherwise drop along with the headers.
+type throttleTransport struct{ next http.RoundTripper }
+
+type throttledError struct {
+	status     int
+	retryAfter time.Duration
+}
+
+func (e *throttledError) Error() string { return fmt.Sprintf("HTTP %d", e.status) }
+
+func (t *throttleTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
+		return resp, err
+	}
+	te := &throttledError{status: resp.StatusCode}
+	if v := resp.Header.Get("Retry-After"); v != "" {
+		if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
+			te.retryAfter = time.Duration(secs) * time.Second
+		} else if at, err := http.ParseTime(v); err == nil {
+			te.retryAfter = max(time.Until(at), 0)
+		}
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	return nil, te
+}
+
+// nodeName is how messages name the node.
+func (b *bmc) nodeName() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.node
+}
+
+// redact removes every secret known to b from msg.
+func (b *bmc) redact(msg string) string {
+	b.mu.Lock()
+	secrets := b.secrets
+	b.mu.Unlock()
+	for _, s := range secrets {
+		if len(s) >= 4 {
+			msg = strings.ReplaceAll(msg, s, "[redacted]")
+		}
+	}
+	return msg
+}
+
+func (b *bmc) addSecret(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s != "" && !slices.Contains(b.secrets, s) {
+		b.secrets = append(b.secrets, s)
+	}
+}
+
+// classify maps an error from one call to a *BMCError of one class, or to the caller's context error
+// when ctx (the caller's, not the per-call timeout) is done.
+func (b *bmc) classify(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", op, context.Cause(ctx))
+	}
+	var ce *schemas.CollectionError
+	if errors.As(err, &ce) && len(ce.Failures) > 0 {
+		// gofish gathers a collection's member failures in a map that does not unwrap: classify the
+		// first (in link order) as the whole.
+		links := slices.Sorted(maps.Keys(ce.Failures))
+		err = ce.Failures[links[0]]
+	}
+	e := &BMCError{Op: op, Class: ErrAmbiguous}
+	var te *throttledError
+	var re *schemas.Error
+	var ns *errNoSystem
+	switch {
+	case errors.As(err, &ns):
+		e.Op, e.Class, e.Detail = "find system", ErrConfig, ns.msg
+	case errors.As(err, &te):
+		e.Class, e.Status, e.RetryAfter = ErrThrottled, te.status, te.retryAfter
+	case errors.As(err, &re) && re.HTTPReturnedStatusCode != 0:
+		e.Status = re.HTTPReturnedStatusCode
+		e.Detail = redfishMessage(re)
+		switch s := re.HTTPReturnedStatusCode; {
+		case s == http.StatusUnauthorized || s == http.StatusForbidden:
+			e.Class = ErrCredentials
+		case s == http.StatusNotFound:
+			e.Class = ErrConfig
+		case s >= 500 || s == http.StatusRequestTimeout:
+			e.Class = ErrAmbiguous
+		default:
+			e.Class = ErrRejected
+		}
+	case errors.Is(err, context.DeadlineExceeded):
+		e.Detail = "no answer within the per-call timeout"
+	default:
+		e.Detail = err.Error()
+	}
+	e.Detail = b.redact(e.Detail)
+	if len(e.Detail) > 200 {
+		e.Detail = e.Detail[:200] + "..."
+	}
+	return e
+}
+
+// redfishMessage is the human part of a Redfish error answer.
+func redfishMessage(re *schemas.Error) string {
+	msg := re.Message
+	if msg == "" && len(re.ExtendedInfos) > 0 {
+		msg = re.ExtendedInfos[0].Message
+	}
+	if msg == "" {
+		msg = re.Code
+	}
+	return msg
+}
+
+// client returns the logged-in client, logging in first if needed. Logins are serialized, so one
+// backend holds at most one session.
+func (b *bmc) client(ctx context.Context) (*gofish.APIClient, error) {
+	b.loginMu.Lock()
+	defer b.loginMu.Unlock()
+	b.mu.Lock()
+	api := b.api
+	b.mu.Unlock()
+	if api != nil {
+		return api, nil
+	}
+	api, err := b.login(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.api = api
+	b.mu.Unlock()
+	return api, nil
+}
+
+// login connects and authenticates once: no retry, so rejected credentials cost exactly one attempt.
+func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
+	pass, err := b.s.password()
+	if err != nil {
+		return nil, &BMCError{Op: "log in", Class: ErrConfig, Detail: err.Error()}
+	}
+	b.addSecret(pass)
+	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
+	defer cancel()
+	basic := b.s.Auth == AuthBasic
+	if b.s.Username != "" && !basic {
+		sessions, err := b.offersSessions(cctx)
+		if err != nil {
+			return nil, b.classify(ctx, "read service root", err)
+		}
+		switch {
+		case !sessions && b.s.Auth == AuthSession:
+			return nil, &BMCError{Op: "log in", Class: ErrConfig, Detail: "auth is session, but the BMC's service root offers no SessionService"}
+		case !sessions:
+			basic = true
+		}
+	}
+	cfg := gofish.ClientConfig{
+		Endpoint:          b.s.Endpoint,
+		Username:          b.s.Username,
+		Password:          pass,
+		BasicAuth:         basic,
+		HTTPClient:        b.httpc,
+		NoModifyTransport: true,
+		ReuseConnections:  true,
+	}
+	api, err := gofish.ConnectContext(cctx, cfg)
+	if err != nil {
+		return nil, b.classify(ctx, "log in", err)
+	}
+	if tok, err := api.GetSession(); err == nil {
+		b.addSecret(tok.Token)
+	}
+	mode := "none"
+	switch {
+	case b.s.Username != "" && basic:
+		mode = AuthBasic
+	case b.s.Username != "":
+		mode = AuthSession
+	}
+	b.log.Debug("logged in to BMC", "auth", mode)
+	return api, nil
+}
+
+// offersSessions reads the service root (no authentication needed) and reports whether it links a
+// SessionService.
+func (b *bmc) offersSessions(ctx context.Context) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.s.Endpoint+"/redfish/v1/", nil)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := b.httpc.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return false, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return false, schemas.ConstructError(resp.StatusCode, body)
+	}
+	var root struct {
+		SessionService *struct {
+			ID string `json:"@odata.id"`
+		}
+		Links struct {
+			Sessions *struct {
+				ID string `json:"@odata.id"`
+			}
+		}
+	}
+	if err := json.Unmarshal(body, &root); err != nil {
+		return false, fmt.Errorf("service root: %w", err)
+	}
+	return root.Links.Sessions != nil && root.Links.Sessions.ID != "" && root.SessionService != nil, nil
+}
+
+// forget drops a client whose session the BMC no longer knows, so the next call logs in again.
+func (b *bmc) forget(api *gofish.APIClient) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.api == api {
+		b.api = nil
+	}
+}
+
+// call runs fn once with a logged-in client bound to a per-call timeout, and classifies its error. When
+// a reused session is rejected (the BMC forgot or expired it), it logs in again once and repeats fn;
+// a rejected fresh login is final.
+func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) error) error {
+	for try := 0; ; try++ {
+		b.mu.Lock()
+		reused := b.api != nil
+		b.mu.Unlock()
+		api, err := b.client(ctx)
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
+		err = b.classify(ctx, op, fn(api.WithContext(cctx)))
+		cancel()
+		if errors.Is(err, ErrCredentials) && reused && try == 0 {
+			if _, serr := api.GetSession(); serr == nil {
+				b.log.Info("BMC rejected the session; logging in again", "op", op)
+				b.forget(api)
+				continue
+			}
+		}
+		return err
+	}
+}
+
+// retry runs attempt until it succeeds, fails with a class that is not worth retrying, or the retry
+// budget (attempt count, ctx deadline) runs out. Throttled attempts wait as long as the BMC asks;
+// ambiguous ones back off exponentially from poll_interval.
+func (b *bmc) retry(ctx context.Context, attempt func() error) error {
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval:     b.s.PollInterval.D(),
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         8 * b.s.PollInterval.D(),
+	}
+	bo.Reset()
+	ambiguous := 0
+	for n := 1; ; n++ {
+		err := attempt()
+		if err == nil || !retryable(err) || ctx.Err() != nil || n >= maxAttempts {
+			return err
+		}
+		wait := bo.NextBackOff()
+		var be *BMCError
+		if errors.As(err, &be) && be.RetryAfter > 0 {
+			wait = be.RetryAfter
+		}
+		if errors.Is(err, ErrAmbiguous) {
+			if ambiguous++; ambiguous >= maxAmbiguous {
+				return err
+			}
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return err // the BMC asks for more time than the phase has left
+		}
+		b.log.Debug("retrying BMC call", "err", err, "wait", wait)
+		if err := pause(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// pause waits d or until ctx is done.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// systemState is what one read of the ComputerSystem tells.
+type systemState struct {
+	ID         string
+	PowerState string
+	// Resets are the allowed Reset types (ResetType@Redfish.AllowableValues or the ActionInfo); nil
+	// when the BMC does not say.
+	Resets []string
+	sys    *schemas.ComputerSystem
+}
+
+// readOnce reads the ComputerSystem once, finding it first if needed.
+func (b *bmc) readOnce(ctx context.Context) (*systemState, error) {
+	var st *systemState
+	err := b.call(ctx, "read power state", func(c *gofish.APIClient) error {
+		b.mu.Lock()
+		uri := b.sysURI
+		b.mu.Unlock()
+		var sys *schemas.ComputerSystem
+		if uri == "" {
+			found, err := b.find(c)
+			if err != nil {
+				return err
+			}
+			sys = found
+			b.mu.Lock()
+			b.sysURI, b.node = sys.ODataID, sys.ID
+			if b.s.System != "" && b.s.System != sys.ID {
+				b.node = fmt.Sprintf("%s (%s)", b.s.System, sys.ID)
+			}
+			b.mu.Unlock()
+		} else {
+			got, err := schemas.GetObject[schemas.ComputerSystem](c, uri)
+			if err != nil {
+				return err
+			}
+			sys = got
+		}
+		resets, err := sys.GetSupportedResetTypes()
+		if err != nil {
+			return err
+		}
+		st = &systemState{ID: sys.ID, PowerState: string(sys.PowerState), sys: sys}
+		for _, r := range resets {
+			st.Resets = append(st.Resets, string(r))
+		}
+		return nil
+	})
+	return st, err
+}
+
+// errNoSystem is a configuration error found while looking for the system.
+type errNoSystem struct{ msg string }
+
+func (e *errNoSystem) Error() string { return e.msg }
+
+// find returns the configured system from the Systems collection.
+func (b *bmc) find(c *gofish.APIClient) (*schemas.ComputerSystem, error) {
+	systems, err := c.Service.Systems()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, s := range systems {
+		ids = append(ids, s.ID)
+		if b.s.System != "" && (s.ID == b.s.System || s.Name == b.s.System) {
+			return s, nil
+		}
+	}
+	switch {
+	case b.s.System == "" && len(systems) == 1:
+		return systems[0], nil
+	case b.s.System == "":
+		return nil, &errNoSystem{fmt.Sprintf("the BMC has %d systems (%s): set system", len(systems), strings.Join(ids, ", "))}
+	default:
+		return nil, &errNoSystem{fmt.Sprintf("no system with Id or Name %q (have: %s)", b.s.System, strings.Join(ids, ", "))}
+	}
+}
+
+// read reads the ComputerSystem, retrying ambiguous and throttled failures within ctx.
+func (b *bmc) read(ctx context.Context) (*systemState, error) {
+	var st *systemState
+	err := b.retry(ctx, func() error {
+		var err error
+		st, err = b.readOnce(ctx)
+		return err
+	})
+	return st, err
+}
+
+// reset POSTs one Reset action, once: the caller decides whether a failed one may be re-issued.
+func (b *bmc) reset(ctx context.Context, st *systemState, rt string) error {
+	return b.call(ctx, "reset "+rt, func(c *gofish.APIClient) error {
+		st.sys.SetClient(c)
+		_, err := st.sys.Reset(schemas.ResetType(rt))
+		return err
+	})
+}
+
+// logout ends the session, if any, bounded by ctx.
+func (b *bmc) logout(ctx context.Context) {
+	b.mu.Lock()
+	api := b.api
+	b.api = nil
+	b.mu.Unlock()
+	if api == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
+	defer cancel()
+	api.WithContext(cctx).Logout()
+	b.httpc.CloseIdleConnections()
+}

@@ -1,0 +1,400 @@
+// Package redfish is the bare-metal backing: it wakes a route's node by powering it on through its
+// BMC's Redfish service (ComputerSystem.Reset) and puts it to sleep by shutting it down, using gofish.
+//
+// A wake reads PowerState and, unless the node is already On, issues the first Reset type of
+// reset_order that the system allows, then polls PowerState until On within power_on_budget. The
+// activator's health gate on the node's own service is the next phase. A sleep issues
+// GracefulShutdown, awaits Off within shutdown_grace and, when force_off is set, falls back to ForceOff
+// and awaits Off within power_off_budget.
+//
+// BMC faults are classified (ErrCredentials, ErrConfig, ErrThrottled, ErrAmbiguous, ErrRejected) and
+// the class decides whether a call is retried. A Reset whose outcome is ambiguous is re-issued only
+// after re-reading PowerState shows it did not land, so a retry never double-toggles a power button.
+//
+// While a node is awake, a background poll of PowerState (every watch_interval) ends its Life when it
+// powers off on its own. The poll belongs to the Backend and stops on Sleep and Close.
+//
+// Credentials are read from a file or the environment at each login and never appear in logs, errors
+// or metrics.
+package redfish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+)
+
+// Phase names reported to the activator's Tracker and named by PhaseError.
+const (
+	PhaseReset    = "reset"    // read PowerState and issue the power-on Reset
+	PhasePowerOn  = "power_on" // await PowerState On
+	PhaseShutdown = "shutdown" // GracefulShutdown and await Off within shutdown_grace
+	PhasePowerOff = "power_off"
+)
+
+// Redfish PowerState values the backend acts on.
+const (
+	stateOn          = "On"
+	stateOff         = "Off"
+	statePoweringOn  = "PoweringOn"
+	statePoweringOff = "PoweringOff"
+	stateUnknown     = "Unknown"
+)
+
+// Options configures a Provider.
+type Options struct {
+	// Logger receives the backing's logs, scoped per route (default: discarded).
+	Logger *slog.Logger
+}
+
+// Provider opens redfish backends. It holds no shared resources.
+type Provider struct {
+	log *slog.Logger
+}
+
+// NewProvider returns a Provider.
+func NewProvider(o Options) *Provider {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Provider{log: log.With("backing", "redfish")}
+}
+
+// Open returns the Backend of a route whose Settings is a *Settings (from Decode). It does not contact
+// the BMC: that happens on the first Adopt, Wake, Sleep or Check.
+func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return nil, fmt.Errorf("route %q: redfish settings missing (got %T)", r.Name, r.Settings)
+	}
+	return New(s, p.log.With("route", r.Name), r.Name)
+}
+
+// Check logs in, finds the route's system, reads its PowerState and checks that the BMC allows one of
+// reset_order (and GracefulShutdown or ForceOff when sleep is graceful). It never changes power.
+func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
+	be, err := p.Open(r)
+	if err != nil {
+		return err
+	}
+	b := be.(*Backend)
+	defer func() { _ = b.Close(ctx) }()
+	st, err := b.bmc.read(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := b.pickReset(st); err != nil {
+		return err
+	}
+	if b.s.Sleep == SleepGraceful && !b.allows(st, "GracefulShutdown") && !(b.s.ForceOff && b.allows(st, "ForceOff")) {
+		return &BMCError{Op: "check", Class: ErrConfig, Detail: "the system allows neither GracefulShutdown nor (with force_off) ForceOff"}
+	}
+	return nil
+}
+
+// Backend powers one node on and off. See the package documentation.
+type Backend struct {
+	s   *Settings
+	log *slog.Logger
+	bmc *bmc
+
+	mu    sync.Mutex      // guards the fields below
+	life  *activator.Life // the current Life while awake, nil while asleep
+	watch *watcher        // the background poll of the current Life
+}
+
+var (
+	_ activator.Backend = (*Backend)(nil)
+	_ activator.Adopter = (*Backend)(nil)
+	_ activator.Closer  = (*Backend)(nil)
+)
+
+// New returns a Backend for settings s; name is how messages call the node until its system Id is
+// known. It does not contact the BMC.
+func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	node := s.System
+	if node == "" {
+		node = name
+	}
+	m, err := newBMC(s, log, node)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{s: s, log: log, bmc: m}, nil
+}
+
+// Adopt reads PowerState: a node already On is adopted as awake, with a Life watched like a woken one.
+func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
+	st, err := b.bmc.read(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("redfish adopt: %w", err)
+	}
+	if st.PowerState != stateOn {
+		return nil, false, nil
+	}
+	b.log.Info("node already On: adopted as awake", "system", st.ID)
+	return b.awake(), true, nil
+}
+
+// Wake powers the node on, unless it is already On, and returns once PowerState is On. On an awake
+// node it returns the current Life at once. Phases: "reset", then "power_on".
+func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+	if t == nil {
+		t = activator.Discard
+	}
+	b.mu.Lock()
+	if b.life != nil && b.life.Err() == nil {
+		l := b.life
+		b.mu.Unlock()
+		return l, nil
+	}
+	b.mu.Unlock()
+	b.stopWatch()
+
+	t.Phase(PhaseReset)
+	st, err := b.bmc.read(ctx)
+	if err != nil {
+		return nil, b.wakeErr(PhaseReset, err)
+	}
+	if st.PowerState == statePoweringOff {
+		// Let the shutdown finish: a Reset now might be refused or be taken as a second button press.
+		t.Note(fmt.Sprintf("%s is powering off: waiting for Off before the Reset", b.bmc.nodeName()))
+		if err := b.await(ctx, stateOff, b.s.PowerOnBudget.D()); err != nil {
+			return nil, b.wakeErr(PhaseReset, err)
+		}
+		if st, err = b.bmc.read(ctx); err != nil {
+			return nil, b.wakeErr(PhaseReset, err)
+		}
+	}
+	switch st.PowerState {
+	case stateOn:
+		t.Note(fmt.Sprintf("%s is already On: no Reset", b.bmc.nodeName()))
+		return b.awake(), nil
+	case statePoweringOn:
+		t.Note(fmt.Sprintf("%s is already powering on: no Reset", b.bmc.nodeName()))
+	default:
+		if err := b.powerOn(ctx, t, st); err != nil {
+			return nil, b.wakeErr(PhaseReset, err)
+		}
+	}
+
+	t.Phase(PhasePowerOn)
+	if err := b.await(ctx, stateOn, b.s.PowerOnBudget.D()); err != nil {
+		return nil, b.wakeErr(PhasePowerOn, err)
+	}
+	return b.awake(), nil
+}
+
+// powerOn issues the first allowed Reset of reset_order. When the answer is ambiguous (or throttled),
+// it re-reads PowerState and re-issues the Reset only if the node is still neither On nor powering on.
+func (b *Backend) powerOn(ctx context.Context, t activator.Tracker, st *systemState) error {
+	rt, err := b.pickReset(st)
+	if err != nil {
+		return err
+	}
+	t.Note(fmt.Sprintf("%s is %s: Reset %s", b.bmc.nodeName(), orUnknown(st.PowerState), rt))
+	b.log.Info("powering node on", "system", st.ID, "power_state", st.PowerState, "reset_type", rt)
+	return b.action(ctx, st, rt, func(ps string) bool { return ps == stateOn || ps == statePoweringOn })
+}
+
+// action POSTs Reset rt and, after an ambiguous or throttled failure, re-reads PowerState: when landed
+// reports the Reset took effect, it is not re-issued. Attempts are bounded like reads.
+func (b *Backend) action(ctx context.Context, st *systemState, rt string, landed func(string) bool) error {
+	first := true
+	return b.bmc.retry(ctx, func() error {
+		if !first {
+			cur, err := b.bmc.read(ctx)
+			if err != nil {
+				return err
+			}
+			if landed(cur.PowerState) {
+				b.log.Info("Reset landed although its answer was lost; not re-issuing", "reset_type", rt, "power_state", cur.PowerState)
+				return nil
+			}
+			st = cur
+		}
+		first = false
+		err := b.bmc.reset(ctx, st, rt)
+		if errors.Is(err, ErrRejected) {
+			// Some BMCs refuse a Reset that has become moot (409 for On while already powering on).
+			if cur, rerr := b.bmc.read(ctx); rerr == nil && landed(cur.PowerState) {
+				b.log.Info("BMC refused the Reset, but the node is already where it should go", "reset_type", rt, "power_state", cur.PowerState)
+				return nil
+			}
+		}
+		return err
+	})
+}
+
+// pickReset returns the first Reset type of reset_order that the system allows.
+func (b *Backend) pickReset(st *systemState) (string, error) {
+	for _, rt := range b.s.ResetOrder {
+		if b.allows(st, rt) {
+			return rt, nil
+		}
+	}
+	return "", &BMCError{Op: "choose Reset type", Class: ErrConfig,
+		Detail: fmt.Sprintf("the system allows %v, none of reset_order %v", st.Resets, b.s.ResetOrder)}
+}
+
+// allows reports whether the system allows Reset type rt; a BMC that lists nothing allows everything.
+func (b *Backend) allows(st *systemState, rt string) bool {
+	return len(st.Resets) == 0 || slices.Contains(st.Resets, rt)
+}
+
+// await polls PowerState until it equals want, within budget (and ctx). A read error ends the wait at
+// once (reads retry ambiguous failures themselves); running out of time reports the last state seen.
+func (b *Backend) await(ctx context.Context, want string, budget time.Duration) error {
+	if want == "" || want == stateUnknown {
+		return fmt.Errorf("cannot wait for power state %q", want)
+	}
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	last := ""
+	for {
+		st, err := b.bmc.read(pctx)
+		if err == nil {
+			last = st.PowerState
+			if last == want {
+				return nil
+			}
+		}
+		if pctx.Err() != nil {
+			return &StateError{Node: b.bmc.nodeName(), Want: want, Last: last, After: time.Since(start), Cause: context.Cause(pctx)}
+		}
+		if err != nil {
+			return err
+		}
+		if err := pause(pctx, b.s.PollInterval.D()); err != nil {
+			return &StateError{Node: b.bmc.nodeName(), Want: want, Last: last, After: time.Since(start), Cause: err}
+		}
+	}
+}
+
+func (b *Backend) wakeErr(phase string, err error) error {
+	b.log.Warn("wake failed", "phase", phase, "err", err)
+	return fmt.Errorf("redfish wake of %s: %w", b.bmc.nodeName(), &PhaseError{Phase: phase, Err: err})
+}
+
+func (b *Backend) sleepErr(phase string, err error) error {
+	b.log.Warn("sleep failed", "phase", phase, "err", err)
+	return fmt.Errorf("redfish sleep of %s: %w", b.bmc.nodeName(), &PhaseError{Phase: phase, Err: err})
+}
+
+// Sleep powers the node off as configured: with sleep: graceful, GracefulShutdown and a wait for Off
+// within shutdown_grace ("shutdown"), then, if the node is still on and force_off is set, ForceOff and
+// a wait for Off within power_off_budget ("power_off"). With sleep: none it leaves the node on. A node
+// already Off is left alone and Sleep returns nil. Sleep ends the current Life with ErrSlept once the
+// node is off; when Sleep fails, the Life goes on and stays watched.
+func (b *Backend) Sleep(ctx context.Context) error {
+	b.stopWatch()
+	b.mu.Lock()
+	life := b.life
+	b.mu.Unlock()
+	if b.s.Sleep == SleepNone {
+		b.log.Info("sleep: none: leaving the node powered on")
+		b.endLife(life)
+		return nil
+	}
+	err := b.powerOff(ctx)
+	if err != nil {
+		if life != nil && life.Err() == nil {
+			b.startWatch(life)
+		}
+		return err
+	}
+	b.endLife(life)
+	return nil
+}
+
+func (b *Backend) powerOff(ctx context.Context) error {
+	st, err := b.bmc.read(ctx)
+	if err != nil {
+		return b.sleepErr(PhaseShutdown, err)
+	}
+	if st.PowerState == stateOff {
+		return nil
+	}
+	offLanded := func(ps string) bool { return ps == stateOff || ps == statePoweringOff }
+	canForce := b.s.ForceOff && b.allows(st, "ForceOff")
+	if b.allows(st, "GracefulShutdown") {
+		b.log.Info("shutting node down", "system", st.ID, "power_state", st.PowerState, "reset_type", "GracefulShutdown")
+		if st.PowerState != statePoweringOff {
+			if err := b.action(ctx, st, "GracefulShutdown", offLanded); err != nil {
+				return b.sleepErr(PhaseShutdown, err)
+			}
+		}
+		err := b.await(ctx, stateOff, b.s.ShutdownGrace.D())
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrNotReached) || !canForce || ctx.Err() != nil {
+			return b.sleepErr(PhaseShutdown, err)
+		}
+		b.log.Warn("node ignored GracefulShutdown within shutdown_grace: ForceOff", "shutdown_grace", b.s.ShutdownGrace.D(), "err", err)
+	} else if !canForce {
+		return b.sleepErr(PhaseShutdown, &BMCError{Op: "choose Reset type", Class: ErrConfig,
+			Detail: fmt.Sprintf("the system allows %v: neither GracefulShutdown nor (with force_off) ForceOff", st.Resets)})
+	}
+	st, err = b.bmc.read(ctx)
+	if err != nil {
+		return b.sleepErr(PhasePowerOff, err)
+	}
+	if st.PowerState != stateOff {
+		if err := b.action(ctx, st, "ForceOff", func(ps string) bool { return ps == stateOff }); err != nil {
+			return b.sleepErr(PhasePowerOff, err)
+		}
+	}
+	if err := b.await(ctx, stateOff, b.s.PowerOffBudget.D()); err != nil {
+		return b.sleepErr(PhasePowerOff, err)
+	}
+	return nil
+}
+
+// Close stops the background poll and logs out of the BMC. It leaves the node's power as it is: a node
+// left On is adopted by the next activator.
+func (b *Backend) Close(ctx context.Context) error {
+	b.stopWatch()
+	b.bmc.logout(ctx)
+	return nil
+}
+
+// awake records a new Life for a node that is On and starts watching it.
+func (b *Backend) awake() *activator.Life {
+	life := activator.NewLife()
+	b.mu.Lock()
+	b.life = life
+	b.mu.Unlock()
+	b.startWatch(life)
+	return life
+}
+
+func (b *Backend) endLife(life *activator.Life) {
+	if life != nil {
+		life.End(activator.ErrSlept)
+	}
+	b.mu.Lock()
+	if b.life == life {
+		b.life = nil
+	}
+	b.mu.Unlock()
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return stateUnknown
+	}
+	return s
+}
