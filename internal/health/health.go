@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -50,8 +51,25 @@ type Prober struct {
 	client *http.Client
 }
 
-// New returns a Prober for the upstream with the route's health settings.
+// New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
+// built by hand rather than by the registry) take the registry's defaults: path "/", status 200-399,
+// a 2s timeout, a 1s interval, one pass.
 func New(u registry.Upstream, h registry.Health) *Prober {
+	if h.Path == "" {
+		h.Path = "/"
+	}
+	if h.MinStatus == 0 && h.MaxStatus == 0 {
+		h.MinStatus, h.MaxStatus = 200, 399
+	}
+	if h.Timeout <= 0 {
+		h.Timeout = registry.DefaultProbeTimeout
+	}
+	if h.Interval <= 0 {
+		h.Interval = registry.DefaultInterval
+	}
+	if h.Passes < 1 {
+		h.Passes = 1
+	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return u.Dial(ctx)
@@ -99,9 +117,10 @@ func (p *Prober) Probe(ctx context.Context) error {
 }
 
 // Wait probes at once, then every FastPause for FastProbes probes, then with a doubling pause up to
-// the interval, until the configured
-// number of consecutive probes pass (nil), gone is closed (ErrGone), or ctx ends (*GateError). A nil
-// gone never closes.
+// the interval, until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
+// or ctx ends (*GateError). A probe in flight when gone closes is cut short, so ErrGone comes promptly
+// even while a probe waits on an upstream that hangs; a probe that passes before Wait sees gone closed
+// still counts. A nil gone never closes. Wait starts no goroutine that outlives it.
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	var (
 		pause  = FastPause
@@ -110,9 +129,44 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 		last   error
 		timer  *time.Timer
 	)
+	// Probes run on pctx, which also ends when gone closes.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if gone != nil {
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		defer wg.Wait()
+		defer close(stop)
+		wg.Go(func() {
+			select {
+			case <-gone:
+				cancel()
+			case <-stop:
+			}
+		})
+	}
+	gateErr := func() error {
+		return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
+	}
 	for {
 		probes++
-		if err := p.Probe(ctx); err != nil {
+		err := p.Probe(pctx)
+		select {
+		case <-gone:
+			if err != nil {
+				return ErrGone
+			}
+		default:
+		}
+		if err != nil && ctx.Err() != nil {
+			// ctx ended during this probe: the previous probe's result says more than "deadline
+			// exceeded".
+			if last == nil {
+				last = err
+			}
+			return gateErr()
+		}
+		if err != nil {
 			passes = 0
 			last = err
 		} else {
@@ -126,7 +180,7 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 		case <-gone:
 			return ErrGone
 		case <-ctx.Done():
-			return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
+			return gateErr()
 		default:
 		}
 		if timer == nil {
@@ -139,7 +193,7 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 		case <-gone:
 			return ErrGone
 		case <-ctx.Done():
-			return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
+			return gateErr()
 		case <-timer.C:
 		}
 		if probes >= FastProbes {

@@ -53,20 +53,21 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
 // DecodeStrict decodes node into v (a pointer to a struct with yaml tags) and rejects keys the struct
-// does not declare, at any depth. Every problem is returned as an *Error whose Key is the dotted path
-// below node and whose Line is the offending line. A nil node leaves v unchanged.
+// does not declare, at any depth, and values that do not fit their field (a "5 seconds" duration, a word
+// where a number belongs, a scalar where a mapping belongs). It reports every such problem, not just the
+// first: each is an *Error whose Key is the dotted path below node ("stop.grace", "argv[0]") and whose
+// Line is the offending line. Even on error, v receives every value that did decode, so a caller can go
+// on validating the rest and report those problems too. A nil node leaves v unchanged.
 func DecodeStrict(node *yaml.Node, v any) error {
 	if node == nil {
 		return nil
 	}
 	var l errs
-	checkKeys(&l, node, reflect.TypeOf(v), "")
-	if len(l.list) > 0 {
-		return l.err()
-	}
-	if err := node.Decode(v); err != nil {
-		for _, e := range yamlErrors(err) {
-			l.list = append(l.list, e)
+	good := check(&l, node, reflect.TypeOf(v), "")
+	if good != nil {
+		if err := good.Decode(v); err != nil {
+			// check should have caught every problem; report whatever it missed all the same.
+			l.list = append(l.list, yamlErrors(err)...)
 		}
 	}
 	return l.err()
@@ -93,29 +94,58 @@ func yamlErrors(err error) []error {
 	return out
 }
 
-// checkKeys reports mapping keys that t (a struct, possibly behind pointers) does not declare.
-func checkKeys(l *errs, n *yaml.Node, t reflect.Type, prefix string) {
-	for t != nil && (t.Kind() == reflect.Pointer) {
+var (
+	nodeType        = reflect.TypeOf(yaml.Node{})
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
+)
+
+// check walks n against t (a struct, slice, map or scalar type, possibly behind pointers), adding to l
+// every mapping key t does not declare and every value that does not decode into its field. It returns
+// a copy of n without the offending entries, or nil when n itself is bad, so decoding the copy keeps
+// every good value.
+func check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if t == nil || n == nil {
-		return
+		return n
 	}
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) != 1 {
+			return n
+		}
+		c := check(l, n.Content[0], t, prefix)
+		if c == nil {
+			return nil
+		}
+		doc := *n
+		doc.Content = []*yaml.Node{c}
+		return &doc
 	}
-	if n.Kind == yaml.AliasNode {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
+	}
+	switch {
+	case n.Kind == 0:
+		return nil // an empty document: nothing to decode
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
+		return n // null leaves the field at its zero value
+	}
+	switch {
+	case t == nodeType || t.Kind() == reflect.Interface:
+		return n // taken as is
+	case reflect.PointerTo(t).Implements(unmarshalerType):
+		return checkLeaf(l, n, t, prefix)
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if t == reflect.TypeOf(yaml.Node{}) || n.Kind != yaml.MappingNode {
-			return
-		}
-		if reflect.PointerTo(t).Implements(reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()) {
-			return
+		if n.Kind != yaml.MappingNode {
+			l.add("", prefix, n.Line, "want a mapping of keys, got %s", describe(n))
+			return nil
 		}
 		fields := yamlFields(t)
+		out := *n
+		out.Content = nil
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			ft, ok := fields[k.Value]
@@ -123,21 +153,70 @@ func checkKeys(l *errs, n *yaml.Node, t reflect.Type, prefix string) {
 				l.add("", join(prefix, k.Value), k.Line, "unknown key (known keys: %s)", strings.Join(sortedKeys(fields), ", "))
 				continue
 			}
-			checkKeys(l, v, ft, join(prefix, k.Value))
-		}
-	case reflect.Slice:
-		if n.Kind == yaml.SequenceNode {
-			for i, c := range n.Content {
-				checkKeys(l, c, t.Elem(), fmt.Sprintf("%s[%d]", prefix, i))
+			if c := check(l, v, ft, join(prefix, k.Value)); c != nil {
+				out.Content = append(out.Content, k, c)
 			}
 		}
+		return &out
+	case reflect.Slice, reflect.Array:
+		if n.Kind != yaml.SequenceNode {
+			l.add("", prefix, n.Line, "want a list, got %s", describe(n))
+			return nil
+		}
+		out := *n
+		out.Content = nil
+		for i, c := range n.Content {
+			if c := check(l, c, t.Elem(), fmt.Sprintf("%s[%d]", prefix, i)); c != nil {
+				out.Content = append(out.Content, c)
+			}
+		}
+		return &out
 	case reflect.Map:
-		if n.Kind == yaml.MappingNode {
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				checkKeys(l, n.Content[i+1], t.Elem(), join(prefix, n.Content[i].Value))
+		if n.Kind != yaml.MappingNode {
+			l.add("", prefix, n.Line, "want a mapping, got %s", describe(n))
+			return nil
+		}
+		out := *n
+		out.Content = nil
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if c := check(l, v, t.Elem(), join(prefix, k.Value)); c != nil {
+				out.Content = append(out.Content, k, c)
 			}
 		}
+		return &out
 	}
+	return checkLeaf(l, n, t, prefix)
+}
+
+// checkLeaf decodes n into a scratch value of type t and reports why it does not fit, under key.
+func checkLeaf(l *errs, n *yaml.Node, t reflect.Type, key string) *yaml.Node {
+	err := n.Decode(reflect.New(t).Interface())
+	if err == nil {
+		return n
+	}
+	for _, e := range yamlErrors(err) {
+		re := e.(*Error)
+		re.Key = key
+		if re.Line == 0 {
+			re.Line = n.Line
+		}
+		l.list = append(l.list, re)
+	}
+	return nil
+}
+
+// describe names a node's kind for error messages.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "something else"
 }
 
 func join(prefix, key string) string {

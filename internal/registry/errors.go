@@ -70,7 +70,7 @@ func (l *errs) addErr(route, key string, line int, err error) {
 			if c.Route == "" {
 				c.Route = route
 			}
-			if key != "" && !strings.HasPrefix(c.Key, key) {
+			if key != "" && c.Key != key && !strings.HasPrefix(c.Key, key+".") && !strings.HasPrefix(c.Key, key+"[") {
 				if c.Key == "" {
 					c.Key = key
 				} else {

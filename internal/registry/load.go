@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -89,11 +90,14 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 		}
 		return nil, l.err()
 	}
+	// A problem in the top-level keys does not stop the routes from being checked: the operator gets
+	// the whole list at once.
+	var l errs
 	var fc fileConfig
 	if err := DecodeStrict(&doc, &fc); err != nil {
-		return nil, err
+		l.addErr("", "", 0, err)
 	}
-	var l errs
+	topBad := badRoots(l.list)
 	cfg := &Config{Listen: fc.Listen, Admin: fc.Admin}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -101,7 +105,7 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if cfg.Admin == "" {
 		cfg.Admin = DefaultAdmin
 	}
-	if len(fc.Routes) == 0 {
+	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
 	names := map[string]int{}
@@ -112,14 +116,14 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 			continue
 		}
 		if prev, dup := names[r.Name]; dup {
-			l.add(r.Name, "name", fc.Routes[i].Line, "duplicate route name (also route #%d)", prev+1)
+			l.add(r.Name, "name", keyLine(&fc.Routes[i], "name"), "duplicate route name (also route #%d)", prev+1)
 			continue
 		}
 		names[r.Name] = i
 		for _, h := range r.Hosts {
 			k := h + r.PathPrefix
 			if other, dup := hosts[k]; dup {
-				l.add(r.Name, "hosts", fc.Routes[i].Line, "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
+				l.add(r.Name, "hosts", keyLine(&fc.Routes[i], "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
 				continue
 			}
 			hosts[k] = r.Name
@@ -160,52 +164,63 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	if label == "" {
 		label = fmt.Sprintf("#%d", idx+1)
 	}
+	// The route's keys that did decode are still checked, so one bad value does not hide the rest;
+	// checks of a key that already failed to decode are dropped at the end (a "5 seconds" wake_budget
+	// is reported once, not again as whatever its default then trips).
+	at := func(key string) int { return keyLine(n, key) }
+	bad := len(l.list)
 	var rk routeKeys
 	if err := DecodeStrict(common, &rk); err != nil {
 		l.addErr(label, "", n.Line, err)
-		return nil
 	}
-	bad := len(l.list)
+	undecoded := badRoots(l.list[bad:])
+	decodeErrs := len(l.list)
 	r := &Route{Name: rk.Name, Backing: rk.Backing, PathPrefix: rk.PathPrefix}
 	switch {
 	case rk.Name == "":
-		l.add(label, "name", n.Line, "missing")
+		l.add(label, "name", at("name"), "missing")
 	case !nameRE.MatchString(rk.Name):
-		l.add(label, "name", n.Line, "%q is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)", rk.Name)
+		l.add(label, "name", at("name"), "%q is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)", rk.Name)
 	}
 
 	// Hosts.
-	hs := rk.Hosts
+	type hostAt struct {
+		name, key string
+	}
+	var hs []hostAt
 	if rk.Host != "" {
-		hs = append([]string{rk.Host}, hs...)
+		hs = append(hs, hostAt{rk.Host, "host"})
+	}
+	for i, h := range rk.Hosts {
+		hs = append(hs, hostAt{h, fmt.Sprintf("hosts[%d]", i)})
 	}
 	if len(hs) == 0 {
-		l.add(label, "hosts", n.Line, "missing: a route needs at least one host")
+		l.add(label, "hosts", at("hosts"), "missing: a route needs at least one host")
 	}
 	seen := map[string]bool{}
-	for _, h := range hs {
-		h = strings.ToLower(strings.TrimSpace(h))
+	for _, ha := range hs {
+		h := strings.ToLower(strings.TrimSpace(ha.name))
 		if err := checkHost(h); err != nil {
-			l.add(label, "hosts", n.Line, "%v", err)
+			l.add(label, "hosts", at(ha.key), "%v", err)
 			continue
 		}
 		if seen[h] {
-			l.add(label, "hosts", n.Line, "host %q listed twice", h)
+			l.add(label, "hosts", at(ha.key), "host %q listed twice", h)
 			continue
 		}
 		seen[h] = true
 		r.Hosts = append(r.Hosts, h)
 	}
 	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
-		l.add(label, "path_prefix", n.Line, "%q must start with /", r.PathPrefix)
+		l.add(label, "path_prefix", at("path_prefix"), "%q must start with /", r.PathPrefix)
 	}
 	r.PathPrefix = strings.TrimSuffix(r.PathPrefix, "/")
 
 	// Upstream.
 	if rk.Upstream == "" {
-		l.add(label, "upstream", n.Line, "missing: where does the woken tenant listen? (host:port or unix:/path)")
+		l.add(label, "upstream", at("upstream"), "missing: where does the woken tenant listen? (host:port or unix:/path)")
 	} else if u, err := ParseUpstream(rk.Upstream); err != nil {
-		l.add(label, "upstream", n.Line, "%v", err)
+		l.add(label, "upstream", at("upstream"), "%v", err)
 	} else {
 		r.Upstream = u
 	}
@@ -221,13 +236,13 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	if r.Hold.MaxRequests == 0 {
 		r.Hold.MaxRequests = DefaultMaxHeld
 	} else if r.Hold.MaxRequests < 0 {
-		l.add(label, "hold.max_requests", n.Line, "must be positive, got %d", r.Hold.MaxRequests)
+		l.add(label, "hold.max_requests", at("hold.max_requests"), "must be positive, got %d", r.Hold.MaxRequests)
 	}
 	r.Hold.MaxTime = orDefault(rk.Hold.MaxTime.D(), r.WakeBudget)
 	r.Backoff.Initial = orDefault(rk.Backoff.Initial.D(), DefaultBackoff)
 	r.Backoff.Max = orDefault(rk.Backoff.Max.D(), DefaultBackoffMax)
 	if r.Backoff.Max < r.Backoff.Initial {
-		l.add(label, "backoff.max", n.Line, "%v is shorter than backoff.initial %v", r.Backoff.Max, r.Backoff.Initial)
+		l.add(label, "backoff.max", at("backoff.max"), "%v is shorter than backoff.initial %v", r.Backoff.Max, r.Backoff.Initial)
 	}
 
 	// Health.
@@ -244,30 +259,30 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	if r.Health.Path == "" {
 		r.Health.Path = "/"
 	} else if !strings.HasPrefix(r.Health.Path, "/") {
-		l.add(label, "health.path", n.Line, "%q must start with /", h.Path)
+		l.add(label, "health.path", at("health.path"), "%q must start with /", h.Path)
 	}
 	if r.Health.Passes == 0 {
 		r.Health.Passes = 1
 	} else if r.Health.Passes < 0 {
-		l.add(label, "health.passes", n.Line, "must be positive, got %d", h.Passes)
+		l.add(label, "health.passes", at("health.passes"), "must be positive, got %d", h.Passes)
 	}
 	if h.Status != "" {
 		lo, hi, err := parseStatusRange(h.Status)
 		if err != nil {
-			l.add(label, "health.status", n.Line, "%v", err)
+			l.add(label, "health.status", at("health.status"), "%v", err)
 		}
 		r.Health.MinStatus, r.Health.MaxStatus = lo, hi
 	}
-	if r.Health.Budget > r.WakeBudget {
-		l.add(label, "health.budget", n.Line, "%v exceeds wake_budget %v", r.Health.Budget, r.WakeBudget)
+	if r.Health.Budget > r.WakeBudget && !undecoded["wake_budget"] {
+		l.add(label, "health.budget", at("health.budget"), "%v exceeds wake_budget %v", r.Health.Budget, r.WakeBudget)
 	}
 
 	// Backing.
 	switch dec, ok := backings[rk.Backing]; {
 	case rk.Backing == "":
-		l.add(label, "backing", n.Line, "missing (one of: %s)", strings.Join(backingNames(backings), ", "))
+		l.add(label, "backing", at("backing"), "missing (one of: %s)", strings.Join(backingNames(backings), ", "))
 	case !ok:
-		l.add(label, "backing", n.Line, "%q is not available in this build (one of: %s)", rk.Backing, strings.Join(backingNames(backings), ", "))
+		l.add(label, "backing", at("backing"), "%q is not available in this build (one of: %s)", rk.Backing, strings.Join(backingNames(backings), ", "))
 	default:
 		for k := range blocks {
 			if k != rk.Backing {
@@ -277,15 +292,89 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 		if len(l.list) == bad {
 			settings, err := dec(r, blocks[rk.Backing])
 			if err != nil {
-				l.addErr(label, rk.Backing, blockLines[rk.Backing], err)
+				line := blockLines[rk.Backing]
+				if line == 0 {
+					line = at("backing") // no block at all: point at the backing it is missing for
+				}
+				l.addErr(label, rk.Backing, line, err)
 			}
 			r.Settings = settings
 		}
 	}
 	if len(l.list) > bad {
+		if len(undecoded) > 0 {
+			kept := l.list[:decodeErrs]
+			for _, e := range l.list[decodeErrs:] {
+				if !undecoded[rootKey(e)] {
+					kept = append(kept, e)
+				}
+			}
+			l.list = kept
+		}
 		return nil
 	}
 	return r
+}
+
+// badRoots returns the first segment of each problem's key ("health" for "health.interval", "hosts" for
+// "hosts[1]").
+func badRoots(list []error) map[string]bool {
+	m := map[string]bool{}
+	for _, e := range list {
+		if k := rootKey(e); k != "" {
+			m[k] = true
+		}
+	}
+	return m
+}
+
+func rootKey(err error) string {
+	var e *Error
+	if !errors.As(err, &e) {
+		return ""
+	}
+	k := e.Key
+	if i := strings.IndexAny(k, ".["); i >= 0 {
+		k = k[:i]
+	}
+	return k
+}
+
+// keyLine returns the line of a dotted key below the mapping n ("health.status", "hosts[1]"): the
+// deepest part of it that is present, or n's own line when the key is absent altogether.
+func keyLine(n *yaml.Node, key string) int {
+	line := n.Line
+	for _, part := range strings.Split(key, ".") {
+		name, idx := part, -1
+		if i := strings.IndexByte(part, '['); i >= 0 && strings.HasSuffix(part, "]") {
+			name = part[:i]
+			if v, err := strconv.Atoi(part[i+1 : len(part)-1]); err == nil {
+				idx = v
+			}
+		}
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == name {
+				line, next = n.Content[i].Line, n.Content[i+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		if idx >= 0 {
+			if n.Kind != yaml.SequenceNode || idx >= len(n.Content) {
+				return line
+			}
+			n = n.Content[idx]
+			line = n.Line
+		}
+	}
+	return line
 }
 
 // isKnownBacking names the backings the project has, so that a settings block for one this build

@@ -1,0 +1,530 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/registry"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// cfg is a health config with the given overrides on top of fast, test-friendly values. Timeouts and
+// budgets in these tests are generous upper bounds; nothing asserts how long anything took.
+func cfg(mod func(*registry.Health)) registry.Health {
+	h := registry.Health{
+		Path:      "/healthz",
+		MinStatus: 200,
+		MaxStatus: 399,
+		Interval:  5 * time.Millisecond,
+		Timeout:   30 * time.Second,
+		Passes:    1,
+	}
+	if mod != nil {
+		mod(&h)
+	}
+	return h
+}
+
+// tcpServer serves h on a loopback TCP port.
+func tcpServer(t *testing.T, h http.HandlerFunc) registry.Upstream {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return registry.Upstream{Network: "tcp", Address: srv.Listener.Addr().String()}
+}
+
+// unixServer serves h on a unix socket. The directory is short-named: socket paths are limited to
+// about 100 bytes, and t.TempDir can be longer.
+func unixServer(t *testing.T, h http.HandlerFunc) registry.Upstream {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return registry.Upstream{Network: "unix", Address: path}
+}
+
+// status answers every request with code, after checking the probe asked for the configured path.
+func status(code int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" || r.Method != http.MethodGet {
+			http.Error(w, "unexpected "+r.Method+" "+r.URL.Path, http.StatusTeapot)
+			return
+		}
+		if code >= 300 && code < 400 {
+			w.Header().Set("Location", "/elsewhere")
+		}
+		w.WriteHeader(code)
+	}
+}
+
+// sequence answers the n-th request with codes[n], repeating the last code after that, and counts
+// requests.
+func sequence(hits *atomic.Int64, codes ...int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		n := int(hits.Add(1))
+		w.WriteHeader(codes[min(n, len(codes))-1])
+	}
+}
+
+// refused returns a loopback address nothing listens on.
+func refused(t *testing.T) registry.Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return registry.Upstream{Network: "tcp", Address: addr}
+}
+
+// hanging returns an upstream that accepts connections and never answers, and a channel that receives
+// once per accepted connection. Everything is closed and joined at cleanup.
+func hanging(t *testing.T) (registry.Upstream, <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 100)
+	var (
+		mu    sync.Mutex // guards conns
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return registry.Upstream{Network: "tcp", Address: ln.Addr().String()}, accepted
+}
+
+func TestProbeStatus(t *testing.T) {
+	tests := []struct {
+		name     string
+		code     int
+		min, max int
+		wantErr  string // "" for a pass
+	}{
+		{name: "200 in default range", code: 200, min: 200, max: 399},
+		{name: "204 in default range", code: 204, min: 200, max: 399},
+		{name: "399 is the inclusive top", code: 399, min: 200, max: 399},
+		{name: "redirect in range is not followed", code: 302, min: 200, max: 399},
+		{name: "redirect out of range", code: 302, min: 200, max: 299, wantErr: "GET /healthz: status 302, want 200-299"},
+		{name: "404", code: 404, min: 200, max: 399, wantErr: "GET /healthz: status 404, want 200-399"},
+		{name: "500", code: 500, min: 200, max: 399, wantErr: "GET /healthz: status 500, want 200-399"},
+		{name: "single status matches", code: 204, min: 204, max: 204},
+		{name: "single status rejects 200", code: 200, min: 204, max: 204, wantErr: "status 200, want 204-204"},
+		{name: "a 5xx range", code: 503, min: 500, max: 599},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var elsewhere atomic.Int64
+			mux := http.NewServeMux()
+			mux.Handle("/healthz", status(tt.code))
+			mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { elsewhere.Add(1) })
+			up := tcpServer(t, mux.ServeHTTP)
+			p := health.New(up, cfg(func(h *registry.Health) { h.MinStatus, h.MaxStatus = tt.min, tt.max }))
+			err := p.Probe(t.Context())
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("Probe() = %v, want a pass", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("Probe() = %v, want an error containing %q", err, tt.wantErr)
+			}
+			if n := elsewhere.Load(); n != 0 {
+				t.Errorf("the probe followed a redirect (%d requests to /elsewhere)", n)
+			}
+		})
+	}
+}
+
+func TestProbeRequest(t *testing.T) {
+	got := make(chan *http.Request, 1)
+	up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case got <- r.Clone(context.Background()):
+		default:
+		}
+	})
+	if err := health.New(up, cfg(nil)).Probe(t.Context()); err != nil {
+		t.Fatalf("Probe() = %v", err)
+	}
+	r := <-got
+	if r.Method != http.MethodGet || r.URL.Path != "/healthz" {
+		t.Errorf("probe request = %s %s, want GET /healthz", r.Method, r.URL.Path)
+	}
+	if ua := r.Header.Get("User-Agent"); ua != "activator-health" {
+		t.Errorf("User-Agent = %q, want activator-health", ua)
+	}
+	if !r.Close {
+		t.Errorf("probe asked to keep the connection alive; a probe must measure a fresh connection")
+	}
+}
+
+func TestProbeUnixSocket(t *testing.T) {
+	tests := []struct {
+		code    int
+		wantErr bool
+	}{{200, false}, {503, true}}
+	for _, tt := range tests {
+		t.Run(http.StatusText(tt.code), func(t *testing.T) {
+			var host atomic.Value
+			up := unixServer(t, func(w http.ResponseWriter, r *http.Request) {
+				host.Store(r.Host)
+				status(tt.code)(w, r)
+			})
+			err := health.New(up, cfg(nil)).Probe(t.Context())
+			if (err != nil) != tt.wantErr {
+				t.Errorf("Probe() over unix:%s = %v, want error: %v", up.Address, err, tt.wantErr)
+			}
+			if h, _ := host.Load().(string); h != "localhost" {
+				t.Errorf("Host over a unix socket = %q, want localhost", h)
+			}
+		})
+	}
+}
+
+func TestProbeRefused(t *testing.T) {
+	err := health.New(refused(t), cfg(nil)).Probe(t.Context())
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("Probe() against a closed port = %v, want ECONNREFUSED", err)
+	}
+	if err != nil && !strings.HasPrefix(err.Error(), "GET /healthz: ") {
+		t.Errorf("Probe() error %q does not start with the request", err)
+	}
+}
+
+func TestProbeTimeout(t *testing.T) {
+	up, accepted := hanging(t)
+	p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = 50 * time.Millisecond }))
+	err := p.Probe(t.Context())
+	var te interface{ Timeout() bool }
+	if !errors.As(err, &te) || !te.Timeout() {
+		t.Errorf("Probe() against a server that accepts and hangs = %v, want a timeout", err)
+	}
+	select {
+	case <-accepted:
+	default:
+		t.Errorf("the hanging server never accepted the probe's connection")
+	}
+}
+
+func TestProbeCallerContext(t *testing.T) {
+	up, _ := hanging(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := health.New(up, cfg(nil)).Probe(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Probe(canceled ctx) = %v, want context.Canceled", err)
+	}
+}
+
+func TestWaitConsecutivePasses(t *testing.T) {
+	tests := []struct {
+		name     string
+		passes   int
+		codes    []int
+		wantHits int64
+	}{
+		{name: "first probe passes", passes: 1, codes: []int{200}, wantHits: 1},
+		{name: "one pass after failures", passes: 1, codes: []int{503, 503, 200}, wantHits: 3},
+		{name: "a failure resets the count", passes: 2, codes: []int{500, 200, 500, 200, 200}, wantHits: 5},
+		{name: "three in a row", passes: 3, codes: []int{200, 200, 500, 200, 200, 500, 200, 200, 200}, wantHits: 9},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var hits atomic.Int64
+			up := tcpServer(t, sequence(&hits, tt.codes...))
+			p := health.New(up, cfg(func(h *registry.Health) { h.Passes = tt.passes }))
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a bound, not an expectation
+			defer cancel()
+			if err := p.Wait(ctx, nil); err != nil {
+				t.Fatalf("Wait() = %v, want nil", err)
+			}
+			if got := hits.Load(); got != tt.wantHits {
+				t.Errorf("gate passed after %d probes, want %d", got, tt.wantHits)
+			}
+		})
+	}
+}
+
+// TestWaitAlternating: a tenant that is healthy every other probe never gives two passes in a row. The
+// test ends the wait itself once the server has seen enough probes.
+func TestWaitAlternating(t *testing.T) {
+	const enough = 10
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var hits atomic.Int64
+	up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+		n := hits.Add(1)
+		if n == enough {
+			cancel()
+		}
+		if n%2 == 0 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	p := health.New(up, cfg(func(h *registry.Health) { h.Passes = 2 }))
+	err := p.Wait(ctx, nil)
+	var ge *health.GateError
+	if !errors.As(err, &ge) {
+		t.Fatalf("Wait() = %v, want *GateError", err)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("GateError = %v, want it to unwrap to context.Canceled", err)
+	}
+	if ge.Probes < enough-1 {
+		t.Errorf("GateError.Probes = %d, want at least %d", ge.Probes, enough-1)
+	}
+}
+
+// TestWaitSlowTenant: past the FastProbes fast ones, the gate keeps probing (at a pause growing to the
+// interval) until the tenant turns healthy.
+func TestWaitSlowTenant(t *testing.T) {
+	codes := make([]int, health.FastProbes+10)
+	for i := range codes {
+		codes[i] = http.StatusServiceUnavailable
+	}
+	codes = append(codes, http.StatusOK)
+	var hits atomic.Int64
+	up := tcpServer(t, sequence(&hits, codes...))
+	p := health.New(up, cfg(func(h *registry.Health) { h.Interval = 4 * time.Millisecond }))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := p.Wait(ctx, nil); err != nil {
+		t.Fatalf("Wait() = %v, want nil", err)
+	}
+	if got, want := hits.Load(), int64(len(codes)); got != want {
+		t.Errorf("gate passed after %d probes, want %d", got, want)
+	}
+}
+
+// waitResult runs Wait in a goroutine the test joins, and returns its result channel.
+// Its context has no deadline; it is canceled only at cleanup, so that a failed test still joins the
+// goroutine.
+func waitResult(t *testing.T, p *health.Prober, gone <-chan struct{}) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { res <- p.Wait(ctx, gone) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return res
+}
+
+// await returns Wait's result. The bound is a safety net against a hang, far above any real run.
+func await(t *testing.T, res <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-res:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("Wait did not return after gone closed")
+		return nil
+	}
+}
+
+func TestWaitGone(t *testing.T) {
+	t.Run("closed while probing an unhealthy tenant", func(t *testing.T) {
+		seen := make(chan struct{}, 100)
+		up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case seen <- struct{}{}:
+			default:
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		p := health.New(up, cfg(func(h *registry.Health) { h.Interval = time.Hour }))
+		gone := make(chan struct{})
+		res := waitResult(t, p, gone) // no deadline: only gone can end this
+		for range 3 {
+			<-seen
+		}
+		close(gone)
+		if err := await(t, res); !errors.Is(err, health.ErrGone) {
+			t.Errorf("Wait() = %v, want ErrGone", err)
+		}
+	})
+
+	t.Run("closed during a probe that hangs", func(t *testing.T) {
+		up, accepted := hanging(t)
+		// The probe timeout and the ctx are far out of reach: only cutting the probe short returns.
+		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		gone := make(chan struct{})
+		res := waitResult(t, p, gone)
+		<-accepted
+		close(gone)
+		if err := await(t, res); !errors.Is(err, health.ErrGone) {
+			t.Errorf("Wait() = %v, want ErrGone", err)
+		}
+	})
+
+	t.Run("already closed", func(t *testing.T) {
+		gone := make(chan struct{})
+		close(gone)
+		err := health.New(refused(t), cfg(nil)).Wait(context.Background(), gone)
+		if !errors.Is(err, health.ErrGone) {
+			t.Errorf("Wait() = %v, want ErrGone", err)
+		}
+	})
+}
+
+func TestWaitGateError(t *testing.T) {
+	t.Run("refused until the budget ends", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		err := health.New(refused(t), cfg(nil)).Wait(ctx, make(chan struct{}))
+		var ge *health.GateError
+		if !errors.As(err, &ge) {
+			t.Fatalf("Wait() = %v, want *GateError", err)
+		}
+		if !errors.Is(ge.Last, syscall.ECONNREFUSED) {
+			t.Errorf("GateError.Last = %v, want the last probe's ECONNREFUSED", ge.Last)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || ge.Err != context.DeadlineExceeded {
+			t.Errorf("GateError = %v (Err %v), want it to unwrap to context.DeadlineExceeded", err, ge.Err)
+		}
+		if ge.Probes < 1 {
+			t.Errorf("GateError.Probes = %d, want at least 1", ge.Probes)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "last probe: GET /healthz: ") || !strings.Contains(msg, "connection refused") {
+			t.Errorf("GateError message %q does not carry the last probe's error", msg)
+		}
+	})
+
+	t.Run("unhealthy status until the caller gives up", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var hits atomic.Int64
+		up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) == 3 {
+				cancel() // the third probe may or may not complete: the second one's result is there
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		err := health.New(up, cfg(nil)).Wait(ctx, nil)
+		var ge *health.GateError
+		if !errors.As(err, &ge) || ge.Last == nil || !strings.Contains(ge.Last.Error(), "status 503") {
+			t.Errorf("Wait() = %v, want *GateError whose last probe saw status 503", err)
+		}
+	})
+
+	t.Run("caller gives up during a hanging probe after a failed one", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var hits atomic.Int64
+		up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) == 1 {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			cancel()             // the second probe is in flight: end the wait now
+			<-r.Context().Done() // and hang until the probe gives up
+		})
+		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		err := p.Wait(ctx, nil)
+		var ge *health.GateError
+		if !errors.As(err, &ge) {
+			t.Fatalf("Wait() = %v, want *GateError", err)
+		}
+		// The cut-short probe says only "context canceled"; the one before it says why.
+		if ge.Last == nil || !strings.Contains(ge.Last.Error(), "status 500") {
+			t.Errorf("GateError.Last = %v, want the earlier probe's status 500", ge.Last)
+		}
+		if ge.Probes != 2 {
+			t.Errorf("GateError.Probes = %d, want 2", ge.Probes)
+		}
+	})
+
+	t.Run("budget ends during the only probe", func(t *testing.T) {
+		up, _ := hanging(t)
+		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		err := p.Wait(ctx, nil)
+		var ge *health.GateError
+		if !errors.As(err, &ge) || !errors.Is(ge.Last, context.DeadlineExceeded) {
+			t.Errorf("Wait() = %v, want *GateError whose last probe hit the deadline", err)
+		}
+	})
+}
+
+// TestNewDefaults: a zero Health (built by hand, not by the registry) still probes sensibly.
+func TestNewDefaults(t *testing.T) {
+	var path atomic.Value
+	up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+		path.Store(r.URL.Path)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := health.New(up, registry.Health{}).Wait(ctx, nil); err != nil {
+		t.Fatalf("Wait() with a zero Health = %v, want nil", err)
+	}
+	if p, _ := path.Load().(string); p != "/" {
+		t.Errorf("probed path %q, want /", p)
+	}
+}
+
+func TestGateErrorMessage(t *testing.T) {
+	e := &health.GateError{Probes: 3, Err: context.DeadlineExceeded}
+	if got, want := e.Error(), "health gate did not pass (3 probes): context deadline exceeded"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	e.Last = errors.New("GET /: status 500, want 200-399")
+	if got, want := e.Error(), "health gate did not pass after 3 probes: last probe: GET /: status 500, want 200-399"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
