@@ -14,7 +14,8 @@
 //   - DEMOAPP_UNHEALTHY=1         /healthz always answers 503;
 //   - DEMOAPP_BODY=text           the body of GET / (default "hello from demoapp");
 //   - DEMOAPP_READY=text          printed on stdout once listening (default "demoapp ready");
-//   - DEMOAPP_CHATTY=n            print n lines on stdout and stderr before listening (pipe-drain tests).
+//   - DEMOAPP_CHATTY=n            print n lines on stdout and stderr before listening (pipe-drain tests);
+//   - DEMOAPP_IGNORE_TERM=1       ignore SIGTERM (stop only by SIGINT or SIGKILL: stop-grace tests).
 //
 // Endpoints: / (body), /healthz, /echo (echoes the request body), /sse?n=3 (server-sent events,
 // flushed one by one), /ws (WebSocket echo), /pid, /bound (JSON: pid, main_ns, bound_ns, wall clock
@@ -54,6 +55,11 @@ func RunIfChild() {
 // Main runs the app until SIGTERM or SIGINT and returns the exit code.
 func Main() int {
 	mainNS := time.Now().UnixNano()
+	stopSignals := []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	if os.Getenv("DEMOAPP_IGNORE_TERM") == "1" {
+		signal.Ignore(syscall.SIGTERM)
+		stopSignals = stopSignals[1:]
+	}
 	if d, err := time.ParseDuration(os.Getenv("DEMOAPP_START_DELAY")); err == nil && d > 0 {
 		time.Sleep(d) // the app is deliberately slow to start; this is its behaviour, not test timing
 	}
@@ -85,7 +91,7 @@ func Main() int {
 	fmt.Fprintf(os.Stdout, "%s on %s\n", ready, ln.Addr())
 
 	srv := &http.Server{Handler: Handler(mainNS, boundNS), ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,0 +1,384 @@
+// Package exec is the exec backing: a route's tenant is a plain executable the activator starts as a
+// child process on Wake and stops on Sleep.
+//
+// The child is started directly from argv (never through a shell) in its own process group, with the
+// parent-death signal set to SIGKILL so it dies with the activator even when the activator is
+// SIGKILLed (the forking OS thread is kept alive for the child's whole life: see startLocked). Stop
+// signals go to the whole group, and when the child exits, whatever is left of its group is killed;
+// a grandchild that leaves the group (setsid, double fork) is beyond the backend's reach. Its stdout and
+// stderr are drained continuously (a chatty child never blocks), logged line by line at Info, and the
+// last 64 KiB kept: a child that exits on its own ends its Life with an *ExitError that quotes the end
+// of that output.
+//
+// The child inherits the activator's environment, minus LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES and
+// NOTIFY_SOCKET (meant for the activator itself), plus the listen mode's variables and the route's env.
+//
+// How the child learns where to listen is the route's `listen` mode: in the environment (PORT and HOST,
+// or SOCKET), as an inherited pre-bound socket (systemd's LISTEN_FDS protocol, through a shim: see
+// RunShimIfRequested), or not at all.
+//
+// Ownership: a Backend owns its child, the goroutines that spawn, drain and reap it, and (in
+// listen_fds mode) the listening socket, from the first Wake until Close, which joins them all.
+package exec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+)
+
+// Phases this backing reports to the wake Tracker.
+const (
+	PhaseSpawn       = "spawn"        // fork and exec of the child
+	PhaseReadyMarker = "ready_marker" // waiting for the ready marker in the child's output
+)
+
+// ErrClosed is returned by Wake after Close, and ends the Life of a child that Close stopped.
+var ErrClosed = errors.New("exec backend closed")
+
+// Options configure a Provider.
+type Options struct {
+	// Logger receives the backing's logs, including every line the children print (at Info, with keys
+	// route, stream, pid and line). Default: slog.Default().
+	Logger *slog.Logger
+	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must call
+	// RunShimIfRequested first thing in main.
+	Shim string
+}
+
+// Provider opens exec backends; it satisfies split.Opener. It holds no resources.
+type Provider struct {
+	opts Options
+}
+
+// NewProvider returns a Provider.
+func NewProvider(o Options) *Provider { return &Provider{opts: o} }
+
+// Open returns the Backend of r, whose Settings must be what Decode returned.
+func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+	b, err := New(r, p.opts)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Backend runs one route's child process. It implements activator.Backend and activator.Closer.
+// Wake, Sleep, Close and PID are safe for concurrent use.
+type Backend struct {
+	log      *slog.Logger
+	route    string
+	settings *Settings
+	upstream registry.Upstream
+	shim     string
+	closing  chan struct{} // closed by Close: aborts a Wake waiting for the ready marker
+	wg       sync.WaitGroup
+
+	mu     sync.Mutex // guards the fields below
+	closed bool
+	proc   *proc        // the latest child, possibly exited; nil before the first Wake
+	ln     net.Listener // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
+	lnFile *os.File     // a dup of ln's socket, handed to each child as fd 3
+}
+
+var (
+	_ activator.Backend = (*Backend)(nil)
+	_ activator.Closer  = (*Backend)(nil)
+)
+
+// New returns r's Backend. It starts nothing: the first Wake spawns the child (and, in listen_fds mode,
+// binds the upstream).
+func New(r *registry.Route, o Options) (*Backend, error) {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return nil, fmt.Errorf("exec: route %q has no exec settings (got %T)", r.Name, r.Settings)
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Backend{
+		log:      log.With("backing", "exec", "route", r.Name),
+		route:    r.Name,
+		settings: s,
+		upstream: r.Upstream,
+		shim:     o.Shim,
+		closing:  make(chan struct{}),
+	}
+	if s.Listen == ListenFDs && b.shim == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("exec: listen_fds needs the activator's own executable as a shim: %w", err)
+		}
+		b.shim = exe
+	}
+	return b, nil
+}
+
+// Wake spawns the child and returns its Life while it runs; it never waits for the child to exit. With
+// a ready marker configured it returns only once a line of output contains the marker, and fails with
+// the child's *ExitError if it exits first (or, after killing the child, with ctx's error). Wake on a
+// running child returns its Life at once. A failed Wake leaves no child running.
+func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("exec: wake: %w", err)
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if p := b.proc; p != nil && p.running() {
+		b.mu.Unlock()
+		return p.life, nil
+	}
+	t.Phase(PhaseSpawn)
+	sp, err := b.specLocked()
+	if err != nil {
+		b.mu.Unlock()
+		return nil, err
+	}
+	p, err := b.startLocked(sp)
+	if err != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("exec: start %s: %w", sp.path, err)
+	}
+	b.proc = p
+	b.mu.Unlock()
+	b.log.Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen))
+
+	if p.marker == nil {
+		return p.life, nil
+	}
+	t.Phase(PhaseReadyMarker)
+	var cause error
+	select {
+	case <-p.ready:
+		return p.life, nil
+	case <-p.done:
+		select {
+		case <-p.ready: // printed the marker, then exited: the Life tells
+			return p.life, nil
+		default:
+		}
+		t.Note(fmt.Sprintf("exited before printing the ready marker %q", b.settings.ReadyMarker))
+		return nil, p.exit
+	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-b.closing:
+		cause = ErrClosed
+	}
+	t.Note(fmt.Sprintf("ready marker %q not seen: %v; killing pid %d", b.settings.ReadyMarker, cause, p.pid))
+	if err := b.stop(context.Background(), p, syscall.SIGKILL, 0, cause); err != nil {
+		b.log.Error("kill after failed wake", "pid", p.pid, "err", err)
+	}
+	return nil, fmt.Errorf("exec: waiting for ready marker %q: %w", b.settings.ReadyMarker, cause)
+}
+
+// Sleep sends the stop signal to the child's process group, SIGKILLs the group after the stop grace
+// (or at once when ctx ends), and returns once the child has been reaped; its Life ends with
+// activator.ErrSlept. Sleep with no child running returns nil.
+func (b *Backend) Sleep(ctx context.Context) error {
+	b.mu.Lock()
+	p := b.proc
+	b.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, activator.ErrSlept)
+}
+
+// Close stops the child as Sleep does (stop signal, SIGKILL after the grace or as soon as ctx ends;
+// its Life ends with ErrClosed), releases the pre-bound listener and joins every goroutine of the
+// backend. Wake fails with ErrClosed afterwards. Close is idempotent.
+func (b *Backend) Close(ctx context.Context) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	close(b.closing)
+	p := b.proc
+	b.mu.Unlock()
+
+	var errs []error
+	if p != nil {
+		if err := b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, ErrClosed); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		b.wg.Wait() // an unreapable child keeps its owner goroutine: then do not hang on it
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ln != nil {
+		if err := b.ln.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("exec: close listener: %w", err))
+		}
+		b.lnFile.Close()
+		b.ln, b.lnFile = nil, nil
+	}
+	return errors.Join(errs...)
+}
+
+// PID is the pid of the running child, or 0.
+func (b *Backend) PID() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.proc == nil || !b.proc.running() {
+		return 0
+	}
+	return b.proc.pid
+}
+
+// stop stops p: sig to its group, then SIGKILL after grace or when ctx ends (at once when sig is
+// SIGKILL or grace is 0); it returns once p has been reaped. why is the Life's end reason.
+func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace time.Duration, why error) error {
+	p.markStopping(why)
+	if sig != syscall.SIGKILL && grace > 0 {
+		if err := p.signal(sig); err != nil {
+			b.log.Warn("stop signal", "pid", p.pid, "signal", sig.String(), "err", err)
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-p.done:
+			return nil
+		case <-t.C:
+			b.log.Warn("still running after the stop grace, killing", "pid", p.pid, "signal", sig.String(), "stop_grace", grace)
+		case <-ctx.Done():
+			b.log.Warn("stop interrupted, killing", "pid", p.pid, "err", ctx.Err())
+		}
+	}
+	if err := p.signal(syscall.SIGKILL); err != nil {
+		return fmt.Errorf("exec: kill pid %d: %w", p.pid, err)
+	}
+	t := time.NewTimer(reapGrace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("exec: pid %d not reaped %v after SIGKILL", p.pid, reapGrace)
+	}
+}
+
+// specLocked builds the command line, environment and inherited files of the next child, binding the
+// upstream first in listen_fds mode.
+func (b *Backend) specLocked() (spec, error) {
+	s := b.settings
+	sp := spec{path: s.Path, args: s.Argv, dir: s.Dir}
+	env := inheritedEnv()
+	switch s.Listen {
+	case ListenEnv:
+		switch b.upstream.Network {
+		case "tcp":
+			host, port, err := net.SplitHostPort(b.upstream.Address)
+			if err != nil {
+				return spec{}, fmt.Errorf("exec: upstream %s: %w", b.upstream, err)
+			}
+			env = append(env, "HOST="+host, "PORT="+port)
+		case "unix":
+			// A child killed earlier may have left its socket file behind; many apps then fail to bind.
+			if err := removeStaleSocket(b.upstream.Address); err != nil {
+				return spec{}, err
+			}
+			env = append(env, "SOCKET="+b.upstream.Address)
+		}
+	case ListenFDs:
+		if err := b.listenLocked(); err != nil {
+			return spec{}, err
+		}
+		env = append(env, shimEnv+"=1", "LISTEN_FDS=1", "LISTEN_FDNAMES="+b.route)
+		sp.path = b.shim
+		sp.args = append([]string{shimArg0, s.Path}, s.Argv...)
+		sp.extra = []*os.File{b.lnFile}
+	}
+	for _, k := range sortedKeys(s.Env) {
+		env = append(env, k+"="+s.Env[k])
+	}
+	sp.env = env
+	return sp, nil
+}
+
+// listenLocked binds the upstream once; the socket then stays open across sleeps, like a systemd
+// socket unit, so connections made while the child starts wait in the backlog instead of being
+// refused.
+func (b *Backend) listenLocked() error {
+	if b.ln != nil {
+		return nil
+	}
+	u := b.upstream
+	if u.Network == "unix" {
+		if err := removeStaleSocket(u.Address); err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen(u.Network, u.Address)
+	if err != nil {
+		return fmt.Errorf("exec: bind upstream %s for listen_fds: %w", u, err)
+	}
+	fl, ok := ln.(interface{ File() (*os.File, error) })
+	if !ok {
+		ln.Close()
+		return fmt.Errorf("exec: bind upstream %s: %T has no file descriptor", u, ln)
+	}
+	f, err := fl.File()
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("exec: bind upstream %s: %w", u, err)
+	}
+	b.ln, b.lnFile = ln, f
+	b.log.Info("bound upstream for listen_fds", "upstream", u.String())
+	return nil
+}
+
+// removeStaleSocket removes a unix socket file nobody answers on; it refuses to remove anything else.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("exec: upstream socket: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("exec: upstream %s exists and is not a socket", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("exec: upstream socket %s is in use by another process", path)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("exec: remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// inheritedEnv is the activator's environment without what must not leak into a child: socket
+// activation and notification variables meant for the activator itself, and the shim marker.
+func inheritedEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shimEnv:
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}

@@ -1,0 +1,640 @@
+package exec
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/registry"
+)
+
+// budget bounds every wait in these tests. It is a generous upper bound that turns a hang into a
+// failure, never a timing assertion.
+const budget = 2 * time.Minute
+
+var tagSeq atomic.Int64
+
+// fixture is one backend over a demoapp child, plus what a test needs to look at it from outside.
+type fixture struct {
+	b   *Backend
+	up  registry.Upstream
+	tag string // EXEC_TEST_TAG value in the child's environment, to find it in /proc
+}
+
+// newFixture decodes an exec block (YAML) for a demoapp child on up, opens the backend and registers
+// its Close. The child's argv is this test binary; env gets ACTIVATOR_DEMOAPP=1 and a unique tag.
+func newFixture(t *testing.T, up registry.Upstream, block string) *fixture {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := fmt.Sprintf("%d-%d", os.Getpid(), tagSeq.Add(1))
+	r := &registry.Route{Name: "app", Upstream: up}
+	y := fmt.Sprintf("argv: [%q]\n", self) + block
+	var node yaml.Node
+	if err := yaml.Unmarshal([]byte(y), &node); err != nil {
+		t.Fatalf("test YAML: %v\n%s", err, y)
+	}
+	s, err := Decode(r, &node)
+	if err != nil {
+		t.Fatalf("Decode: %v\n%s", err, y)
+	}
+	st := s.(*Settings)
+	if st.Env == nil {
+		st.Env = map[string]string{}
+	}
+	st.Env[demoapp.ChildEnv] = "1"
+	st.Env["GORACE"] = "atexit_sleep_ms=0" // a -race child otherwise lingers a second at exit
+	st.Env["EXEC_TEST_TAG"] = tag
+	r.Settings = st
+	b, err := New(r, Options{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{b: b, up: up, tag: tag}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		if err := b.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if pids := tagged(tag); len(pids) > 0 {
+			t.Errorf("after Close, processes %v of this backend still run", pids)
+		}
+	})
+	return f
+}
+
+func (f *fixture) subject() backendtest.Subject {
+	return backendtest.Subject{
+		Backend:  f.b,
+		Upstream: f.up,
+		Body:     "hello from demoapp",
+		Budget:   budget,
+		Kill: func(t *testing.T) {
+			t.Helper()
+			pid := f.b.PID()
+			if pid <= 0 {
+				t.Fatal("Kill: no child running")
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill -9 %d: %v", pid, err)
+			}
+		},
+		Awake: func(t *testing.T) bool { return len(tagged(f.tag)) > 0 },
+	}
+}
+
+func (f *fixture) wake(t *testing.T) *activator.Life {
+	t.Helper()
+	return backendtest.Wake(t, f.subject())
+}
+
+// testLogger logs warnings and errors to the test's output; child output lines (Info) are dropped.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// tagged lists the live (non-zombie) processes whose environment holds EXEC_TEST_TAG=tag.
+func tagged(tag string) []int {
+	want := []byte("EXEC_TEST_TAG=" + tag + "\x00")
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, want) {
+			continue
+		}
+		if alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return false
+	}
+	return stat[i+2] != 'Z' && stat[i+2] != 'X'
+}
+
+// waitFor polls cond every few milliseconds until it holds, failing after budget.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(budget)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: not within %v", what, budget)
+		}
+	}
+}
+
+func freeTCP(t *testing.T) registry.Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return registry.Upstream{Network: "tcp", Address: addr}
+}
+
+func tempSocket(t *testing.T) registry.Upstream {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return registry.Upstream{Network: "unix", Address: filepath.Join(dir, "app.sock")}
+}
+
+func TestConformance(t *testing.T) {
+	cases := []struct {
+		name  string
+		up    func(t *testing.T) registry.Upstream
+		block string
+	}{
+		{"tcp_env", freeTCP, "listen: env\n"},
+		{"unix_env", tempSocket, ""},
+		{"tcp_listen_fds", freeTCP, "listen: listen_fds\n"},
+		{"unix_listen_fds", tempSocket, "listen: listen_fds\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			backendtest.Run(t, func(t *testing.T) backendtest.Subject {
+				return newFixture(t, c.up(t), c.block).subject()
+			})
+		})
+	}
+}
+
+// A child that prints far more than a pipe buffer holds before listening still starts and serves.
+func TestChattyChild(t *testing.T) {
+	f := newFixture(t, freeTCP(t), "env: {DEMOAPP_CHATTY: \"20000\"}\n")
+	f.wake(t)
+	backendtest.Get(t, f.subject())
+	out := f.b.proc.out.Bytes()
+	if len(out) > TailSize {
+		t.Errorf("kept %d bytes of output, want at most %d", len(out), TailSize)
+	}
+	if !bytes.Contains(out, []byte("demoapp ready on")) {
+		t.Errorf("output tail lacks the ready line; tail ends %q", out[max(0, len(out)-300):])
+	}
+}
+
+// recorder is a Tracker that records phases and notes; Phase may run a hook.
+type recorder struct {
+	mu      sync.Mutex
+	phases  []string
+	notes   []string
+	onPhase func(name string)
+}
+
+func (r *recorder) Phase(name string) {
+	r.mu.Lock()
+	r.phases = append(r.phases, name)
+	r.mu.Unlock()
+	if r.onPhase != nil {
+		r.onPhase(name)
+	}
+}
+
+func (r *recorder) Note(msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, msg)
+}
+
+func TestExitBeforeReady(t *testing.T) {
+	const env = "env: {DEMOAPP_EXIT_CODE: \"3\", DEMOAPP_EXIT_MESSAGE: \"config.toml: no such file\"}\n"
+	checkExit := func(t *testing.T, err error) {
+		t.Helper()
+		var ee *ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("error %v (%T) is not an *ExitError", err, err)
+		}
+		if ee.Code != 3 || ee.Signal != 0 {
+			t.Errorf("code %d signal %v, want code 3", ee.Code, ee.Signal)
+		}
+		if want := "exited with code 3: config.toml: no such file"; ee.Error() != want {
+			t.Errorf("message %q, want %q", ee.Error(), want)
+		}
+	}
+
+	t.Run("ready_marker", func(t *testing.T) {
+		f := newFixture(t, freeTCP(t), env+"ready_marker: demoapp ready\n")
+		rec := &recorder{}
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		life, err := f.b.Wake(ctx, rec)
+		if err == nil {
+			t.Fatalf("Wake succeeded (life %v), want the exit error", life)
+		}
+		checkExit(t, err)
+		if pid := f.b.PID(); pid != 0 {
+			t.Errorf("PID() = %d after a failed wake, want 0", pid)
+		}
+		if got := strings.Join(rec.phases, ","); got != "spawn,ready_marker" {
+			t.Errorf("phases %s, want spawn,ready_marker", got)
+		}
+	})
+
+	t.Run("no_marker", func(t *testing.T) {
+		f := newFixture(t, freeTCP(t), env)
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		life, err := f.b.Wake(ctx, activator.Discard)
+		if err != nil {
+			t.Fatalf("Wake: %v", err)
+		}
+		select {
+		case <-life.Done():
+		case <-ctx.Done():
+			t.Fatal("the child's exit did not end its Life")
+		}
+		checkExit(t, life.Err())
+	})
+}
+
+func TestReadyMarker(t *testing.T) {
+	// The marker line is printed after the app listens, half a second after it starts: when Wake
+	// returns the very first probe must pass.
+	f := newFixture(t, freeTCP(t), "ready_marker: tenant-is-up\nenv: {DEMOAPP_READY: tenant-is-up, DEMOAPP_START_DELAY: 500ms}\n")
+	rec := &recorder{}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	life, err := f.b.Wake(ctx, rec)
+	if err != nil {
+		t.Fatalf("Wake: %v", err)
+	}
+	if !bytes.Contains(f.b.proc.out.Bytes(), []byte("tenant-is-up")) {
+		t.Fatalf("Wake returned before the marker was printed; output so far %q", f.b.proc.out.Bytes())
+	}
+	p := health.New(f.up, registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299, Timeout: budget, Passes: 1})
+	if err := p.Probe(ctx); err != nil {
+		t.Fatalf("first probe right after Wake: %v", err)
+	}
+	if got := strings.Join(rec.phases, ","); got != "spawn,ready_marker" {
+		t.Errorf("phases %s, want spawn,ready_marker", got)
+	}
+	if life.Err() != nil {
+		t.Errorf("life ended: %v", life.Err())
+	}
+}
+
+// A wake canceled while waiting for the marker kills the child.
+func TestReadyMarkerCanceled(t *testing.T) {
+	f := newFixture(t, freeTCP(t), "ready_marker: never-printed\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &recorder{onPhase: func(name string) {
+		if name == PhaseReadyMarker {
+			cancel()
+		}
+	}}
+	_, err := f.b.Wake(ctx, rec)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wake: %v, want context.Canceled", err)
+	}
+	if pids := tagged(f.tag); len(pids) > 0 {
+		t.Fatalf("a canceled wake left %v running", pids)
+	}
+	if f.b.PID() != 0 {
+		t.Fatalf("PID() = %d after a canceled wake", f.b.PID())
+	}
+}
+
+func TestStopGrace(t *testing.T) {
+	cases := []struct {
+		name       string
+		block      string
+		wantSignal syscall.Signal // how the child ended
+	}{
+		// A short grace: the outcome is SIGKILL however slow the machine.
+		{"ignores_term", "stop_grace: 300ms\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n", syscall.SIGKILL},
+		// A long grace that a child honouring SIGTERM never reaches.
+		{"honours_term", "stop_grace: 1h\n", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, freeTCP(t), c.block)
+			life := f.wake(t)
+			p := f.b.proc
+			backendtest.Sleep(t, f.subject())
+			if !errors.Is(life.Err(), activator.ErrSlept) {
+				t.Errorf("life ended with %v, want ErrSlept", life.Err())
+			}
+			if p.exit.Signal != c.wantSignal {
+				t.Errorf("child ended %q, want signal %v", p.exit.Status(), c.wantSignal)
+			}
+			if c.wantSignal == 0 && p.exit.Code != 0 {
+				t.Errorf("child ended %q, want a clean exit", p.exit.Status())
+			}
+			if pids := tagged(f.tag); len(pids) > 0 {
+				t.Errorf("after Sleep, %v still run", pids)
+			}
+		})
+	}
+}
+
+func TestStopSignal(t *testing.T) {
+	// INT is honoured by demoapp even when it ignores TERM.
+	f := newFixture(t, freeTCP(t), "stop_signal: INT\nstop_grace: 1h\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n")
+	f.wake(t)
+	p := f.b.proc
+	backendtest.Sleep(t, f.subject())
+	if p.exit.Signal != 0 || p.exit.Code != 0 {
+		t.Errorf("child ended %q, want a clean exit on SIGINT", p.exit.Status())
+	}
+}
+
+// The child dies with its parent even when the parent is SIGKILLed (Pdeathsig).
+func TestNoOrphans(t *testing.T) {
+	for _, mode := range []ListenMode{ListenEnv, ListenFDs} {
+		t.Run(string(mode), func(t *testing.T) {
+			up := freeTCP(t)
+			_, port, _ := net.SplitHostPort(up.Address)
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent := osexec.Command(self)
+			parent.Env = append(os.Environ(), parentEnv+"="+string(mode), parentPortEnv+"="+port)
+			parent.Stderr = t.Output()
+			stdin, err := parent.StdinPipe() // held open: the parent waits on it
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stdin.Close()
+			stdout, err := parent.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := parent.Start(); err != nil {
+				t.Fatal(err)
+			}
+			reaped := false
+			defer func() {
+				if !reaped {
+					parent.Process.Kill()
+					parent.Wait()
+				}
+			}()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading the child pid from the parent: %v", err)
+			}
+			var pid int
+			if _, err := fmt.Sscanf(line, "pid %d", &pid); err != nil || pid <= 0 {
+				t.Fatalf("parent said %q", line)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			probe := health.New(up, registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299,
+				Interval: 50 * time.Millisecond, Timeout: 5 * time.Second, Passes: 1})
+			if err := probe.Wait(ctx, nil); err != nil {
+				t.Fatalf("child %d never served: %v", pid, err)
+			}
+			if err := parent.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			parent.Wait()
+			reaped = true
+			waitFor(t, fmt.Sprintf("child %d to die with its SIGKILLed parent", pid), func() bool { return !alive(pid) })
+		})
+	}
+}
+
+// Go terminates the OS thread of a goroutine that exits while locked to it, and Linux sends the
+// parent-death signal when the thread that forked the child exits. Threads retired that way must never
+// take a child with them. The test makes the runtime put every idle thread to work (goroutines blocked
+// in raw syscalls need one thread each), then retires all of those threads.
+func TestThreadExitDoesNotKillChild(t *testing.T) {
+	f := newFixture(t, freeTCP(t), "")
+	life := f.wake(t)
+	pid, tid := f.b.PID(), f.b.proc.tid
+	for round := 0; round < 3; round++ {
+		churnThreads(t, 32)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
+		t.Errorf("the thread %d that forked the child is gone: %v", tid, err)
+	}
+	backendtest.Get(t, f.subject())
+	if err := life.Err(); err != nil {
+		t.Fatalf("child died when unrelated threads exited: %v", err)
+	}
+	if !alive(pid) {
+		t.Fatalf("child %d died when unrelated threads exited", pid)
+	}
+}
+
+// churnThreads occupies n threads at once with goroutines locked to them and blocked in a raw read(2)
+// (so idle threads are taken first), then lets them exit locked, which makes the runtime terminate
+// those threads.
+func churnThreads(t *testing.T, n int) {
+	t.Helper()
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil { // blocking fds: read(2) parks the thread
+		t.Fatal(err)
+	}
+	defer syscall.Close(fds[0])
+	var locked atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			locked.Add(1)
+			var b [1]byte
+			syscall.Read(fds[0], b[:])
+		}()
+	}
+	waitFor(t, "goroutines to lock their threads", func() bool { return locked.Load() == int64(n) })
+	syscall.Close(fds[1]) // EOF for every reader
+	wg.Wait()
+}
+
+func TestWakeAfterClose(t *testing.T) {
+	f := newFixture(t, freeTCP(t), "")
+	f.wake(t)
+	if err := f.b.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := f.b.Wake(context.Background(), activator.Discard); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Wake after Close: %v, want ErrClosed", err)
+	}
+	if err := f.b.Close(context.Background()); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// listen_fds keeps the socket bound across sleeps: a connection made while asleep waits in the backlog
+// and is served by the next child.
+func TestListenFDsBacklog(t *testing.T) {
+	f := newFixture(t, freeTCP(t), "listen: listen_fds\n")
+	f.wake(t)
+	backendtest.Sleep(t, f.subject())
+	conn, err := net.Dial("tcp", f.up.Address)
+	if err != nil {
+		t.Fatalf("dial while asleep: %v (the pre-bound socket should accept into its backlog)", err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET / HTTP/1.0\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	f.wake(t)
+	conn.SetReadDeadline(time.Now().Add(budget))
+	resp, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.HasPrefix(resp, "HTTP/1.0 200") {
+		t.Fatalf("queued request: %q, %v", resp, err)
+	}
+	// Close releases the socket.
+	if err := f.b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.Dial("tcp", f.up.Address); err == nil {
+		c.Close()
+		t.Fatal("upstream still accepts after Close")
+	}
+}
+
+func TestNoGoroutineLeak(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []ListenMode{ListenEnv, ListenFDs} {
+		r := &registry.Route{Name: "leak", Upstream: freeTCP(t), Settings: &Settings{
+			Argv: []string{self}, Path: self, Env: map[string]string{demoapp.ChildEnv: "1", "GORACE": "atexit_sleep_ms=0"},
+			ReadyMarker: "demoapp ready", Listen: mode, StopSignal: syscall.SIGTERM, StopGrace: time.Minute,
+		}}
+		b, err := New(r, Options{Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		for i := 0; i < 2; i++ {
+			if _, err := b.Wake(ctx, activator.Discard); err != nil {
+				t.Fatalf("Wake: %v", err)
+			}
+			if err := b.Sleep(ctx); err != nil {
+				t.Fatalf("Sleep: %v", err)
+			}
+		}
+		if _, err := b.Wake(ctx, activator.Discard); err != nil {
+			t.Fatalf("Wake: %v", err)
+		}
+		if err := b.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		cancel()
+	}
+}
+
+func TestProviderOpen(t *testing.T) {
+	p := NewProvider(Options{Logger: testLogger(t)})
+	self, _ := os.Executable()
+	b, err := p.Open(&registry.Route{Name: "x", Upstream: freeTCP(t), Settings: &Settings{Argv: []string{self}, Path: self, Listen: ListenFDs}})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if _, ok := b.(*Backend); !ok {
+		t.Fatalf("Open returned %T", b)
+	}
+	if _, err := p.Open(&registry.Route{Name: "y", Settings: "not exec settings"}); err == nil {
+		t.Fatal("Open accepted a route without exec settings")
+	}
+}
+
+func TestExitErrorMessage(t *testing.T) {
+	var many strings.Builder
+	for i := 0; i < 30; i++ {
+		fmt.Fprintf(&many, "line %d\n", i)
+	}
+	long := strings.Repeat("x", 5000) + "\nlast\n"
+	cases := []struct {
+		name string
+		e    ExitError
+		want string
+	}{
+		{"code", ExitError{Code: 3, Output: []byte("boom\n")}, "exited with code 3: boom"},
+		{"no_output", ExitError{Code: 1}, "exited with code 1 (no output)"},
+		{"signal", ExitError{Code: -1, Signal: syscall.SIGKILL, Output: []byte("a\nb\n")}, "killed by SIGKILL: a\nb"},
+		{"last_10_lines", ExitError{Code: 2, Output: []byte(many.String())}, "exited with code 2: line 20\nline 21\nline 22\nline 23\nline 24\nline 25\nline 26\nline 27\nline 28\nline 29"},
+		{"at_most_2k", ExitError{Code: 2, Output: []byte(long)}, "exited with code 2: last"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := c.e.Error(); got != c.want {
+				t.Errorf("got %q\nwant %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestTailKeepsTheEnd(t *testing.T) {
+	var tl tail
+	line := []byte(strings.Repeat("y", 99) + "\n")
+	for i := 0; i < 5000; i++ {
+		tl.Write(line)
+	}
+	tl.Write([]byte("the end\n"))
+	got := tl.Bytes()
+	if len(got) != TailSize {
+		t.Errorf("kept %d bytes, want %d", len(got), TailSize)
+	}
+	if !bytes.HasSuffix(got, []byte("the end\n")) {
+		t.Errorf("tail does not end with the last write: %q", got[len(got)-20:])
+	}
+}
+
+func TestShimArgs(t *testing.T) {
+	if code := runShim([]string{shimArg0}, nil, io.Discard); code != 127 {
+		t.Errorf("runShim without a command = %d, want 127", code)
+	}
+}

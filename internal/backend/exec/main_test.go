@@ -1,0 +1,63 @@
+package exec
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/registry"
+)
+
+// parentEnv makes the test binary run as a "parent": an activator stand-in that wakes one child
+// through the backend, prints the child's pid and waits to be killed (the no-orphans test). Its value
+// is the listen mode; parentPortEnv is the TCP port.
+const (
+	parentEnv     = "EXEC_TEST_PARENT"
+	parentPortEnv = "EXEC_TEST_PARENT_PORT"
+)
+
+func TestMain(m *testing.M) {
+	RunShimIfRequested()
+	demoapp.RunIfChild()
+	if mode := os.Getenv(parentEnv); mode != "" {
+		os.Exit(runParent(ListenMode(mode), os.Getenv(parentPortEnv)))
+	}
+	os.Exit(m.Run())
+}
+
+// runParent wakes a demoapp child on 127.0.0.1:port, prints "pid N" and blocks until stdin closes or
+// the process is killed.
+func runParent(mode ListenMode, port string) int {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	up := registry.Upstream{Network: "tcp", Address: "127.0.0.1:" + port}
+	s := &Settings{
+		Argv: []string{self}, Path: self,
+		Env:       map[string]string{demoapp.ChildEnv: "1"},
+		Listen:    mode,
+		StopGrace: DefaultStopGrace,
+	}
+	b, err := New(&registry.Route{Name: "parent", Upstream: up, Settings: s}, Options{
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := b.Wake(context.Background(), activator.Discard); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("pid %d\n", b.PID())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = b.Close(context.Background())
+	return 0
+}
