@@ -238,7 +238,9 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	} else if r.Hold.MaxRequests < 0 {
 		l.add(label, "hold.max_requests", at("hold.max_requests"), "must be positive, got %d", r.Hold.MaxRequests)
 	}
-	r.Hold.MaxTime = orDefault(rk.Hold.MaxTime.D(), r.WakeBudget)
+	// Default: long enough to see the wake fail with its cause (budget plus stopping the unhealthy
+	// tenant) rather than a bare 504 racing the wake deadline.
+	r.Hold.MaxTime = orDefault(rk.Hold.MaxTime.D(), r.WakeBudget+r.SleepBudget)
 	r.Backoff.Initial = orDefault(rk.Backoff.Initial.D(), DefaultBackoff)
 	r.Backoff.Max = orDefault(rk.Backoff.Max.D(), DefaultBackoffMax)
 	if r.Backoff.Max < r.Backoff.Initial {

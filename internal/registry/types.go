@@ -117,7 +117,7 @@ type Health struct {
 // Hold limits the requests held while a route wakes.
 type Hold struct {
 	MaxRequests int           // default 10000
-	MaxTime     time.Duration // default: the wake budget
+	MaxTime     time.Duration // default: wake budget + sleep budget
 }
 
 // Backoff spaces wake attempts after a failed wake, so a crash-looping tenant is not restarted on every
