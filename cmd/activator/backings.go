@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/activator/activator/internal/backend/exec"
+	"github.com/activator/activator/internal/backend/kvm"
 	"github.com/activator/activator/internal/backend/redfish"
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/registry"
@@ -24,10 +25,12 @@ func newBackings(ctx context.Context, log *slog.Logger) *backings {
 	return &backings{
 		decoders: map[string]registry.SettingsDecoder{
 			"exec":    exec.Decode,
+			"kvm":     kvm.Decode,
 			"redfish": redfish.Decode,
 		},
 		provider: split.New(map[string]split.Opener{
 			"exec":    exec.NewProvider(exec.Options{Logger: log}),
+			"kvm":     kvm.New(kvm.Options{Logger: log}),
 			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),
 		}),
 	}

@@ -1,0 +1,258 @@
+package kvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// instance is one QEMU process and its QMP monitor. It owns two goroutines: drain, which reads QMP
+// events until the connection closes (go-qemu stalls command replies while events go unread), and
+// watch, which notices QEMU's end (the monitor's EOF, or a SHUTDOWN/GUEST_PANICKED event), makes sure
+// the process is gone, closes gone and reports to the backend through onGone.
+//
+// An instance ends in one of three ways: QEMU exits (on its own, killed, or after quit), stop kills
+// it, or detach lets go of a QEMU that keeps running. After any of them, close joins the goroutines.
+type instance struct {
+	pid int
+	mon *monitor
+	log *slog.Logger
+
+	monClosed chan struct{} // closed by drain when the event stream ends
+	fatal     chan struct{} // closed (once, by drain) on SHUTDOWN or GUEST_PANICKED
+	gone      chan struct{} // closed by watch once QEMU has exited; goneErr is set before
+	done      chan struct{} // closed when drain and watch have returned
+	goneErr   error
+
+	// onGone is called by watch once QEMU has exited, unless the instance was detached; onStop by drain
+	// when the guest stops without the backend asking. Neither may block on the instance.
+	onGone func(*instance, error)
+	onStop func(*instance)
+
+	mu        sync.Mutex // guards the fields below
+	status    string     // run state: "running", "paused", "inmigrate", "postmigrate", ...
+	migration string     // status of the last MIGRATION event
+	reason    string     // why QEMU is ending (SHUTDOWN reason, guest panic), "" until then
+	changed   chan struct{}
+	wantRun   bool // the backend expects the guest to run (a STOP now is unexpected)
+	detached  bool
+	fatalOnce bool
+}
+
+func newInstance(pid int, mon *monitor, log *slog.Logger, onGone func(*instance, error), onStop func(*instance)) *instance {
+	return &instance{
+		pid:       pid,
+		mon:       mon,
+		log:       log.With("qemu_pid", pid),
+		monClosed: make(chan struct{}),
+		fatal:     make(chan struct{}),
+		gone:      make(chan struct{}),
+		done:      make(chan struct{}),
+		changed:   make(chan struct{}),
+		onGone:    onGone,
+		onStop:    onStop,
+	}
+}
+
+// start launches drain and watch; wg is the owner's, so it can join them.
+func (in *instance) start(wg *sync.WaitGroup) {
+	var local sync.WaitGroup
+	local.Add(2)
+	wg.Add(1)
+	go func() {
+		defer local.Done()
+		in.drain()
+	}()
+	go func() {
+		defer local.Done()
+		in.watch()
+	}()
+	go func() {
+		defer wg.Done()
+		local.Wait()
+		close(in.done)
+	}()
+}
+
+func (in *instance) drain() {
+	defer close(in.monClosed)
+	for ev := range in.mon.events {
+		in.handle(ev.Event, ev.Data)
+	}
+}
+
+func (in *instance) handle(name string, data map[string]any) {
+	str := func(k string) string { s, _ := data[k].(string); return s }
+	in.mu.Lock()
+	var stopCB, fatal bool
+	switch name {
+	case "STOP":
+		in.status = "paused"
+		stopCB = in.wantRun
+		in.wantRun = false
+	case "RESUME":
+		in.status = "running"
+	case "SHUTDOWN":
+		in.reason = "guest shut down (" + str("reason") + ")"
+		fatal = true
+	case "GUEST_PANICKED":
+		in.reason = "guest panicked"
+		fatal = true
+	case "RESET":
+		in.log.Info("guest reset", "reason", str("reason"))
+	case "MIGRATION":
+		in.migration = str("status")
+	default:
+		in.mu.Unlock()
+		return
+	}
+	if fatal && !in.fatalOnce {
+		in.fatalOnce = true
+		close(in.fatal)
+	}
+	close(in.changed)
+	in.changed = make(chan struct{})
+	in.mu.Unlock()
+	in.log.Debug("qmp event", "event", name, "data", data)
+	if stopCB {
+		in.onStop(in)
+	}
+}
+
+func (in *instance) watch() {
+	select {
+	case <-in.monClosed:
+	case <-in.fatal:
+	}
+	in.mu.Lock()
+	detached := in.detached
+	in.mu.Unlock()
+	if detached {
+		<-in.monClosed
+		return
+	}
+	// QEMU is ending: give it a moment to exit by itself, then make sure.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := waitGone(ctx, in.pid); err != nil {
+		in.log.Warn("qemu still running after its monitor closed or the guest ended; killing it")
+		_ = killAndWait(in.pid)
+	}
+	cancel()
+	in.mon.close()
+	<-in.monClosed
+	in.mu.Lock()
+	reason := in.reason
+	in.mu.Unlock()
+	if reason == "" {
+		reason = "qemu exited (killed, crashed, or quit by another client)"
+	}
+	in.goneErr = errors.New(reason)
+	close(in.gone)
+	in.onGone(in, in.goneErr)
+}
+
+// setStatus records a run state read with query-status.
+func (in *instance) setStatus(s string) {
+	in.mu.Lock()
+	in.status = s
+	close(in.changed)
+	in.changed = make(chan struct{})
+	in.mu.Unlock()
+}
+
+func (in *instance) setWantRun(v bool) {
+	in.mu.Lock()
+	in.wantRun = v
+	in.mu.Unlock()
+}
+
+func (in *instance) state() (status, migration string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.status, in.migration
+}
+
+// waitFor waits until cond holds for (status, migration), QEMU is gone, or ctx ends.
+func (in *instance) waitFor(ctx context.Context, cond func(status, migration string) (bool, error)) error {
+	for {
+		in.mu.Lock()
+		ok, err := cond(in.status, in.migration)
+		ch := in.changed
+		in.mu.Unlock()
+		if ok || err != nil {
+			return err
+		}
+		select {
+		case <-ch:
+		case <-in.gone:
+			return fmt.Errorf("qemu exited: %w", in.goneErr)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// queryStatus asks QEMU for its run state and records it.
+func (in *instance) queryStatus(ctx context.Context) (string, error) {
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := in.mon.run(ctx, &st, "query-status", nil); err != nil {
+		return "", err
+	}
+	in.setStatus(st.Status)
+	return st.Status, nil
+}
+
+// quit asks QEMU to quit and waits until it is gone, within budget (bounded by ctx too); past it,
+// QEMU is killed. It returns once QEMU is gone.
+func (in *instance) quit(ctx context.Context, budget time.Duration) {
+	qctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	if err := in.mon.run(qctx, nil, "quit", nil); err != nil {
+		in.log.Debug("qmp quit", "err", err)
+	}
+	select {
+	case <-in.gone:
+		return
+	case <-qctx.Done():
+	}
+	in.log.Warn("qemu did not quit in time; killing it", "budget", budget)
+	in.kill()
+}
+
+// kill kills QEMU and waits until the instance has seen it go.
+func (in *instance) kill() {
+	killPid(in.pid)
+	<-in.gone
+}
+
+// detach lets go of a QEMU that keeps running: the monitor closes, the goroutines end, onGone is not
+// called.
+func (in *instance) detach() {
+	in.mu.Lock()
+	in.detached = true
+	in.mu.Unlock()
+	in.mon.close()
+	<-in.done
+}
+
+// close joins the goroutines of an instance whose QEMU is gone.
+func (in *instance) close() {
+	<-in.gone
+	in.mon.close()
+	<-in.done
+}
+
+// isGone reports whether QEMU has exited.
+func (in *instance) isGone() bool {
+	select {
+	case <-in.gone:
+		return true
+	default:
+		return false
+	}
+}

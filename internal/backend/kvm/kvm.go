@@ -1,0 +1,513 @@
+// Package kvm is the activator's QEMU backing: each route is one guest, launched and owned by the
+// backend as a qemu-system-x86_64 process and driven over one QMP monitor (go-qemu).
+//
+// A guest sleeps in one of three modes: pause (QMP stop; wake is cont, in milliseconds), snapshot (RAM
+// and device state migrated to a file, QEMU quits; wake starts QEMU with -incoming and loads the file)
+// and poweroff (ACPI power button, QEMU quits; wake is a cold boot). QEMU daemonizes, its pid file and
+// QMP socket live in the route's private runtime dir, so a restarted activator adopts a guest that is
+// still running (Adopt). Guests do not outlive the activator's shutdown (Close quits them) unless
+// keep_running_on_exit is set.
+package kvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+)
+
+// Phase names reported to the Tracker during a wake.
+const (
+	PhaseQEMUStart = "qemu_start" // spawn QEMU until it has daemonized
+	PhaseQMP       = "qmp"        // connect the QMP monitor
+	PhaseRestore   = "restore"    // load the snapshot (snapshot mode)
+	PhaseRunning   = "running"    // cont, until the guest runs
+)
+
+// ErrClosed ends the Life of a guest that Close stopped (or left running).
+var ErrClosed = errors.New("kvm backend closed")
+
+// Options configure the Provider.
+type Options struct {
+	// Logger receives the backing's logs, scoped per route (default: discard).
+	Logger *slog.Logger
+}
+
+// Provider opens kvm routes. It satisfies split.Opener and split.Checker; it holds no resources.
+type Provider struct {
+	log *slog.Logger
+}
+
+// New returns a Provider.
+func New(o Options) *Provider {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Provider{log: log}
+}
+
+// Open returns the route's Backend. r.Settings must be the *Settings Decode returned. Open starts
+// nothing; the accelerator is chosen here (and logged with the reason).
+func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return nil, fmt.Errorf("kvm: route %q has no kvm settings (got %T)", r.Name, r.Settings)
+	}
+	bin, err := exec.LookPath(s.QEMU)
+	if err != nil {
+		return nil, fmt.Errorf("kvm: qemu binary: %w", err)
+	}
+	log := p.log.With("route", r.Name, "backing", "kvm")
+	accel, reason := chooseAccel(s.Accel, readHostFacts())
+	log.Info("kvm accelerator chosen", "accel", accel, "reason", reason)
+	return &Backend{name: r.Name, s: s, p: newPaths(s), bin: bin, accel: accel, log: log}, nil
+}
+
+// Check verifies, without starting anything, that the host can run the route's guest: the QEMU
+// binary, zstd for compressed snapshots, and /dev/kvm when accel is kvm.
+func (p *Provider) Check(_ context.Context, r *registry.Route) error {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return fmt.Errorf("no kvm settings (got %T)", r.Settings)
+	}
+	var errs []error
+	if _, err := exec.LookPath(s.QEMU); err != nil {
+		errs = append(errs, fmt.Errorf("qemu: %w", err))
+	}
+	if s.Sleep == SleepSnapshot && s.SnapshotCompress == "zstd" {
+		if _, err := exec.LookPath("zstd"); err != nil {
+			errs = append(errs, fmt.Errorf("snapshot_compress zstd: %w", err))
+		}
+	}
+	if s.Accel == AccelKVM {
+		if h := readHostFacts(); h.devKVM != nil {
+			errs = append(errs, fmt.Errorf("accel kvm: %w", h.devKVM))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Backend is one route's guest. The activator serialises Wake, Sleep, Adopt and Close; the backend
+// serialises them too (op), and its instance's goroutines report QEMU's end through instanceGone.
+type Backend struct {
+	name  string
+	s     *Settings
+	p     paths
+	bin   string
+	accel string
+	log   *slog.Logger
+
+	op sync.Mutex     // serialises Wake, Sleep, Adopt and Close
+	wg sync.WaitGroup // instance goroutines; joined by Close
+
+	mu     sync.Mutex      // guards the fields below
+	inst   *instance       // the QEMU process (running or paused), nil when none
+	life   *activator.Life // the current wake's Life, nil while asleep
+	closed bool
+}
+
+var (
+	_ activator.Backend = (*Backend)(nil)
+	_ activator.Adopter = (*Backend)(nil)
+	_ activator.Closer  = (*Backend)(nil)
+)
+
+// Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued; in
+// snapshot mode a snapshot file is restored (a missing or unusable one falls back to a cold boot, with
+// the reason noted); otherwise QEMU boots the guest. Wake returns once the guest runs; the health gate
+// is the activator's. A failed Wake leaves no QEMU running.
+func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+	b.op.Lock()
+	defer b.op.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("kvm wake: %w", err)
+	}
+	b.mu.Lock()
+	inst, life, closed := b.inst, b.life, b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if inst != nil && life != nil {
+		return life, nil
+	}
+	if inst != nil {
+		life, err := b.resume(ctx, t, inst)
+		if err == nil {
+			return life, nil
+		}
+		b.log.Warn("resuming the paused guest failed; booting a new one", "err", err)
+		t.Note(fmt.Sprintf("resume failed (%v): booting a new guest", err))
+		b.discard(inst)
+		if ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	if b.s.Sleep == SleepSnapshot {
+		life, err := b.restore(ctx, t)
+		if err == nil {
+			return life, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if errors.Is(err, errNoSnapshot) {
+			t.Note("no snapshot file: cold boot")
+		} else {
+			b.log.Warn("snapshot restore failed; cold boot instead", "err", err)
+			t.Note(fmt.Sprintf("snapshot restore failed (%v): cold boot instead", err))
+		}
+	}
+	return b.boot(ctx, t)
+}
+
+// resume continues a paused guest.
+func (b *Backend) resume(ctx context.Context, t activator.Tracker, inst *instance) (*activator.Life, error) {
+	t.Phase(PhaseRunning)
+	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Running.D())
+	defer cancel()
+	inst.setWantRun(true)
+	if err := inst.mon.run(rctx, nil, "cont", nil); err != nil {
+		inst.setWantRun(false)
+		return nil, fmt.Errorf("%s: %w", PhaseRunning, err)
+	}
+	if err := b.waitRunning(rctx, inst); err != nil {
+		return nil, err
+	}
+	return b.awake(inst)
+}
+
+// boot cold-boots a new guest.
+func (b *Backend) boot(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+	inst, err := b.start(ctx, t, false)
+	if err != nil {
+		return nil, err
+	}
+	t.Phase(PhaseRunning)
+	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Running.D())
+	defer cancel()
+	inst.setWantRun(true)
+	if err := b.waitRunning(rctx, inst); err != nil {
+		b.discard(inst)
+		return nil, err
+	}
+	life, err := b.awake(inst)
+	if err != nil {
+		b.discard(inst)
+		return nil, err
+	}
+	return life, nil
+}
+
+// waitRunning waits until QEMU reports the guest running.
+func (b *Backend) waitRunning(ctx context.Context, inst *instance) error {
+	st, err := inst.queryStatus(ctx)
+	if err == nil && st != "running" {
+		err = inst.waitFor(ctx, func(s, _ string) (bool, error) { return s == "running", nil })
+	}
+	if err != nil {
+		return fmt.Errorf("%s: guest not running: %w", PhaseRunning, err)
+	}
+	return nil
+}
+
+// awake records inst as the running guest and returns its new Life, unless QEMU died meanwhile.
+func (b *Backend) awake(inst *instance) (*activator.Life, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if inst.isGone() {
+		return nil, fmt.Errorf("qemu exited as the guest started: %w", inst.goneErr)
+	}
+	b.inst = inst
+	b.life = activator.NewLife()
+	return b.life, nil
+}
+
+// start launches QEMU and connects its monitor. incoming starts it waiting for a snapshot.
+func (b *Backend) start(ctx context.Context, t activator.Tracker, incoming bool) (*instance, error) {
+	t.Phase(PhaseQEMUStart)
+	if err := privateDir(b.s.RuntimeDir); err != nil {
+		return nil, fmt.Errorf("%s: runtime dir: %w", PhaseQEMUStart, err)
+	}
+	b.reapOrphan()
+	sctx, cancel := context.WithTimeout(ctx, b.s.Budgets.QEMUStart.D())
+	pid, err := spawn(sctx, b.bin, argv(b.name, b.s, b.p, b.accel, incoming), b.p)
+	cancel()
+	if err != nil {
+		removeStale(b.p)
+		return nil, fmt.Errorf("%s: %w", PhaseQEMUStart, err)
+	}
+	b.log.Info("qemu started", "qemu_pid", pid, "incoming", incoming, "accel", b.accel)
+
+	t.Phase(PhaseQMP)
+	inst, err := b.attach(ctx, pid)
+	if err != nil {
+		_ = killAndWait(pid)
+		removeStale(b.p)
+		return nil, fmt.Errorf("%s: %w", PhaseQMP, err)
+	}
+	return inst, nil
+}
+
+// attach connects the monitor of QEMU pid and starts the instance's goroutines.
+func (b *Backend) attach(ctx context.Context, pid int) (*instance, error) {
+	qctx, cancel := context.WithTimeout(ctx, b.s.Budgets.QMP.D())
+	defer cancel()
+	mon, err := dial(qctx, b.p.sock, &b.wg)
+	if err != nil {
+		return nil, err
+	}
+	inst := newInstance(pid, mon, b.log, b.instanceGone, b.instanceStopped)
+	inst.start(&b.wg)
+	if _, err := inst.queryStatus(qctx); err != nil {
+		inst.detach()
+		return nil, err
+	}
+	return inst, nil
+}
+
+// reapOrphan kills a QEMU of this route that runs without the backend knowing (one Adopt did not
+// take), so the new one does not trip over its pid-file lock; stale files are removed.
+func (b *Backend) reapOrphan() {
+	pid, err := readPid(b.p.pid)
+	if err == nil && isOurQEMU(pid, b.p.sock) {
+		b.log.Warn("killing an orphaned qemu of this route", "qemu_pid", pid)
+		_ = killAndWait(pid)
+	}
+	removeStale(b.p)
+}
+
+// discard kills inst (if still running) and forgets it; its Life, if any, ends.
+func (b *Backend) discard(inst *instance) {
+	b.mu.Lock()
+	if b.inst == inst {
+		b.inst = nil
+		if b.life != nil {
+			b.life.End(errors.New("guest discarded after a failed wake"))
+			b.life = nil
+		}
+	}
+	b.mu.Unlock()
+	if !inst.isGone() {
+		inst.kill()
+	}
+	inst.close()
+	removeStale(b.p)
+}
+
+// instanceGone is the instance's report that QEMU exited. For the current instance, it ends the Life
+// with the reason and forgets the instance; deliberate stops forget it first, so this does nothing.
+func (b *Backend) instanceGone(inst *instance, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inst != inst {
+		return
+	}
+	b.inst = nil
+	removeStale(b.p)
+	b.log.Warn("guest stopped on its own", "err", err, "qemu_pid", inst.pid, "qemu_log", logTail(b.p.log, 500))
+	if b.life != nil {
+		b.life.End(err)
+		b.life = nil
+	}
+}
+
+// instanceStopped is the instance's report of a STOP the backend did not ask for: the guest no longer
+// serves, so its Life ends; the next Wake continues it.
+func (b *Backend) instanceStopped(inst *instance) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inst != inst || b.life == nil {
+		return
+	}
+	b.log.Warn("guest paused behind the backend's back", "qemu_pid", inst.pid)
+	b.life.End(errors.New("guest paused (QMP STOP) without a sleep"))
+	b.life = nil
+}
+
+// Sleep puts the guest to sleep in the configured mode. A guest already asleep (paused, or no QEMU)
+// is left as it is. If a snapshot cannot be written the guest is continued and the error returned.
+func (b *Backend) Sleep(ctx context.Context) error {
+	b.op.Lock()
+	defer b.op.Unlock()
+	b.mu.Lock()
+	inst, life := b.inst, b.life
+	b.mu.Unlock()
+	if inst == nil || life == nil {
+		return nil
+	}
+	var err error
+	switch b.s.Sleep {
+	case SleepPause:
+		err = b.pause(ctx, inst)
+	case SleepSnapshot:
+		err = b.snapshot(ctx, inst)
+	case SleepPoweroff:
+		err = b.poweroff(ctx, inst)
+	}
+	if err != nil {
+		return fmt.Errorf("kvm sleep (%s): %w", b.s.Sleep, err)
+	}
+	return nil
+}
+
+// pause stops the guest's CPUs; QEMU keeps its RAM.
+func (b *Backend) pause(ctx context.Context, inst *instance) error {
+	inst.setWantRun(false)
+	if err := inst.mon.run(ctx, nil, "stop", nil); err != nil {
+		inst.setWantRun(true)
+		return err
+	}
+	if err := inst.waitFor(ctx, func(s, _ string) (bool, error) { return s != "running", nil }); err != nil {
+		return err
+	}
+	b.asleep(inst, false)
+	return nil
+}
+
+// asleep ends the current Life with ErrSlept; forget also drops the instance (QEMU is gone).
+func (b *Backend) asleep(inst *instance, forget bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.life != nil {
+		b.life.End(activator.ErrSlept)
+		b.life = nil
+	}
+	if forget && b.inst == inst {
+		b.inst = nil
+	}
+}
+
+// poweroff presses the ACPI power button and waits up to the powerdown budget for the guest to power
+// off; then QEMU is told to quit (and killed past the quit budget).
+func (b *Backend) poweroff(ctx context.Context, inst *instance) error {
+	b.asleep(inst, true)
+	inst.setWantRun(false)
+	pctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Powerdown.D())
+	defer cancel()
+	if err := inst.mon.run(pctx, nil, "system_powerdown", nil); err != nil {
+		b.log.Warn("system_powerdown failed", "err", err)
+	}
+	select {
+	case <-inst.gone:
+	case <-pctx.Done():
+		b.log.Warn("guest did not power off within the budget; quitting qemu", "budget", b.s.Budgets.Powerdown.D())
+		inst.quit(context.Background(), b.s.Budgets.Quit.D())
+	}
+	inst.close()
+	removeStale(b.p)
+	return nil
+}
+
+// Adopt finds a QEMU of this route still running from an earlier activator (pid file and QMP socket
+// in the runtime dir) and takes it over as it is: running is awake, paused is asleep. Stale files are
+// removed; a QEMU in any other state is killed.
+func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
+	b.op.Lock()
+	defer b.op.Unlock()
+	pid, err := readPid(b.p.pid)
+	if err != nil || !isOurQEMU(pid, b.p.sock) {
+		if _, serr := os.Stat(b.p.sock); serr == nil || err == nil {
+			b.log.Info("removing stale qemu runtime files", "dir", b.s.RuntimeDir)
+		}
+		removeStale(b.p)
+		return nil, false, nil
+	}
+	inst, err := b.attach(ctx, pid)
+	if err != nil {
+		return nil, false, fmt.Errorf("adopt qemu pid %d: %w", pid, err)
+	}
+	st, _ := inst.state()
+	if b.s.Sleep == SleepSnapshot && (st == "running" || st == "paused") {
+		// The live guest supersedes a snapshot left from before (an activator that died mid-sleep).
+		file, other := b.snapFile()
+		_ = os.Remove(file)
+		_ = os.Remove(other)
+	}
+	switch st {
+	case "running":
+		inst.setWantRun(true)
+		life, err := b.awake(inst)
+		if err != nil {
+			inst.close()
+			return nil, false, err
+		}
+		b.log.Info("adopted running guest", "qemu_pid", pid)
+		return life, true, nil
+	case "paused", "postmigrate", "suspended":
+		b.mu.Lock()
+		gone := inst.isGone()
+		if !gone {
+			b.inst = inst
+		}
+		b.mu.Unlock()
+		if gone {
+			inst.close()
+			return nil, false, nil
+		}
+		b.log.Info("adopted paused guest", "qemu_pid", pid, "status", st)
+		return nil, false, nil
+	default:
+		b.log.Warn("adopted qemu is in an unusable state; killing it", "qemu_pid", pid, "status", st)
+		inst.kill()
+		inst.close()
+		removeStale(b.p)
+		return nil, false, nil
+	}
+}
+
+// Close quits the guest (its Life ends with ErrClosed) unless keep_running_on_exit is set, in which
+// case the monitor is closed and QEMU left running for the next activator to adopt. Close joins every
+// goroutine the backend started; later Wakes fail with ErrClosed.
+func (b *Backend) Close(ctx context.Context) error {
+	b.op.Lock()
+	defer b.op.Unlock()
+	b.mu.Lock()
+	b.closed = true
+	inst, life := b.inst, b.life
+	b.inst, b.life = nil, nil
+	b.mu.Unlock()
+	if life != nil {
+		life.End(ErrClosed)
+	}
+	if inst != nil {
+		if b.s.KeepRunningOnExit {
+			b.log.Info("leaving the guest running (keep_running_on_exit)", "qemu_pid", inst.pid)
+			inst.detach()
+		} else {
+			inst.quit(ctx, b.s.Budgets.Quit.D())
+			inst.close()
+			removeStale(b.p)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		b.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kvm close: %w", ctx.Err())
+	}
+}
+
+// privateDir creates dir (and parents) with mode 0700 and makes sure it is private.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// sinceMs is a log helper.
+func sinceMs(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }

@@ -1,0 +1,283 @@
+package kvm
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/backend/backendtest"
+)
+
+// TestMain checks that no goroutine outlives the tests: every backend is closed at cleanup, and Close
+// joins the instance, monitor and handshake goroutines.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestConformancePause(t *testing.T) {
+	g := needGuest(t)
+	backendtest.Run(t, func(t *testing.T) backendtest.Subject { return subject(t, g, SleepPause) })
+}
+
+func TestConformanceSnapshot(t *testing.T) {
+	g := needGuest(t)
+	backendtest.Run(t, func(t *testing.T) backendtest.Subject { return subject(t, g, SleepSnapshot) })
+}
+
+func TestConformancePoweroff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the poweroff suite cold-boots a dozen guests")
+	}
+	g := needGuest(t)
+	backendtest.Run(t, func(t *testing.T) backendtest.Subject { return subject(t, g, SleepPoweroff) })
+}
+
+// TestSleepModes checks, for each mode, the state a sleep leaves behind and what the next wake does:
+// pause keeps a paused QEMU (same boot), snapshot leaves no QEMU but a snapshot file and restores the
+// same boot, poweroff leaves nothing and cold-boots.
+func TestSleepModes(t *testing.T) {
+	g := needGuest(t)
+	cases := []struct {
+		mode        string
+		extra       string
+		sameBoot    bool
+		wakePhases  []string
+		qemuAsleep  bool
+		snapshotExt string
+	}{
+		{mode: SleepPause, sameBoot: true, wakePhases: []string{PhaseRunning}, qemuAsleep: true},
+		{mode: SleepSnapshot, sameBoot: true, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}, snapshotExt: ""},
+		{mode: SleepSnapshot + "-zstd", extra: "snapshot_compress: zstd", sameBoot: true, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}, snapshotExt: ".zst"},
+		{mode: SleepPoweroff, sameBoot: false, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRunning}},
+	}
+	for _, c := range cases {
+		t.Run(c.mode, func(t *testing.T) {
+			mode, _, _ := strings.Cut(c.mode, "-")
+			r := route(t, g, mode, c.extra)
+			b := open(t, r)
+			wake(t, b, r.Upstream, activator.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			pid1 := qemuPid(b.p)
+			if pid1 == 0 {
+				t.Fatal("no qemu running after Wake")
+			}
+			sleepB(t, b)
+
+			pid := qemuPid(b.p)
+			switch {
+			case c.qemuAsleep && pid != pid1:
+				t.Fatalf("asleep: qemu pid %d, want the same qemu %d", pid, pid1)
+			case c.qemuAsleep:
+				if st := qmpStatus(t, b); st != "paused" {
+					t.Fatalf("asleep: QMP status %q, want paused", st)
+				}
+			case pid != 0 || alive(pid1):
+				t.Fatalf("asleep: qemu still running (pid file %d, old pid %d alive %v)", pid, pid1, alive(pid1))
+			}
+			snap := filepath.Join(b.s.SnapshotDir, snapBase+c.snapshotExt)
+			if mode == SleepSnapshot {
+				if fi, err := os.Stat(snap); err != nil || fi.Size() == 0 {
+					t.Fatalf("asleep: snapshot file %s: %v", snap, err)
+				}
+			}
+
+			rec := &recorder{}
+			wake(t, b, r.Upstream, rec)
+			phases, notes := rec.get()
+			if !slices.Equal(phases, c.wakePhases) {
+				t.Errorf("wake phases = %q, want %q (notes %q)", phases, c.wakePhases, notes)
+			}
+			boot2 := get(t, r.Upstream, "/boot_id")
+			if got := boot1 == boot2; got != c.sameBoot {
+				t.Errorf("same boot after wake = %v (boot ids %s, %s), want %v", got, boot1, boot2, c.sameBoot)
+			}
+			if mode == SleepSnapshot {
+				if _, err := os.Stat(snap); !os.IsNotExist(err) {
+					t.Errorf("snapshot file after restore: %v, want removed", err)
+				}
+			}
+		})
+	}
+}
+
+// TestCorruptSnapshot: a snapshot file that does not load makes the wake cold-boot, with the reason in
+// a Note, and is moved aside.
+func TestCorruptSnapshot(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepSnapshot, "")
+	b := open(t, r)
+	if err := privateDir(b.s.SnapshotDir); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(b.s.SnapshotDir, snapBase)
+	if err := os.WriteFile(snap, []byte("QEVM but not really a migration stream"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	wake(t, b, r.Upstream, rec)
+	get(t, r.Upstream, "/")
+	phases, notes := rec.get()
+	if !containsSub(notes, "snapshot restore failed") {
+		t.Errorf("notes %q do not explain the cold boot", notes)
+	}
+	if want := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}; !slices.Equal(phases, want) {
+		t.Errorf("phases = %q, want %q", phases, want)
+	}
+	if _, err := os.Stat(snap + ".bad"); err != nil {
+		t.Errorf("corrupt snapshot not moved aside: %v", err)
+	}
+}
+
+func containsSub(list []string, sub string) bool {
+	return slices.ContainsFunc(list, func(s string) bool { return strings.Contains(s, sub) })
+}
+
+// TestAdopt: a new Backend on the same runtime dir takes over the QEMU an earlier one left running
+// (keep_running_on_exit): running is adopted awake, paused asleep; neither boots a second guest.
+func TestAdopt(t *testing.T) {
+	g := needGuest(t)
+	for _, paused := range []bool{false, true} {
+		name := "running"
+		if paused {
+			name = "paused"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := route(t, g, SleepPause, "keep_running_on_exit: true")
+			b1 := open(t, r)
+			wake(t, b1, r.Upstream, activator.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			pid1 := qemuPid(b1.p)
+			if paused {
+				sleepB(t, b1)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := b1.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			if qemuPid(b1.p) != pid1 {
+				t.Fatalf("keep_running_on_exit: qemu %d did not survive Close", pid1)
+			}
+
+			// The restarted activator: same route, quits the guest on its own Close.
+			r2 := *r
+			s2 := *r.Settings.(*Settings)
+			s2.KeepRunningOnExit = false
+			r2.Settings = &s2
+			b2 := open(t, &r2)
+			life, awake, err := b2.Adopt(ctx)
+			if err != nil {
+				t.Fatalf("Adopt: %v", err)
+			}
+			if awake != !paused || (life != nil) != !paused {
+				t.Fatalf("Adopt = (life %v, awake %v), want awake %v", life != nil, awake, !paused)
+			}
+			if paused {
+				if st := qmpStatus(t, b2); st != "paused" {
+					t.Fatalf("adopted paused guest has status %q", st)
+				}
+			}
+			l2 := wake(t, b2, r.Upstream, activator.Discard)
+			if !paused && l2 != life {
+				t.Error("Wake after adopting a running guest returned a new Life")
+			}
+			if pid := qemuPid(b2.p); pid != pid1 {
+				t.Fatalf("after adoption qemu pid %d, want %d (booted twice?)", pid, pid1)
+			}
+			if boot2 := get(t, r.Upstream, "/boot_id"); boot2 != boot1 {
+				t.Fatalf("boot id changed across adoption: %s -> %s", boot1, boot2)
+			}
+			// Killed behind the new backend's back: noticed through the adopted monitor.
+			killPid(pid1)
+			select {
+			case <-l2.Done():
+			case <-ctx.Done():
+				t.Fatal("adopted guest killed, Life did not end")
+			}
+		})
+	}
+}
+
+// TestAdoptStale: a pid file and socket left by a QEMU that is gone are removed; nothing is adopted.
+func TestAdoptStale(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPause, "")
+	b := open(t, r)
+	if err := privateDir(b.s.RuntimeDir); err != nil {
+		t.Fatal(err)
+	}
+	// A pid that certainly is not our QEMU: this test process.
+	if err := os.WriteFile(b.p.pid, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.p.sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	life, awake, err := b.Adopt(context.Background())
+	if err != nil || awake || life != nil {
+		t.Fatalf("Adopt = (%v, %v, %v), want nothing adopted", life, awake, err)
+	}
+	for _, f := range []string{b.p.pid, b.p.sock} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("stale %s not removed: %v", f, err)
+		}
+	}
+}
+
+// TestGuestEndsOnItsOwn: a guest that powers itself off ends its Life with the reason and the next
+// Wake boots a new one; a guest paused behind the backend's back ends its Life and the next Wake
+// continues the same guest.
+func TestGuestEndsOnItsOwn(t *testing.T) {
+	g := needGuest(t)
+	cases := []struct {
+		name     string
+		cmd      string
+		reason   string
+		sameBoot bool
+	}{
+		{"powers off", "system_powerdown", "guest shut down (guest-shutdown)", false},
+		{"paused", "stop", "without a sleep", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := route(t, g, SleepPause, "")
+			b := open(t, r)
+			life := wake(t, b, r.Upstream, activator.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			pid1 := qemuPid(b.p)
+			b.mu.Lock()
+			inst := b.inst
+			b.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			// The guest's own doing, through the backend's monitor (QMP has one client).
+			if err := inst.mon.run(ctx, nil, c.cmd, nil); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-life.Done():
+			case <-ctx.Done():
+				t.Fatalf("%s: Life did not end", c.cmd)
+			}
+			if err := life.Err(); err == nil || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("Life ended with %v, want a reason mentioning %q", err, c.reason)
+			}
+			if !c.sameBoot && alive(pid1) {
+				t.Fatalf("Life ended but qemu %d still runs", pid1)
+			}
+			wake(t, b, r.Upstream, activator.Discard)
+			boot2 := get(t, r.Upstream, "/boot_id")
+			if got := boot1 == boot2; got != c.sameBoot {
+				t.Errorf("same boot after the next Wake = %v, want %v", got, c.sameBoot)
+			}
+		})
+	}
+}

@@ -1,0 +1,295 @@
+package kvm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Files in the runtime dir and the snapshot dir.
+const (
+	sockName    = "qmp.sock"
+	pidName     = "qemu.pid"
+	consoleName = "console.log"
+	logName     = "qemu.log"       // QEMU's messages (-D), e.g. why a snapshot did not load
+	startName   = "qemu-start.log" // the daemonizing parent's output
+	snapBase    = "guest.snap"     // + ".zst" when compressed
+)
+
+// hostFacts is what accel auto looks at. readHostFacts fills it from the running system; tests build
+// their own.
+type hostFacts struct {
+	devKVM     error    // nil when /dev/kvm opens read-write
+	cpuVirt    bool     // /proc/cpuinfo has the vmx or svm flag
+	kvmModules []string // loaded modules named kvm_* (kvm_intel, kvm_amd, kvm_pvm, ...)
+}
+
+func readHostFacts() hostFacts {
+	var h hostFacts
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err == nil {
+		f.Close()
+	}
+	h.devKVM = err
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
+				for _, fl := range strings.Fields(v) {
+					if fl == "vmx" || fl == "svm" {
+						h.cpuVirt = true
+					}
+				}
+				break
+			}
+		}
+	}
+	if ents, err := os.ReadDir("/sys/module"); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "kvm_") {
+				h.kvmModules = append(h.kvmModules, e.Name())
+			}
+		}
+	}
+	return h
+}
+
+// chooseAccel resolves accel auto: KVM only when /dev/kvm opens, the CPU has hardware virtualisation
+// and a hardware KVM module (kvm_intel or kvm_amd) is loaded. A /dev/kvm from a software hypervisor
+// (kvm_pvm) runs guests in an instruction emulator far slower than TCG, so auto falls back to TCG. The
+// reason says why, for the log.
+func chooseAccel(want string, h hostFacts) (accel, reason string) {
+	hw := false
+	for _, m := range h.kvmModules {
+		if m == "kvm_intel" || m == "kvm_amd" {
+			hw = true
+		}
+	}
+	switch want {
+	case AccelKVM:
+		return AccelKVM, "accel: kvm configured"
+	case AccelTCG:
+		return AccelTCG, "accel: tcg configured"
+	}
+	switch {
+	case h.devKVM != nil:
+		return AccelTCG, fmt.Sprintf("accel auto: TCG, /dev/kvm unusable (%v)", h.devKVM)
+	case !h.cpuVirt:
+		return AccelTCG, fmt.Sprintf("accel auto: TCG, /dev/kvm exists but the CPU has no vmx/svm flag (kvm modules: %s): a software KVM is slower than TCG", moduleList(h.kvmModules))
+	case !hw:
+		return AccelTCG, fmt.Sprintf("accel auto: TCG, /dev/kvm exists but neither kvm_intel nor kvm_amd is loaded (kvm modules: %s)", moduleList(h.kvmModules))
+	}
+	return AccelKVM, "accel auto: KVM (hardware virtualisation available)"
+}
+
+func moduleList(m []string) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	return strings.Join(m, ", ")
+}
+
+// paths are the files of one route.
+type paths struct {
+	sock, pid, console, log, start string
+}
+
+func newPaths(s *Settings) paths {
+	return paths{
+		sock:    filepath.Join(s.RuntimeDir, sockName),
+		pid:     filepath.Join(s.RuntimeDir, pidName),
+		console: filepath.Join(s.RuntimeDir, consoleName),
+		log:     filepath.Join(s.RuntimeDir, logName),
+		start:   filepath.Join(s.RuntimeDir, startName),
+	}
+}
+
+// argv builds QEMU's arguments (without the binary). incoming adds -incoming defer, for a restore.
+func argv(name string, s *Settings, p paths, accel string, incoming bool) []string {
+	a := []string{"-name", "guest=" + name + ",process=activator-kvm-" + name}
+	switch accel {
+	case AccelKVM:
+		a = append(a, "-accel", "kvm", "-cpu", "host")
+	default:
+		a = append(a, "-accel", "tcg")
+	}
+	a = append(a,
+		"-M", s.Machine,
+		"-m", strconv.Itoa(s.Memory),
+		"-smp", strconv.Itoa(s.CPUs),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-serial", "file:"+p.console,
+		"-qmp", "unix:"+p.sock+",server=on,wait=off",
+		"-pidfile", p.pid,
+		"-D", p.log,
+		"-daemonize",
+	)
+	micro := s.Machine == "microvm"
+	if s.Kernel != "" {
+		a = append(a, "-kernel", s.Kernel)
+		if s.Initrd != "" {
+			a = append(a, "-initrd", s.Initrd)
+		}
+		a = append(a, "-append", s.Append)
+	}
+	if s.Disk != "" {
+		a = append(a, "-drive", "id=disk0,if=none,file="+s.Disk+",format="+s.DiskFormat)
+		if micro {
+			a = append(a, "-device", "virtio-blk-device,drive=disk0")
+		} else {
+			a = append(a, "-device", "virtio-blk-pci,drive=disk0")
+		}
+	}
+	if s.Network.Mode == NetUser {
+		a = append(a, "-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:%s:%d-:%d", s.hostAddr, s.hostPort, s.Network.GuestPort))
+		if micro {
+			a = append(a, "-device", "virtio-net-device,netdev=net0")
+		} else {
+			a = append(a, "-device", "virtio-net-pci,netdev=net0,romfile=")
+		}
+	}
+	a = append(a, s.ExtraArgs...)
+	if incoming {
+		a = append(a, "-incoming", "defer")
+	}
+	return a
+}
+
+// spawn runs QEMU, which daemonizes once its monitor socket exists, and returns the daemon's pid.
+// QEMU's own output before it daemonizes goes to logFile and ends up in the error. If ctx ends first,
+// or QEMU fails, nothing is left running.
+func spawn(ctx context.Context, bin string, args []string, p paths) (int, error) {
+	_ = os.Remove(p.log)
+	out, err := os.OpenFile(p.start, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer out.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = out
+	cmd.Stderr = out
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start %s: %w", bin, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-done
+		if pid, perr := readPid(p.pid); perr == nil {
+			_ = killAndWait(pid)
+		}
+		return 0, fmt.Errorf("qemu did not start: %w", ctx.Err())
+	}
+	if err != nil {
+		return 0, fmt.Errorf("qemu failed to start (%v): %s", err, strings.TrimSpace(logTail(p.start, 1000)+"\n"+logTail(p.log, 1000)))
+	}
+	pid, err := readPid(p.pid)
+	if err != nil {
+		return 0, fmt.Errorf("qemu started but its pid file is unreadable: %w", err)
+	}
+	return pid, nil
+}
+
+func readPid(file string) (int, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, fmt.Errorf("pid file %s: bad content %q", file, b)
+	}
+	return pid, nil
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name, which may itself contain ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	st := b[i+2]
+	return st != 'Z' && st != 'X'
+}
+
+// isOurQEMU reports whether pid is alive and was started with our QMP socket, which guards against a
+// pid file that outlived its process and a pid reused since.
+func isOurQEMU(pid int, sock string) bool {
+	if !alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte("unix:"+sock+","))
+}
+
+func killPid(pid int) {
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// waitGone polls until pid has exited (or is a zombie), or ctx ends. QEMU daemonizes, so it is not
+// our child and cannot be waited for.
+func waitGone(ctx context.Context, pid int) error {
+	d := time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu pid %d still running: %w", pid, ctx.Err())
+		case <-t.C:
+		}
+		if !alive(pid) {
+			return nil
+		}
+		d = min(2*d, 50*time.Millisecond)
+		t.Reset(d)
+	}
+}
+
+// killAndWait kills pid and waits (bounded) until it is gone.
+func killAndWait(pid int) error {
+	killPid(pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return waitGone(ctx, pid)
+}
+
+// removeStale removes the runtime files of a QEMU that no longer runs.
+func removeStale(p paths) {
+	_ = os.Remove(p.sock)
+	_ = os.Remove(p.pid)
+}
+
+// shellQuote quotes s for /bin/sh (QEMU runs exec: migration URIs with sh -c).
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// logTail returns up to the last n bytes of file, trimmed ("" when it cannot be read).
+func logTail(file string, n int) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(bytes.TrimSpace(b))
+}

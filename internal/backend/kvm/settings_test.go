@@ -1,0 +1,223 @@
+package kvm
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+// fakeFiles creates a kernel, an initrd and a disk image to point settings at.
+func fakeFiles(t *testing.T) (kernel, initrd, disk string) {
+	t.Helper()
+	d := t.TempDir()
+	kernel, initrd, disk = filepath.Join(d, "vmlinux"), filepath.Join(d, "initrd.img"), filepath.Join(d, "disk.img")
+	for _, f := range []string{kernel, initrd, disk} {
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kernel, initrd, disk
+}
+
+func decode(t *testing.T, upstream, doc string) (*Settings, error) {
+	t.Helper()
+	u, err := registry.ParseUpstream(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &registry.Route{Name: "vm", Backing: "kvm", Upstream: u}
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte(doc), &n); err != nil {
+		t.Fatal(err)
+	}
+	var node *yaml.Node
+	if len(n.Content) > 0 {
+		node = n.Content[0]
+	}
+	s, err := Decode(r, node)
+	if err != nil {
+		return nil, err
+	}
+	return s.(*Settings), nil
+}
+
+func TestDecodeDefaults(t *testing.T) {
+	kernel, _, _ := fakeFiles(t)
+	s, err := decode(t, "127.0.0.1:8081", "kernel: "+kernel+"\n")
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"qemu", s.QEMU, DefaultQEMU},
+		{"machine", s.Machine, "microvm"},
+		{"accel", s.Accel, AccelAuto},
+		{"memory", s.Memory, 128},
+		{"cpus", s.CPUs, 1},
+		{"append", s.Append, DefaultAppend},
+		{"sleep", s.Sleep, SleepPause},
+		{"snapshot_compress", s.SnapshotCompress, "none"},
+		{"network.mode", s.Network.Mode, NetUser},
+		{"network.guest_port", s.Network.GuestPort, 80},
+		{"budgets.qemu_start", s.Budgets.QEMUStart.D(), 10 * time.Second},
+		{"budgets.restore", s.Budgets.Restore.D(), time.Minute},
+		{"budgets.powerdown", s.Budgets.Powerdown.D(), 10 * time.Second},
+		{"host-forward", s.hostAddr, "127.0.0.1"},
+		{"host-forward port", s.hostPort, 8081},
+		{"runtime_dir absolute", filepath.IsAbs(s.RuntimeDir), true},
+		{"runtime_dir per route", filepath.Base(s.RuntimeDir), "vm"},
+		{"snapshot_dir per route", filepath.Base(s.SnapshotDir), "vm"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	kernel, initrd, disk := fakeFiles(t)
+	cases := []struct {
+		name     string
+		upstream string
+		doc      string
+		keys     []string // the keys of the problems, in order
+		contains string   // in the first problem's message
+	}{
+		{"no block", "127.0.0.1:1", "", []string{""}, "kernel"},
+		{"no boot source", "127.0.0.1:1", "memory: 64\n", []string{"kernel"}, "disk"},
+		{"missing kernel file", "127.0.0.1:1", "kernel: /nonexistent/vmlinux\n", []string{"kernel"}, "no such file"},
+		{"relative kernel", "127.0.0.1:1", "kernel: vmlinux\n", []string{"kernel"}, "absolute"},
+		{"initrd without kernel", "127.0.0.1:1", "disk: " + disk + "\ninitrd: " + initrd + "\n", []string{"initrd"}, "need kernel"},
+		{"bad sleep", "127.0.0.1:1", "kernel: " + kernel + "\nsleep: hibernate\n", []string{"sleep"}, "pause, snapshot, poweroff"},
+		{"bad accel", "127.0.0.1:1", "kernel: " + kernel + "\naccel: hvf\n", []string{"accel"}, "auto, kvm, tcg"},
+		{"unix upstream", "unix:/run/app.sock", "kernel: " + kernel + "\n", []string{"network.mode"}, "not host:port"},
+		{"ipv6 upstream", "[::1]:8080", "kernel: " + kernel + "\n", []string{"network.mode"}, "IPv4"},
+		{"unix upstream, no network", "unix:/run/app.sock", "kernel: " + kernel + "\nnetwork: {mode: none}\n", nil, ""},
+		{"bad guest port", "127.0.0.1:1", "kernel: " + kernel + "\nnetwork: {guest_port: 70000}\n", []string{"network.guest_port"}, "TCP port"},
+		{"memory", "127.0.0.1:1", "kernel: " + kernel + "\nmemory: 4\n", []string{"memory"}, "out of range"},
+		{"reserved extra arg", "127.0.0.1:1", "kernel: " + kernel + "\nextra_args: [-device, virtio-rng-device, -qmp, 'unix:/x']\n", []string{"extra_args[2]"}, "managed"},
+		{"long runtime dir", "127.0.0.1:1", "kernel: " + kernel + "\nruntime_dir: /" + strings.Repeat("d", 120) + "\n", []string{"runtime_dir"}, "too long"},
+		{"relative snapshot dir", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_dir: snaps\n", []string{"snapshot_dir"}, "absolute"},
+		{"compress", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_compress: gzip\n", []string{"snapshot_compress"}, "none, zstd"},
+		{"unknown key", "127.0.0.1:1", "kernel: " + kernel + "\nmemroy: 64\n", []string{"memroy"}, "unknown key"},
+		{"bad duration", "127.0.0.1:1", "kernel: " + kernel + "\nbudgets: {restore: soon}\n", []string{"budgets.restore"}, "not a duration"},
+		{"all at once", "unix:/x.sock", "kernel: /no/such\nsleep: nap\naccel: x\n", []string{"kernel", "network.mode", "sleep", "accel"}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := decode(t, c.upstream, c.doc)
+			var keys []string
+			for _, e := range registry.Errors(err) {
+				var re *registry.Error
+				if !errors.As(e, &re) {
+					t.Fatalf("problem %v is a %T, want *registry.Error", e, e)
+				}
+				keys = append(keys, re.Key)
+			}
+			if !slices.Equal(keys, c.keys) {
+				t.Fatalf("problem keys = %q, want %q (err: %v)", keys, c.keys, err)
+			}
+			if c.contains != "" && !strings.Contains(registry.Errors(err)[0].Error(), c.contains) {
+				t.Errorf("first problem %q does not mention %q", registry.Errors(err)[0], c.contains)
+			}
+		})
+	}
+}
+
+// TestDecodeGolden checks the operator-facing text of the problems with a bad block, line numbers
+// included, against testdata/errors.golden (go test -run Golden -update rewrites it).
+func TestDecodeGolden(t *testing.T) {
+	doc, err := os.ReadFile("testdata/bad.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, derr := decode(t, "unix:/run/vm.sock", string(doc))
+	var lines []string
+	for _, e := range registry.Errors(derr) {
+		lines = append(lines, e.Error())
+	}
+	got := strings.Join(lines, "\n") + "\n"
+	golden := "testdata/errors.golden"
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("problems:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+}
+
+func TestChooseAccel(t *testing.T) {
+	cases := []struct {
+		name      string
+		want      string
+		facts     hostFacts
+		accel     string
+		reasonHas string
+	}{
+		{"no /dev/kvm", AccelAuto, hostFacts{devKVM: os.ErrNotExist}, AccelTCG, "unusable"},
+		{"software kvm (kvm_pvm)", AccelAuto, hostFacts{kvmModules: []string{"kvm_pvm"}}, AccelTCG, "no vmx/svm"},
+		{"flags but no hw module", AccelAuto, hostFacts{cpuVirt: true, kvmModules: []string{"kvm_pvm"}}, AccelTCG, "neither kvm_intel nor kvm_amd"},
+		{"intel", AccelAuto, hostFacts{cpuVirt: true, kvmModules: []string{"kvm_intel"}}, AccelKVM, "hardware"},
+		{"amd", AccelAuto, hostFacts{cpuVirt: true, kvmModules: []string{"kvm_amd"}}, AccelKVM, "hardware"},
+		{"forced tcg", AccelTCG, hostFacts{cpuVirt: true, kvmModules: []string{"kvm_intel"}}, AccelTCG, "configured"},
+		{"forced kvm", AccelKVM, hostFacts{devKVM: os.ErrNotExist}, AccelKVM, "configured"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			accel, reason := chooseAccel(c.want, c.facts)
+			if accel != c.accel || !strings.Contains(reason, c.reasonHas) {
+				t.Errorf("chooseAccel = %q (%q), want %q (reason mentioning %q)", accel, reason, c.accel, c.reasonHas)
+			}
+		})
+	}
+}
+
+func TestArgv(t *testing.T) {
+	kernel, initrd, disk := fakeFiles(t)
+	for _, c := range []struct {
+		machine string
+		want    []string
+	}{
+		{"microvm", []string{"virtio-net-device,netdev=net0", "virtio-blk-device,drive=disk0"}},
+		{"q35", []string{"virtio-net-pci,netdev=net0,romfile=", "virtio-blk-pci,drive=disk0"}},
+	} {
+		t.Run(c.machine, func(t *testing.T) {
+			s, err := decode(t, "127.0.0.1:8081", "machine: "+c.machine+"\nkernel: "+kernel+"\ninitrd: "+initrd+"\ndisk: "+disk+"\nnetwork: {guest_port: 8000}\nextra_args: [-device, virtio-rng-device]\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := argv("vm", s, newPaths(s), AccelTCG, true)
+			joined := strings.Join(a, " ")
+			for _, w := range append(c.want,
+				"-accel tcg", "-M "+c.machine, "-m 128", "-daemonize", "-no-reboot",
+				"-qmp unix:"+filepath.Join(s.RuntimeDir, sockName)+",server=on,wait=off",
+				"user,id=net0,hostfwd=tcp:127.0.0.1:8081-:8000",
+				"-kernel "+kernel, "-initrd "+initrd,
+				"-device virtio-rng-device -incoming defer") {
+				if !strings.Contains(joined, w) {
+					t.Errorf("argv lacks %q:\n%s", w, joined)
+				}
+			}
+		})
+	}
+}
