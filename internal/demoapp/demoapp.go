@@ -154,8 +154,15 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		// Read everything first: an HTTP/1.1 server discards the unread rest of a request body once the
+		// response header goes out, so streaming the echo would return only its first 512 bytes.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		w.Header().Set("Content-Type", r.Header.Get("Content-Type"))
-		_, _ = io.Copy(w, r.Body)
+		_, _ = w.Write(body)
 	})
 	mux.HandleFunc("/pid", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, os.Getpid())

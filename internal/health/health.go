@@ -20,8 +20,8 @@ import (
 // a fast tenant listens within milliseconds: a coarse backoff here would be most of the wake), then
 // the pause doubles up to the configured interval.
 const (
-	FastPause  = time.Millisecond
-	FastProbes = 50
+	FastPause  = 200 * time.Microsecond
+	FastProbes = 250
 )
 
 // ErrGone is returned by Wait when the gone channel closed: the tenant stopped while being gated.
