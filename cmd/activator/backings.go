@@ -8,6 +8,7 @@ import (
 	"github.com/activator/activator/internal/backend/kvm"
 	"github.com/activator/activator/internal/backend/redfish"
 	"github.com/activator/activator/internal/backend/split"
+	"github.com/activator/activator/internal/backend/unit"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -21,17 +22,18 @@ type backings struct {
 // newBackings wires the backings. ctx is the process lifetime: backings that hold connections (the
 // unit backing's D-Bus) keep them on it.
 func newBackings(ctx context.Context, log *slog.Logger) *backings {
-	_ = ctx
 	return &backings{
 		decoders: map[string]registry.SettingsDecoder{
 			"exec":    exec.Decode,
 			"kvm":     kvm.Decode,
 			"redfish": redfish.Decode,
+			"unit":    unit.Decode,
 		},
 		provider: split.New(map[string]split.Opener{
 			"exec":    exec.NewProvider(exec.Options{Logger: log}),
 			"kvm":     kvm.New(kvm.Options{Logger: log}),
 			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),
+			"unit":    unit.NewProvider(unit.Options{Context: ctx, Logger: log}),
 		}),
 	}
 }

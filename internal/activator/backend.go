@@ -49,6 +49,13 @@ type Closer interface {
 	Close(ctx context.Context) error
 }
 
+// Stopper is implemented by backends whose Sleep can leave the tenant parked rather than stopped
+// (freeze, SIGSTOP, pause). After a wake whose tenant never turned healthy, the activator calls Stop
+// instead of Sleep: a broken tenant must really stop, not be parked to be resumed broken.
+type Stopper interface {
+	Stop(ctx context.Context) error
+}
+
 // Provider opens the Backend for a route. internal/backend/split implements it by dispatching on
 // Route.Backing.
 type Provider interface {

@@ -327,7 +327,11 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		if err != nil && !adopt {
 			// The tenant started but never turned healthy: it must not keep running behind our back.
 			sctx, scancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
-			if serr := in.backend.Sleep(sctx); serr != nil {
+			stop := in.backend.Sleep
+			if st, ok := in.backend.(Stopper); ok {
+				stop = st.Stop
+			}
+			if serr := stop(sctx); serr != nil {
 				rec.Note("stopping the unhealthy tenant failed: " + serr.Error())
 			}
 			scancel()

@@ -461,3 +461,40 @@ func TestLookup(t *testing.T) {
 		}
 	}
 }
+
+// stopperBackend parks on Sleep (like freeze or pause) and really stops on Stop.
+type stopperBackend struct {
+	fakeBackend
+	stops atomic.Int32
+}
+
+func (s *stopperBackend) Stop(ctx context.Context) error {
+	s.stops.Add(1)
+	return s.fakeBackend.Sleep(ctx)
+}
+
+func TestUnhealthyTenantIsStoppedNotParked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &stopperBackend{}
+		r := testRoute("app")
+		s := New(Options{
+			Provider: stopperProvider{b},
+			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+			NewGate:  func(*registry.Route) Gate { return passGate{err: errors.New("status 500")} },
+		})
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Shutdown(context.Background())
+		if _, err := s.instance("app").acquire(context.Background(), "request"); err == nil {
+			t.Fatal("acquire succeeded through a failing gate")
+		}
+		if got, slept := b.stops.Load(), b.sleeps.Load(); got != 1 || slept != 1 {
+			t.Fatalf("Stop called %d times (Sleep %d, via Stop), want exactly one Stop", got, slept)
+		}
+	})
+}
+
+type stopperProvider struct{ b *stopperBackend }
+
+func (p stopperProvider) Open(*registry.Route) (Backend, error) { return p.b, nil }

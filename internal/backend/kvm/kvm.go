@@ -359,6 +359,26 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	return nil
 }
 
+// Stop quits QEMU whatever the sleep mode (activator.Stopper). The activator calls it after a wake
+// whose guest never turned healthy: a broken guest must not be paused or snapshotted only to be resumed
+// broken, nor be asked politely through ACPI. A guest with no QEMU is left as it is.
+func (b *Backend) Stop(ctx context.Context) error {
+	b.op.Lock()
+	defer b.op.Unlock()
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	if inst == nil {
+		return nil
+	}
+	b.asleep(inst, true)
+	inst.setWantRun(false)
+	inst.quit(ctx, b.s.Budgets.Quit.D())
+	inst.close()
+	removeStale(b.p)
+	return nil
+}
+
 // pause stops the guest's CPUs; QEMU keeps its RAM.
 func (b *Backend) pause(ctx context.Context, inst *instance) error {
 	inst.setWantRun(false)

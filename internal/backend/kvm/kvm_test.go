@@ -110,6 +110,29 @@ func TestSleepModes(t *testing.T) {
 
 // TestCorruptSnapshot: a snapshot file that does not load makes the wake cold-boot, with the reason in
 // a Note, and is moved aside.
+// TestStopQuitsWhateverTheMode: the activator's Stopper call after a failed gate must leave no QEMU,
+// even in pause mode where Sleep would keep it.
+func TestStopQuitsWhateverTheMode(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPause, "")
+	b := open(t, r)
+	var _ activator.Stopper = b
+	wake(t, b, r.Upstream, activator.Discard)
+	if qemuPid(b.p) == 0 {
+		t.Fatal("no qemu running after Wake")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if pid := qemuPid(b.p); pid != 0 {
+		t.Fatalf("qemu %d still running after Stop", pid)
+	}
+	// The next wake is a cold boot that serves.
+	wake(t, b, r.Upstream, activator.Discard)
+}
+
 func TestCorruptSnapshot(t *testing.T) {
 	g := needGuest(t)
 	r := route(t, g, SleepSnapshot, "")

@@ -1,0 +1,172 @@
+// Package unit is the systemd unit backing: a route's tenant is a .service unit that the activator
+// starts and stops (or freezes, or SIGSTOPs) over D-Bus with go-systemd, never through systemctl.
+//
+// The Provider owns one connection per bus (system, user, or a manager's private socket address),
+// shared by every route on that bus, dialed on first use on the root context given in Options and
+// re-established whenever it drops (systemd restart, daemon-reexec). The same connection carries the
+// manager's property-change signals, from which a woken unit that stops on its own (crash, OOM kill,
+// `systemctl stop` by an operator, a restart behind the activator's back) ends its Life: there is no
+// polling.
+//
+// Units outlive the activator: Backend implements activator.Adopter (an active unit is adopted as
+// awake, keeping its MainPID) and its Close leaves the unit as it is.
+package unit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"syscall"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+)
+
+// Options configure a Provider.
+type Options struct {
+	// Context is the root context: connections are dialed on it and close when it ends. Required.
+	Context context.Context
+	// Logger receives connection and unit events (default: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Provider opens unit Backends. It implements split.Opener, split.Checker and split.Closer, and is
+// safe for concurrent use.
+type Provider struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	log    *slog.Logger
+	wg     sync.WaitGroup // the buses' goroutines
+
+	mu    sync.Mutex      // guards buses
+	buses map[string]*bus // by Settings.Bus
+}
+
+// NewProvider returns a Provider. It dials nothing until a route needs its bus.
+func NewProvider(o Options) *Provider {
+	ctx := o.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return &Provider{ctx: ctx, cancel: cancel, log: log.With("backing", "unit"), buses: map[string]*bus{}}
+}
+
+// bus returns the shared connection manager for a Settings.Bus value.
+func (p *Provider) bus(name string) *bus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, ok := p.buses[name]
+	if !ok {
+		b = newBus(p.ctx, name, dialerFor(name), p.log, &p.wg)
+		p.buses[name] = b
+	}
+	return b
+}
+
+func settingsOf(r *registry.Route) (*Settings, error) {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return nil, fmt.Errorf("route %q: settings are %T, want *unit.Settings (decoded by unit.Decode)", r.Name, r.Settings)
+	}
+	return s, nil
+}
+
+// Open returns the route's Backend. It does not touch the bus.
+func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+	s, err := settingsOf(r)
+	if err != nil {
+		return nil, err
+	}
+	if p.ctx.Err() != nil {
+		return nil, errClosed
+	}
+	return &Backend{
+		s:           *s,
+		bus:         p.bus(s.Bus),
+		log:         p.log.With("route", r.Name, "unit", s.Unit),
+		sleepBudget: r.SleepBudget,
+	}, nil
+}
+
+// Check verifies a route against the live manager without waking anything: the bus is reachable, the
+// unit (and its paired socket) exist, the sleep mode can work here (freeze needs the cgroup v2
+// freezer: an error wrapping ErrUnsupported otherwise). Enabled start limits are logged as a warning.
+func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
+	s, err := settingsOf(r)
+	if err != nil {
+		return err
+	}
+	var st UnitState
+	var sockLoad string
+	err = p.bus(s.Bus).do(ctx, func(l *link) (err error) {
+		if st, err = readState(ctx, l.c, s.Unit); err != nil || s.Socket == "" {
+			return err
+		}
+		sockLoad, err = readLoadState(ctx, l.c, s.Socket)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if st.LoadState != "loaded" {
+		errs = append(errs, fmt.Errorf("unit %s: LoadState=%s (is the unit file installed? daemon-reload?)", s.Unit, st.LoadState))
+	}
+	if s.Socket != "" && sockLoad != "loaded" {
+		errs = append(errs, fmt.Errorf("socket %s: LoadState=%s", s.Socket, sockLoad))
+	}
+	if s.Sleep == SleepFreeze {
+		if err := freezerSupported(); err != nil {
+			errs = append(errs, fmt.Errorf("unit %s: sleep: freeze: %w", s.Unit, err))
+		}
+	}
+	if st.LoadState == "loaded" && st.StartLimitIntervalUSec != 0 {
+		p.log.Warn("the unit has start limits enabled: fast sleep/wake cycles will trip them (set StartLimitIntervalSec=0; the activator's backoff takes over)",
+			"route", r.Name, "unit", s.Unit, "start_limit_interval_usec", st.StartLimitIntervalUSec, "start_limit_burst", st.StartLimitBurst)
+	}
+	return errors.Join(errs...)
+}
+
+// readLoadState reads a unit's LoadState.
+func readLoadState(ctx context.Context, c *sddbus.Conn, unit string) (string, error) {
+	p, err := c.GetUnitPropertyContext(ctx, unit, "LoadState")
+	if err != nil {
+		return "", fmt.Errorf("read LoadState of %s: %w", unit, err)
+	}
+	s, _ := p.Value.Value().(string)
+	return s, nil
+}
+
+// cgroup2Magic is CGROUP2_SUPER_MAGIC.
+const cgroup2Magic = 0x63677270
+
+// freezerSupported reports whether this host can freeze units: systemd freezes through the cgroup v2
+// freezer, which needs the unified hierarchy at /sys/fs/cgroup (not the hybrid layout). It checks the
+// local host, which is where the manager runs (buses are unix sockets).
+func freezerSupported() error {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs("/sys/fs/cgroup", &fs); err != nil {
+		return fmt.Errorf("%w: cannot inspect /sys/fs/cgroup: %v", ErrUnsupported, err)
+	}
+	if fs.Type != cgroup2Magic {
+		return fmt.Errorf("%w: /sys/fs/cgroup is not the cgroup v2 unified hierarchy, so systemd cannot freeze units (use sleep: sigstop or stop)", ErrUnsupported)
+	}
+	return nil
+}
+
+// Close closes every connection and waits for the provider's goroutines. Backends opened from it stop
+// working.
+func (p *Provider) Close() error {
+	p.cancel()
+	p.wg.Wait()
+	return nil
+}

@@ -1,0 +1,141 @@
+package unit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+)
+
+// ErrUnsupported is wrapped by errors for a sleep mode the host's systemd cannot do (freezing without
+// the cgroup v2 freezer). The mode is never silently downgraded.
+var ErrUnsupported = errors.New("not supported by this host's systemd")
+
+// UnitState is what the backend reads about a unit to decide and to explain.
+type UnitState struct {
+	LoadState    string // loaded, not-found, masked, bad-setting, error
+	ActiveState  string // active, reloading, inactive, failed, activating, deactivating
+	SubState     string // running, dead, exited, auto-restart, ...
+	FreezerState string // running, freezing, frozen, thawing ("" on systemd without a freezer)
+	InvocationID []byte // changes on every start
+	// Service properties.
+	Result         string // success, exit-code, signal, timeout, core-dump, start-limit-hit, ...
+	MainPID        uint32
+	ExecMainCode   int32 // CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3); 0 when never ran
+	ExecMainStatus int32 // exit status or signal number
+	// Start limits (0 interval: disabled).
+	StartLimitIntervalUSec uint64
+	StartLimitBurst        uint32
+}
+
+// Active reports whether the unit runs (active or reloading: a frozen unit is still active).
+func (s UnitState) Active() bool { return s.ActiveState == "active" || s.ActiveState == "reloading" }
+
+// Frozen reports whether the unit's cgroup is frozen or being frozen.
+func (s UnitState) Frozen() bool { return s.FreezerState == "frozen" || s.FreezerState == "freezing" }
+
+// String renders the fields an operator needs to see why a unit is not running.
+func (s UnitState) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "ActiveState=%s SubState=%s Result=%s", s.ActiveState, s.SubState, s.Result)
+	if s.ExecMainCode != 0 {
+		fmt.Fprintf(&b, " ExecMainCode=%s ExecMainStatus=%d", cldName(s.ExecMainCode), s.ExecMainStatus)
+	}
+	if s.LoadState != "" && s.LoadState != "loaded" {
+		fmt.Fprintf(&b, " LoadState=%s", s.LoadState)
+	}
+	return b.String()
+}
+
+func cldName(code int32) string {
+	switch code {
+	case 1:
+		return "exited"
+	case 2:
+		return "killed"
+	case 3:
+		return "dumped"
+	}
+	return fmt.Sprint(code)
+}
+
+// JobError is a start or stop job that did not end in "done", with the unit's state read afterwards.
+type JobError struct {
+	Unit   string
+	Job    string // "start" or "stop"
+	Result string // failed, timeout, dependency, canceled, skipped, ...
+	State  UnitState
+}
+
+func (e *JobError) Error() string {
+	return fmt.Sprintf("unit %s: %s job result %q (%s)", e.Unit, e.Job, e.Result, e.State)
+}
+
+// ExitError ends a Life when the unit stopped on its own (crash, OOM kill, an operator's stop) or was
+// restarted behind the activator's back.
+type ExitError struct {
+	Unit  string
+	State UnitState
+}
+
+func (e *ExitError) Error() string {
+	if e.State.Active() {
+		return fmt.Sprintf("unit %s was restarted behind the activator's back (%s)", e.Unit, e.State)
+	}
+	return fmt.Sprintf("unit %s stopped (%s)", e.Unit, e.State)
+}
+
+// readState reads the unit's Unit and Service properties.
+func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, error) {
+	up, err := c.GetUnitPropertiesContext(ctx, unit)
+	if err != nil {
+		return UnitState{}, fmt.Errorf("read properties of %s: %w", unit, err)
+	}
+	var st UnitState
+	st.LoadState, _ = up["LoadState"].(string)
+	st.ActiveState, _ = up["ActiveState"].(string)
+	st.SubState, _ = up["SubState"].(string)
+	st.FreezerState, _ = up["FreezerState"].(string)
+	st.InvocationID, _ = up["InvocationID"].([]byte)
+	st.StartLimitIntervalUSec, _ = up["StartLimitIntervalUSec"].(uint64)
+	st.StartLimitBurst, _ = up["StartLimitBurst"].(uint32)
+	if st.LoadState != "loaded" {
+		return st, nil
+	}
+	sp, err := c.GetUnitTypePropertiesContext(ctx, unit, "Service")
+	if err != nil {
+		return st, fmt.Errorf("read service properties of %s: %w", unit, err)
+	}
+	st.Result, _ = sp["Result"].(string)
+	st.MainPID, _ = sp["MainPID"].(uint32)
+	st.ExecMainCode, _ = sp["ExecMainCode"].(int32)
+	st.ExecMainStatus, _ = sp["ExecMainStatus"].(int32)
+	return st, nil
+}
+
+// dbusErrorName returns the D-Bus error name of err ("org.freedesktop.systemd1.NoSuchUnit"), or "".
+func dbusErrorName(err error) string {
+	var de godbus.Error
+	if errors.As(err, &de) {
+		return de.Name
+	}
+	var dp *godbus.Error
+	if errors.As(err, &dp) && dp != nil {
+		return dp.Name
+	}
+	return ""
+}
+
+// unsupported wraps a manager error that says the operation cannot be done here in ErrUnsupported.
+func unsupported(unit, op string, err error) error {
+	name := dbusErrorName(err)
+	msg := err.Error()
+	if name == "org.freedesktop.DBus.Error.NotSupported" || strings.Contains(msg, "does not support freezing") ||
+		strings.Contains(msg, "not supported") {
+		return fmt.Errorf("unit %s: %s: %w: %v (sleep: freeze needs the cgroup v2 freezer; use sleep: sigstop or stop)", unit, op, ErrUnsupported, err)
+	}
+	return fmt.Errorf("unit %s: %s: %w", unit, op, err)
+}

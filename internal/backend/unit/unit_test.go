@@ -1,0 +1,573 @@
+package unit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/systemdtest"
+)
+
+func TestMain(m *testing.M) {
+	demoapp.RunIfChild()
+	os.Exit(m.Run())
+}
+
+// budget bounds each operation in these tests: an upper bound that turns a hang into a failure.
+const budget = 2 * time.Minute
+
+// tlog is an io.Writer into t.Log.
+type tlog struct{ t testing.TB }
+
+func (w tlog) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// newProvider returns a provider closed when t ends.
+func newProvider(t testing.TB) *Provider {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := NewProvider(Options{Context: ctx, Logger: slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("provider Close: %v", err)
+		}
+		cancel()
+	})
+	return p
+}
+
+var unitSeq atomic.Int64
+
+// uniq returns a unit stem no other test in this process uses.
+func uniq(stem string) string { return fmt.Sprintf("%s%d", stem, unitSeq.Add(1)) }
+
+// route builds a route for the unit on m's private bus.
+func route(m *systemdtest.Manager, unit string, port int, sleep SleepMode) *registry.Route {
+	return &registry.Route{
+		Name:        "r",
+		Backing:     "unit",
+		Upstream:    registry.Upstream{Network: "tcp", Address: fmt.Sprintf("127.0.0.1:%d", port)},
+		Health:      registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299, Interval: 100 * time.Millisecond, Timeout: 2 * time.Second, Passes: 1},
+		WakeBudget:  budget,
+		SleepBudget: budget,
+		Settings:    &Settings{Unit: unit, Bus: m.Address, Sleep: sleep},
+	}
+}
+
+// fixture is one demoapp unit and its backend.
+type fixture struct {
+	m    *systemdtest.Manager
+	p    *Provider
+	unit string
+	r    *registry.Route
+	b    *Backend
+}
+
+func newFixture(t *testing.T, m *systemdtest.Manager, p *Provider, sleep SleepMode, d systemdtest.Demo) *fixture {
+	t.Helper()
+	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
+	port := systemdtest.FreePort(t)
+	d.Port = port
+	m.WriteDemo(t, f.unit, d)
+	f.r = route(m, f.unit, port, sleep)
+	b, err := p.Open(f.r)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	f.b = b.(*Backend)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		if err := f.b.Stop(ctx); err != nil {
+			t.Errorf("cleanup Stop: %v", err)
+		}
+	})
+	return f
+}
+
+func (f *fixture) subject() backendtest.Subject {
+	return backendtest.Subject{
+		Backend:  f.b,
+		Upstream: f.r.Upstream,
+		Path:     "/",
+		Body:     "hello from demoapp",
+		Budget:   budget,
+		// A crash: SIGKILL to the main process, behind the backend's back.
+		Kill:  func(t *testing.T) { f.m.Kill(t, f.unit, "main", syscall.SIGKILL) },
+		Awake: func(t *testing.T) bool { return f.m.ActiveState(t, f.unit) == "active" },
+	}
+}
+
+func (f *fixture) wake(t *testing.T) *activator.Life {
+	t.Helper()
+	return backendtest.Wake(t, f.subject())
+}
+
+func (f *fixture) sleep(t *testing.T) {
+	t.Helper()
+	backendtest.Sleep(t, f.subject())
+}
+
+func waitLife(t *testing.T, l *activator.Life) error {
+	t.Helper()
+	select {
+	case <-l.Done():
+		return l.Err()
+	case <-time.After(budget):
+		t.Fatalf("Life did not end within %v", budget)
+		return nil
+	}
+}
+
+func TestConformance(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	backendtest.Run(t, func(t *testing.T) backendtest.Subject {
+		return newFixture(t, m, p, SleepStop, systemdtest.Demo{}).subject()
+	})
+}
+
+func TestConformanceSIGSTOP(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	backendtest.Run(t, func(t *testing.T) backendtest.Subject {
+		s := newFixture(t, m, p, SleepSIGSTOP, systemdtest.Demo{}).subject()
+		s.Awake = nil // a SIGSTOPped unit is still "active" to systemd
+		return s
+	})
+}
+
+// TestFastCycles: twenty sleep/wake cycles in a row trip no start limit (the unit has
+// StartLimitIntervalSec=0, as units/app@.service does).
+func TestFastCycles(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{})
+	for i := 0; i < 20; i++ {
+		f.wake(t)
+		backendtest.Get(t, f.subject())
+		f.sleep(t)
+	}
+	if st := m.ActiveState(t, f.unit); st != "inactive" {
+		t.Fatalf("after 20 cycles the unit is %q, want inactive", st)
+	}
+}
+
+// TestWakeActiveNoSecondJob: the activator serializes Wake calls; a Wake on a unit that is already
+// active (started by someone else, or already woken) must not queue a start job or restart it. The
+// backend talks to the manager through a proxy that counts the StartUnit calls it sends.
+func TestWakeActiveNoSecondJob(t *testing.T) {
+	m := systemdtest.Start(t)
+	proxy := m.NewBusProxy(t)
+	p := newProvider(t)
+	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
+	port := systemdtest.FreePort(t)
+	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
+	f.r = route(m, f.unit, port, SleepStop)
+	f.r.Settings.(*Settings).Bus = proxy.Address
+	b, err := p.Open(f.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.b = b.(*Backend)
+	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
+
+	m.StartUnit(t, f.unit)
+	pid := m.MainPID(t, f.unit)
+	l1 := f.wake(t)
+	l2 := f.wake(t)
+	if l1 != l2 {
+		t.Fatal("a second Wake on an awake tenant returned a new Life")
+	}
+	if n := proxy.Calls("StartUnit"); n != 0 {
+		t.Fatalf("Wake on an active unit sent %d StartUnit calls, want 0", n)
+	}
+	if got := m.MainPID(t, f.unit); got != pid {
+		t.Fatalf("MainPID %d after Wake, want %d (unit restarted)", got, pid)
+	}
+
+	// And a wake from asleep is exactly one start job; waking again adds none.
+	f.sleep(t)
+	f.wake(t)
+	f.wake(t)
+	if n := proxy.Calls("StartUnit"); n != 1 {
+		t.Fatalf("Wake from asleep, then Wake again: %d StartUnit calls, want 1", n)
+	}
+}
+
+// TestStartFailure: a start job that fails names the unit, the job result and the exit status, and
+// leaves the unit down.
+func TestStartFailure(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{ExecStart: "/nonexistent/activator-test-app"})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	_, err := f.b.Wake(ctx, activator.Discard)
+	var je *JobError
+	if !errors.As(err, &je) {
+		t.Fatalf("Wake error %v (%T), want a *JobError", err, err)
+	}
+	if je.Result != "failed" || je.State.ExecMainStatus != 203 || je.State.Result != "exit-code" {
+		t.Fatalf("JobError %+v, want result failed, Result exit-code, ExecMainStatus 203 (EXEC)", je)
+	}
+	for _, want := range []string{f.unit, `"failed"`, "ExecMainStatus=203", "ActiveState=failed", "Result=exit-code"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
+		t.Fatalf("unit is %s after a failed wake", st)
+	}
+}
+
+// TestExitsAfterStart: a Type=exec app that exits right after its exec fails the wake or ends the Life,
+// either way with its exit status.
+func TestExitsAfterStart(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{Env: []string{"DEMOAPP_EXIT_CODE=3"}})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	life, err := f.b.Wake(ctx, activator.Discard)
+	if err == nil {
+		err = waitLife(t, life)
+	}
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.State.ExecMainStatus != 3 {
+		t.Fatalf("got %v, want an *ExitError with ExecMainStatus 3", err)
+	}
+	if !strings.Contains(err.Error(), "ExecMainStatus=3") {
+		t.Fatalf("error %q does not show the exit status", err)
+	}
+}
+
+// TestSIGSTOP: Sleep stops every process of the unit (state T), Wake continues them and they serve, on
+// the same MainPID.
+func TestSIGSTOP(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepSIGSTOP, systemdtest.Demo{})
+	f.wake(t)
+	pid := m.MainPID(t, f.unit)
+	f.sleep(t)
+	pids := m.PIDs(t, f.unit)
+	if len(pids) == 0 {
+		t.Fatal("no processes in the unit after Sleep")
+	}
+	for _, p := range pids {
+		waitProcState(t, p, func(s string) bool { return s == "T" }, "T (stopped)")
+	}
+	backendtest.NotServing(t, f.subject())
+	f.wake(t)
+	for _, p := range pids {
+		waitProcState(t, p, func(s string) bool { return s != "T" }, "running")
+	}
+	backendtest.Get(t, f.subject())
+	if got := m.MainPID(t, f.unit); got != pid {
+		t.Fatalf("MainPID %d after the SIGCONT wake, want %d", got, pid)
+	}
+	// An activator restarted while the unit was parked adopts it and continues its processes.
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	f.sleep(t)
+	other, err := newProvider(t).Open(f.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, awake, err := other.(*Backend).Adopt(ctx); err != nil || !awake {
+		t.Fatalf("Adopt of a SIGSTOPped unit: awake %v, err %v", awake, err)
+	}
+	for _, p := range pids {
+		waitProcState(t, p, func(s string) bool { return s != "T" }, "running")
+	}
+	backendtest.Get(t, f.subject())
+	_ = other.(*Backend).Close(ctx)
+
+	// A failed gate: Stop really stops the unit, whatever the sleep mode.
+	f.sleep(t)
+	if err := f.b.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if st := m.ActiveState(t, f.unit); st == "active" {
+		t.Fatalf("unit still active after Stop of a SIGSTOPped unit")
+	}
+}
+
+// waitProcState polls /proc/PID/stat (bounded): the kernel delivers SIGSTOP/SIGCONT asynchronously.
+func waitProcState(t *testing.T, pid int, ok func(string) bool, want string) {
+	t.Helper()
+	deadline := time.Now().Add(budget)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s, err := systemdtest.ProcState(pid)
+		if err != nil {
+			t.Fatalf("pid %d: %v", pid, err)
+		}
+		if ok(s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d in state %s, want %s", pid, s, want)
+		}
+		<-tick.C
+	}
+}
+
+// TestFreeze: where the host can freeze, Sleep freezes and Wake thaws; where it cannot (hybrid cgroup
+// layout, as on the CI machines), Check and Sleep say so clearly and nothing is downgraded.
+func TestFreeze(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	f := newFixture(t, m, p, SleepFreeze, systemdtest.Demo{})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	checkErr := p.Check(ctx, f.r)
+	f.wake(t)
+	pid := m.MainPID(t, f.unit)
+	err := f.b.Sleep(ctx)
+	if freezerSupported() != nil {
+		t.Logf("no freezer here: Check said %v; Sleep said %v", checkErr, err)
+		if !errors.Is(checkErr, ErrUnsupported) {
+			t.Errorf("Check: %v, want an error wrapping ErrUnsupported", checkErr)
+		}
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "does not support freezing") {
+			t.Fatalf("Sleep: %v, want ErrUnsupported with the manager's reason", err)
+		}
+		if got := m.MainPID(t, f.unit); got != pid || m.ActiveState(t, f.unit) != "active" {
+			t.Fatal("the failed freeze changed the unit: the mode must not be downgraded to a stop")
+		}
+		return
+	}
+	if checkErr != nil {
+		t.Fatalf("Check: %v", checkErr)
+	}
+	if err != nil {
+		t.Fatalf("Sleep: %v", err)
+	}
+	if fs, _ := m.Props(t, f.unit)["FreezerState"].(string); fs != "frozen" {
+		t.Fatalf("FreezerState %q after Sleep, want frozen", fs)
+	}
+	f.wake(t)
+	backendtest.Get(t, f.subject())
+	if got := m.MainPID(t, f.unit); got != pid {
+		t.Fatalf("MainPID %d after thaw, want %d", got, pid)
+	}
+}
+
+// TestSocketPair: with a paired .socket (Accept=no, the app takes LISTEN_FDS), Sleep stops the service
+// and the socket keeps listening.
+func TestSocketPair(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	port := systemdtest.FreePort(t)
+	base := uniq("sock")
+	svc := m.WriteSocketPair(t, base, port, systemdtest.Demo{})
+	r := route(m, svc, port, SleepStop)
+	r.Settings.(*Settings).Socket = base + ".socket"
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if err := p.Check(ctx, r); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	b, err := p.Open(r)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = b.(*Backend).Stop(context.Background()) })
+	s := backendtest.Subject{Backend: b, Upstream: r.Upstream, Path: "/", Body: "hello from demoapp", Budget: budget}
+	for i := 0; i < 3; i++ {
+		backendtest.Wake(t, s)
+		backendtest.Get(t, s)
+		backendtest.Sleep(t, s)
+		if st := m.ActiveState(t, svc); st != "inactive" {
+			t.Fatalf("service %s after Sleep, want inactive", st)
+		}
+		sp := m.Props(t, base+".socket")
+		if sp["ActiveState"] != "active" || sp["SubState"] != "listening" {
+			t.Fatalf("socket %v/%v after Sleep, want active/listening", sp["ActiveState"], sp["SubState"])
+		}
+	}
+}
+
+// TestStoppedBehindBack: `systemctl stop` by an operator ends the Life with the unit's state.
+func TestStoppedBehindBack(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{})
+	life := f.wake(t)
+	m.StopUnit(t, f.unit)
+	err := waitLife(t, life)
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Unit != f.unit {
+		t.Fatalf("Life ended with %v, want an *ExitError for %s", err, f.unit)
+	}
+	if l2 := f.wake(t); l2 == life {
+		t.Fatal("Wake returned the ended Life")
+	}
+}
+
+// TestRestartedBehindBack: a restart by an operator (new invocation, new MainPID) ends the Life even if
+// the signals coalesce into "active".
+func TestRestartedBehindBack(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{})
+	life := f.wake(t)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	ch := make(chan string, 1)
+	if _, err := m.Conn().RestartUnitContext(ctx, f.unit, "replace", ch); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	<-ch
+	if err := waitLife(t, life); err == nil {
+		t.Fatal("nil Life error")
+	}
+}
+
+// TestAdopt: an active unit is adopted as awake, keeping its MainPID; a later Wake returns the same Life.
+func TestAdopt(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if _, awake, err := f.b.Adopt(ctx); err != nil || awake {
+		t.Fatalf("Adopt of an inactive unit: awake %v, err %v; want asleep", awake, err)
+	}
+	m.StartUnit(t, f.unit)
+	pid := m.MainPID(t, f.unit)
+	life, awake, err := f.b.Adopt(ctx)
+	if err != nil || !awake || life == nil {
+		t.Fatalf("Adopt: life %v, awake %v, err %v", life, awake, err)
+	}
+	if l2 := f.wake(t); l2 != life {
+		t.Fatal("Wake after adoption returned a new Life")
+	}
+	if got := m.MainPID(t, f.unit); got != pid {
+		t.Fatalf("MainPID %d after adoption, want %d", got, pid)
+	}
+	m.Kill(t, f.unit, "main", syscall.SIGKILL)
+	if err := waitLife(t, life); err == nil {
+		t.Fatal("adopted unit died but its Life ended with nil")
+	}
+}
+
+// TestReconnect: when the bus drops (systemd restart, daemon-reexec; here a proxy cuts every
+// connection), the provider reconnects on its own and still notices a unit that stops.
+func TestReconnect(t *testing.T) {
+	m := systemdtest.Start(t)
+	proxy := m.NewBusProxy(t)
+	p := newProvider(t)
+	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
+	port := systemdtest.FreePort(t)
+	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
+	f.r = route(m, f.unit, port, SleepStop)
+	f.r.Settings.(*Settings).Bus = proxy.Address
+	b, err := p.Open(f.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.b = b.(*Backend)
+	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
+
+	life := f.wake(t)
+	for i := 0; i < 3; i++ {
+		proxy.Cut()
+		// Nobody calls the backend here: only the provider's own reconnection can deliver the stop.
+		m.StopUnit(t, f.unit)
+		var ee *ExitError
+		if err := waitLife(t, life); !errors.As(err, &ee) {
+			t.Fatalf("cut %d: Life ended with %v, want an *ExitError", i, err)
+		}
+		life = f.wake(t)
+		backendtest.Get(t, f.subject())
+	}
+	// A cut with nothing watched: the next call reconnects.
+	f.sleep(t)
+	proxy.Cut()
+	f.wake(t)
+	backendtest.Get(t, f.subject())
+}
+
+// TestUserBus: bus: user reaches the calling user's manager through $XDG_RUNTIME_DIR/systemd/private.
+func TestUserBus(t *testing.T) {
+	m := systemdtest.Start(t)
+	t.Setenv("XDG_RUNTIME_DIR", m.RuntimeDir)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{})
+	r := *f.r
+	s := *f.r.Settings.(*Settings)
+	s.Bus = BusUser
+	r.Settings = &s
+	b, err := f.p.Open(&r)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	subj := f.subject()
+	subj.Backend = b
+	backendtest.Wake(t, subj)
+	backendtest.Get(t, subj)
+	backendtest.Sleep(t, subj)
+}
+
+func TestCheck(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	f := newFixture(t, m, p, SleepStop, systemdtest.Demo{})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if err := p.Check(ctx, f.r); err != nil {
+		t.Fatalf("Check of a good route: %v", err)
+	}
+	missing := route(m, "nosuch.service", 1, SleepStop)
+	missing.Settings.(*Settings).Socket = "nosuch.socket"
+	err := p.Check(ctx, missing)
+	if err == nil || !strings.Contains(err.Error(), "LoadState=not-found") || !strings.Contains(err.Error(), "nosuch.socket") {
+		t.Fatalf("Check of a missing unit and socket: %v", err)
+	}
+	if st := m.ActiveState(t, f.unit); st != "inactive" {
+		t.Fatalf("Check woke the unit: %s", st)
+	}
+	bad := route(&systemdtest.Manager{Address: "unix:path=/nonexistent/private"}, f.unit, 1, SleepStop)
+	if err := p.Check(ctx, bad); err == nil {
+		t.Fatal("Check of an unreachable bus succeeded")
+	}
+}
+
+// TestProviderClose: closing the provider stops every goroutine it started.
+func TestProviderClose(t *testing.T) {
+	m := systemdtest.Start(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	p := NewProvider(Options{Context: context.Background(), Logger: slog.New(slog.DiscardHandler)})
+	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
+	port := systemdtest.FreePort(t)
+	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
+	f.r = route(m, f.unit, port, SleepStop)
+	b, err := p.Open(f.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.b = b.(*Backend)
+	life := f.wake(t)
+	f.sleep(t)
+	if !errors.Is(life.Err(), activator.ErrSlept) {
+		t.Fatalf("Life after Sleep: %v, want ErrSlept", life.Err())
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := p.Open(f.r); err == nil {
+		t.Fatal("Open after Close succeeded")
+	}
+}
