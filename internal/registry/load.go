@@ -116,14 +116,14 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 			continue
 		}
 		if prev, dup := names[r.Name]; dup {
-			l.add(r.Name, "name", keyLine(&fc.Routes[i], "name"), "duplicate route name (also route #%d)", prev+1)
+			l.add(r.Name, "name", KeyLine(&fc.Routes[i], "name"), "duplicate route name (also route #%d)", prev+1)
 			continue
 		}
 		names[r.Name] = i
 		for _, h := range r.Hosts {
 			k := h + r.PathPrefix
 			if other, dup := hosts[k]; dup {
-				l.add(r.Name, "hosts", keyLine(&fc.Routes[i], "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
+				l.add(r.Name, "hosts", KeyLine(&fc.Routes[i], "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
 				continue
 			}
 			hosts[k] = r.Name
@@ -167,7 +167,7 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	// The route's keys that did decode are still checked, so one bad value does not hide the rest;
 	// checks of a key that already failed to decode are dropped at the end (a "5 seconds" wake_budget
 	// is reported once, not again as whatever its default then trips).
-	at := func(key string) int { return keyLine(n, key) }
+	at := func(key string) int { return KeyLine(n, key) }
 	bad := len(l.list)
 	var rk routeKeys
 	if err := DecodeStrict(common, &rk); err != nil {
@@ -342,9 +342,16 @@ func rootKey(err error) string {
 	return k
 }
 
-// keyLine returns the line of a dotted key below the mapping n ("health.status", "hosts[1]"): the
-// deepest part of it that is present, or n's own line when the key is absent altogether.
-func keyLine(n *yaml.Node, key string) int {
+// KeyLine returns the line of a dotted key below the mapping n ("health.status", "hosts[1]"): the
+// deepest part of it that is present, or n's own line when the key is absent altogether (0 for a nil
+// n). Settings decoders use it to give their errors a line.
+func KeyLine(n *yaml.Node, key string) int {
+	if n == nil {
+		return 0
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
 	line := n.Line
 	for _, part := range strings.Split(key, ".") {
 		name, idx := part, -1

@@ -126,7 +126,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	if err := registry.DecodeStrict(node, s); err != nil {
 		return nil, err
 	}
-	line := func(key string) int { return keyLine(node, key) }
+	line := func(key string) int { return registry.KeyLine(node, key) }
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		top, _, _ := strings.Cut(key, ".")
@@ -297,21 +297,6 @@ func checkFile(p string) error {
 		return fmt.Errorf("%q is not a regular file", p)
 	}
 	return nil
-}
-
-// keyLine finds the line of key in a mapping node, or the node's own line.
-func keyLine(n *yaml.Node, key string) int {
-	if n == nil {
-		return 0
-	}
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				return n.Content[i].Line
-			}
-		}
-	}
-	return n.Line
 }
 
 func defaultRuntimeDir(route string) string {

@@ -96,7 +96,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	if err := registry.DecodeStrict(node, s); err != nil {
 		return nil, err
 	}
-	line := func(key string) int { return keyLine(node, key) }
+	line := func(key string) int { return registry.KeyLine(node, key) }
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, &registry.Error{Key: key, Line: line(strings.SplitN(key, ".", 2)[0]), Err: fmt.Errorf(format, args...)})
@@ -230,19 +230,6 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		return nil, errors.Join(errs...)
 	}
 	return s, nil
-}
-
-// keyLine returns the line of a top-level key in the block, or 0.
-func keyLine(n *yaml.Node, key string) int {
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i].Line
-		}
-	}
-	return 0
 }
 
 // readPasswordFile returns the file's content without its trailing newline. Errors name the file, never

@@ -67,7 +67,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	}
 	var errs []error
 	bad := func(key string, format string, args ...any) {
-		errs = append(errs, &registry.Error{Key: key, Line: keyLine(node, key), Err: fmt.Errorf(format, args...)})
+		errs = append(errs, &registry.Error{Key: key, Line: registry.KeyLine(node, key), Err: fmt.Errorf(format, args...)})
 	}
 	s := &Settings{Bus: y.Bus, Sleep: SleepMode(y.Sleep), Template: y.Template}
 	switch {
@@ -120,19 +120,6 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		return nil, errors.Join(errs...)
 	}
 	return s, nil
-}
-
-// keyLine returns the line of key in the mapping node, or the node's own line.
-func keyLine(n *yaml.Node, key string) int {
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i].Line
-		}
-	}
-	return n.Line
 }
 
 // unitNameMax is systemd's UNIT_NAME_MAX minus the terminating NUL.
