@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,11 +67,7 @@ func (a appRoute) yaml(t testing.TB) string {
 	}
 	up := a.Upstream
 	if up == "" {
-		port, err := freePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		up = "127.0.0.1:" + strconv.Itoa(port)
+		up = freeLoopbackAddr(t)
 	}
 	or := func(v, def string) string {
 		if v == "" {
@@ -459,4 +456,23 @@ func (h *recHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h *recHandler) WithGroup(name string) slog.Handler {
 	return &recHandler{r: h.r, attrs: h.attrs, prefix: h.prefix + name + "."}
+}
+
+// freeLoopbackAddr returns a free TCP address on a random address of 127.0.0.0/8 (all of it is
+// loopback on Linux). A free port on 127.0.0.1 alone is released before the child binds it, and other
+// test packages running at the same time (or a benchmark on the box) may take it meanwhile: then the
+// health gate passes against their server, which is exactly the flake this avoids.
+func freeLoopbackAddr(t testing.TB) string {
+	t.Helper()
+	var b [3]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	ip := fmt.Sprintf("127.%d.%d.%d", 1+int(b[0])%254, b[1], 1+int(b[2])%254)
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("no free port on %s: %v", ip, err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
