@@ -105,7 +105,7 @@ func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.L
 		since:   now(),
 		retired: make(chan struct{}),
 	}
-	m.setState(r.Name, Asleep.String())
+	m.setState(r.Name, "", Asleep.String())
 	return in
 }
 
@@ -271,9 +271,9 @@ func (in *instance) setStateLocked(s State) {
 	if s == Awake && in.state != Awake {
 		in.awakeEnd = make(chan struct{})
 	}
+	in.metrics.setState(in.route.Name, in.state.String(), s.String())
 	in.state = s
 	in.since = in.now()
-	in.metrics.setState(in.route.Name, s.String())
 }
 
 // runWake performs one wake: backend start, then the health gate, on a context detached from every

@@ -111,17 +111,16 @@ func (m *Metrics) requestCounter(route string) func(code int) {
 	}
 }
 
-func (m *Metrics) setState(route, state string) {
+func (m *Metrics) setState(route, from, to string) {
 	if m == nil {
 		return
 	}
-	for _, s := range allStates {
-		v := 0.0
-		if s == state {
-			v = 1
-		}
-		m.state.WithLabelValues(route, s).Set(v)
+	// Only the current state has a series (value 1): five series per route cost a third of the heap
+	// with 10,000 routes. Query with activator_instance_state{state="awake"} == 1, or sum by (state).
+	if from != "" && from != to {
+		m.state.DeleteLabelValues(route, from)
 	}
+	m.state.WithLabelValues(route, to).Set(1)
 }
 
 func (m *Metrics) slept(route, reason string) {

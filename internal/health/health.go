@@ -46,9 +46,14 @@ func (e *GateError) Unwrap() error { return e.Err }
 
 // Prober probes one upstream. It is safe for concurrent use.
 type Prober struct {
-	cfg    registry.Health
-	url    string
-	client *http.Client
+	cfg registry.Health
+	url string
+	up  registry.Upstream
+
+	// The client is built on the first probe: with thousands of configured routes most never wake,
+	// and an http.Transport per route was an eighth of the activator's heap.
+	once   sync.Once
+	client *http.Client // set once by once.Do, read after it
 }
 
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
@@ -70,23 +75,27 @@ func New(u registry.Upstream, h registry.Health) *Prober {
 	if h.Passes < 1 {
 		h.Passes = 1
 	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return u.Dial(ctx)
-		},
-		// A probe measures a fresh connection: a pooled one may point at a process that is gone.
-		DisableKeepAlives:     true,
-		ResponseHeaderTimeout: h.Timeout,
-	}
 	host := u.Address
 	if u.Network == "unix" {
 		host = "localhost"
 	}
-	return &Prober{
-		cfg:    h,
-		url:    "http://" + host + h.Path,
-		client: &http.Client{Transport: tr, CheckRedirect: noRedirect},
-	}
+	return &Prober{cfg: h, url: "http://" + host + h.Path, up: u}
+}
+
+func (p *Prober) httpClient() *http.Client {
+	p.once.Do(func() {
+		u := p.up
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return u.Dial(ctx)
+			},
+			// A probe measures a fresh connection: a pooled one may point at a process that is gone.
+			DisableKeepAlives:     true,
+			ResponseHeaderTimeout: p.cfg.Timeout,
+		}
+		p.client = &http.Client{Transport: tr, CheckRedirect: noRedirect}
+	})
+	return p.client
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -100,7 +109,7 @@ func (p *Prober) Probe(ctx context.Context) error {
 		return err
 	}
 	req.Header.Set("User-Agent", "activator-health")
-	resp, err := p.client.Do(req)
+	resp, err := p.httpClient().Do(req)
 	if err != nil {
 		var ue interface{ Unwrap() error }
 		if errors.As(err, &ue) {
