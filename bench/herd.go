@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// routeStatus is the part of the admin API's route status the harness reads.
+type routeStatus struct {
+	State       string      `json:"state"`
+	Held        int         `json:"held"`
+	InFlight    int         `json:"in_flight"`
+	LastWake    *wakeRecord `json:"last_wake"`
+	CurrentWake *wakeRecord `json:"current_wake"`
+}
+
+type wakeRecord struct {
+	Started  time.Time     `json:"started"`
+	Duration time.Duration `json:"duration_ns"`
+	Result   string        `json:"result"`
+	Joined   int           `json:"joined_requests"`
+	Phases   []struct {
+		Name     string        `json:"name"`
+		Duration time.Duration `json:"duration_ns"`
+	} `json:"phases"`
+}
+
+// phaseLog collects the phases of a route's wakes (from the admin API) across samples.
+type phaseLog struct {
+	order []string
+	ms    map[string][]float64
+}
+
+// add reads route's last wake record and records its phases; errors leave the log unchanged.
+func (l *phaseLog) add(ctx context.Context, act *activatorProc, route string) {
+	var st routeStatus
+	if err := getJSON(ctx, act.admin, "/routes/"+route, &st); err != nil || st.LastWake == nil {
+		return
+	}
+	if l.ms == nil {
+		l.ms = map[string][]float64{}
+	}
+	for _, p := range st.LastWake.Phases {
+		if _, ok := l.ms[p.Name]; !ok {
+			l.order = append(l.order, p.Name)
+		}
+		l.ms[p.Name] = append(l.ms[p.Name], float64(p.Duration.Microseconds())/1000)
+	}
+}
+
+// String renders "spawn 1.23 ms, health 0.80 ms" (medians), or "".
+func (l *phaseLog) String() string {
+	var parts []string
+	for _, n := range l.order {
+		parts = append(parts, fmt.Sprintf("%s %.2f ms", n, summarize(l.ms[n]).Median))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runHerd sends N concurrent requests to a cold route whose tenant is held back until all N are
+// held, then lets it start, for each N.
+func runHerd(ctx context.Context, e *env) error {
+	for _, n := range e.opts.herd {
+		row, err := herdOnce(ctx, e, n)
+		if err != nil {
+			return fmt.Errorf("N=%d: %w", n, err)
+		}
+		e.report.Herd = append(e.report.Herd, row)
+		e.log.Info("herd", "n", n, "answered", row.Answered, "spawns", row.Spawns, "spread_ms", row.SpreadMs, "kib_per_held", row.PerHeldKiB)
+		if n >= 10000 || n == e.opts.herd[len(e.opts.herd)-1] {
+			e.report.check(fmt.Sprintf("herd N=%d: spawns, all answered", n), fmt.Sprintf("%d spawn(s), %d/%d answered", row.Spawns, row.Answered, n), "1 spawn, all answered", row.Spawns == 1 && row.Answered == n)
+			e.report.check(fmt.Sprintf("herd N=%d: gate passed → last response (ms)", n), fmt.Sprintf("%.1f", row.GateLastMs), "≤ 20 ms (release spread)", row.GateLastMs <= 20)
+			e.report.check(fmt.Sprintf("herd N=%d: activator RSS per held request", n), fmt.Sprintf("%.1f KiB", row.PerHeldKiB), "≤ 16 KiB", row.PerHeldKiB <= 16)
+		}
+	}
+	return nil
+}
+
+func herdOnce(ctx context.Context, e *env, n int) (HerdRow, error) {
+	row := HerdRow{N: n}
+	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d", n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return row, err
+	}
+	// The tenant waits on a FIFO before it execs the app, so the harness decides when the wake can
+	// finish: only once every request is held.
+	fifo := filepath.Join(dir, "go")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		return row, fmt.Errorf("mkfifo: %w", err)
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return row, err
+	}
+	script := fmt.Sprintf("read _ < %s; exec %s app", strconv.Quote(fifo), strconv.Quote(e.actBin))
+	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: "herd", hosts: []string{"herd.localhost"}, port: ports[2],
+		argv: []string{"/bin/sh", "-c", script}, maxHeld: n + 1000, budget: "10m"}})
+	act, _, err := startActivator(ctx, e, dir, "", cfg, ports[0], ports[1])
+	if err != nil {
+		return row, err
+	}
+	defer act.Stop(10 * time.Second)
+	row.Nofile = nofileLimit(act.pid())
+	if row.RSSIdleKiB, err = rssKiB(act.pid()); err != nil {
+		return row, err
+	}
+
+	type result struct {
+		first time.Time
+		code  int
+		pid   string
+		body  string
+		err   error
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	dialSem := make(chan struct{}, 256) // bounds connection setup, not the number held
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case dialSem <- struct{}{}:
+			case <-rctx.Done():
+				results[i].err = rctx.Err()
+				return
+			}
+			r, err := herdRequest(rctx, act.edge, func() { <-dialSem })
+			results[i] = result{first: r.first, code: r.code, pid: strings.TrimSpace(string(r.body)), body: string(r.body), err: err}
+		}()
+	}
+
+	// Wait until every request is held (bounded), then note the memory and release the tenant.
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var st routeStatus
+		if err := getJSON(ctx, act.admin, "/routes/herd", &st); err != nil {
+			return row, err
+		}
+		row.HeldMax = max(row.HeldMax, st.Held)
+		if st.Held >= n || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	if row.RSSHeldKiB, err = rssKiB(act.pid()); err != nil {
+		return row, err
+	}
+	row.PerHeldKiB = float64(row.RSSHeldKiB-row.RSSIdleKiB) / float64(max(1, row.HeldMax))
+	f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		return row, fmt.Errorf("open fifo: %w", err)
+	}
+	_, _ = f.WriteString("go\n")
+	f.Close()
+	wg.Wait()
+
+	var st routeStatus
+	if err := getJSON(ctx, act.admin, "/routes/herd", &st); err != nil {
+		return row, err
+	}
+	pids := map[string]bool{}
+	var firsts []float64
+	var lo, hi time.Time
+	for _, r := range results {
+		if r.err != nil || r.code != 200 {
+			row.Failed++
+			if row.FirstFailure == "" {
+				if r.err != nil {
+					row.FirstFailure = r.err.Error()
+				} else {
+					row.FirstFailure = fmt.Sprintf("status %d: %.200s", r.code, strings.TrimSpace(r.body))
+				}
+			}
+			continue
+		}
+		row.Answered++
+		pids[r.pid] = true
+		if lo.IsZero() || r.first.Before(lo) {
+			lo = r.first
+		}
+		if r.first.After(hi) {
+			hi = r.first
+		}
+	}
+	row.Spawns = len(pids)
+	row.SpreadMs = float64(hi.Sub(lo).Microseconds()) / 1000
+	if w := st.LastWake; w != nil {
+		gate := w.Started.Add(w.Duration)
+		row.WakeMs = float64(w.Duration.Microseconds()) / 1000
+		row.GateLastMs = float64(hi.Sub(gate).Microseconds()) / 1000
+		for _, r := range results {
+			if r.err == nil && r.code == 200 {
+				firsts = append(firsts, float64(r.first.Sub(gate).Microseconds())/1000)
+			}
+		}
+		row.P50Ms = percentile(firsts, 50)
+	}
+	return row, nil
+}
+
+// herdRequest dials, writes GET /pid and calls written; then waits for the whole response.
+func herdRequest(ctx context.Context, addr string, written func()) (fbResult, error) {
+	var once sync.Once
+	done := func() { once.Do(written) }
+	defer done()
+	c, err := dialCtx(ctx, addr)
+	if err != nil {
+		return fbResult{}, err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	return exchangeWith(c, "/pid", "herd.localhost", done)
+}

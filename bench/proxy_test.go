@@ -1,0 +1,313 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/activator/activator/internal/demoapp"
+)
+
+// These tests drive the activator's proxy (internal/activator/table.go) end to end: a real edge in
+// front of a real upstream server on loopback. They cover the fast keep-alive path for bodyless
+// GET/HEAD/OPTIONS and the fallback to http.Transport for everything else.
+
+// countingListener counts accepted connections and can close them all (a tenant dropping its
+// keep-alive connections).
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+
+	mu    sync.Mutex // guards conns
+	conns []net.Conn
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *countingListener) closeConns() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		_ = c.Close()
+	}
+	l.conns = nil
+}
+
+func newUpstream(t *testing.T, h http.Handler) (string, *countingListener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: ln}
+	return startEdgeFor(t, cl, h), cl
+}
+
+func edgeClient(t *testing.T) *http.Client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+func get(t *testing.T, c *http.Client, method, url string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: body: %v", method, url, err)
+	}
+	return resp, string(b)
+}
+
+func TestProxyKeepAliveReuse(t *testing.T) {
+	edge, up := newUpstream(t, demoapp.Handler(0, 0))
+	c := edgeClient(t)
+	get(t, c, http.MethodGet, "http://"+edge+"/") // wakes the route: the health gate has its own connection
+	base := up.n.Load()
+	for i := 0; i < 200; i++ {
+		resp, body := get(t, c, http.MethodGet, "http://"+edge+"/")
+		if resp.StatusCode != 200 || body != "hello from demoapp\n" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if n := up.n.Load() - base; n != 0 {
+		t.Errorf("upstream accepted %d new connections for 200 sequential requests, want 0 (keep-alive)", n)
+	}
+	resp, body := get(t, c, http.MethodHead, "http://"+edge+"/")
+	if resp.StatusCode != 200 || body != "" {
+		t.Errorf("HEAD: %d %q", resp.StatusCode, body)
+	}
+	resp, _ = get(t, c, http.MethodGet, "http://"+edge+"/")
+	if resp.StatusCode != 200 || up.n.Load() != base {
+		t.Errorf("after HEAD: %d, %d new upstream connections", resp.StatusCode, up.n.Load()-base)
+	}
+}
+
+func TestProxyHeadersChunkedTrailers(t *testing.T) {
+	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" { // the activator's health gate
+			return
+		}
+		if r.Header.Get("X-Forwarded-For") == "" || r.Host != "127.0.0.1" && !strings.HasPrefix(r.Host, "127.0.0.1:") {
+			http.Error(w, fmt.Sprintf("bad forwarding: host %q xff %q", r.Host, r.Header.Get("X-Forwarded-For")), 500)
+			return
+		}
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("X-Up", "yes")
+		f := w.(http.Flusher)
+		for i := 0; i < 3; i++ {
+			fmt.Fprintf(w, "part %d\n", i)
+			f.Flush() // forces chunked encoding
+		}
+		w.Header().Set("X-Sum", "3")
+	}))
+	c := edgeClient(t)
+	for i := 0; i < 3; i++ {
+		resp, body := get(t, c, http.MethodGet, "http://"+edge+"/x?y=1")
+		if resp.StatusCode != 200 || body != "part 0\npart 1\npart 2\n" || resp.Header.Get("X-Up") != "yes" || resp.Trailer.Get("X-Sum") != "3" {
+			t.Fatalf("got %d %q header %v trailer %v", resp.StatusCode, body, resp.Header, resp.Trailer)
+		}
+	}
+}
+
+// A tenant that closes its keep-alive connections (it restarted, or its idle timeout is short) must
+// not fail the next request: the proxy retries once on a new connection.
+func TestProxyStaleConnectionRetried(t *testing.T) {
+	edge, up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	}))
+	c := edgeClient(t)
+	for round := 0; round < 5; round++ {
+		// Warm several upstream connections, then have the tenant drop them all.
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := c.Get("http://" + edge + "/")
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		up.closeConns()
+		resp, body := get(t, c, http.MethodGet, "http://"+edge+"/")
+		if resp.StatusCode != 200 || body != "ok\n" {
+			t.Fatalf("round %d after the tenant dropped its connections: %d %q", round, resp.StatusCode, body)
+		}
+	}
+	if up.n.Load() < 2 {
+		t.Errorf("upstream accepted %d connections; the test did not exercise reconnection", up.n.Load())
+	}
+}
+
+func TestProxyEarlyHints(t *testing.T) {
+	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		fmt.Fprintln(w, "final")
+	}))
+	var got []int
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error {
+		got = append(got, code)
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, "http://"+edge+"/", nil)
+	resp, err := edgeClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "final\n" || len(got) != 1 || got[0] != 103 {
+		t.Errorf("got %d %q, 1xx %v; want 200 \"final\\n\" and one 103", resp.StatusCode, b, got)
+	}
+}
+
+// Requests with bodies and protocol upgrades take the fallback transport.
+func TestProxyFallback(t *testing.T) {
+	edge, _ := newUpstream(t, demoapp.Handler(0, 0))
+	c := edgeClient(t)
+	resp, err := c.Post("http://"+edge+"/echo", "text/plain", strings.NewReader("ping body"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ping body" {
+		t.Errorf("POST /echo = %q", b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+edge+"/ws", nil)
+	if err != nil {
+		t.Fatalf("websocket through the edge: %v", err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := ws.Read(ctx); err != nil || string(msg) != "hi" {
+		t.Errorf("websocket echo = %q, %v", msg, err)
+	}
+	_ = ws.Close(websocket.StatusNormalClosure, "")
+	// And the fast path still works afterwards.
+	if resp, body := get(t, c, http.MethodGet, "http://"+edge+"/"); resp.StatusCode != 200 || body != "hello from demoapp\n" {
+		t.Errorf("GET after fallback: %d %q", resp.StatusCode, body)
+	}
+}
+
+// A client that goes away mid-stream ends the upstream request too (the proxy does not drain an
+// endless body), and the route keeps working.
+func TestProxyClientCancelMidStream(t *testing.T) {
+	ended := make(chan struct{}, 1)
+	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/stream" {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+				break
+			}
+			f.Flush()
+			select {
+			case <-r.Context().Done():
+				ended <- struct{}{}
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		ended <- struct{}{}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+edge+"/stream", nil)
+	c := edgeClient(t)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the upstream stream did not end within 30s of the client going away")
+	}
+	if resp, body := get(t, c, http.MethodGet, "http://"+edge+"/"); resp.StatusCode != 200 || body != "ok\n" {
+		t.Errorf("GET after a canceled stream: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestProxyConcurrent(t *testing.T) {
+	edge, _ := newUpstream(t, demoapp.Handler(0, 0))
+	c := edgeClient(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				path := "/"
+				if i%5 == 0 {
+					path = "/bound"
+				}
+				resp, err := c.Get("http://" + edge + path)
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || len(b) == 0 {
+					errs <- fmt.Errorf("%s: %d %q %v", path, resp.StatusCode, b, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

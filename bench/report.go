@@ -1,0 +1,399 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Report is everything one run measured. It is written as JSON and rendered as Markdown.
+type Report struct {
+	Command  string    `json:"command"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Runs     int       `json:"runs"`
+	Duration string    `json:"wrk_duration"`
+	Machine  Machine   `json:"machine"`
+
+	Targets    []Check    `json:"targets"`
+	Warm       []WarmRow  `json:"warm,omitempty"`
+	WarmRatios []RatioRow `json:"warm_ratios,omitempty"`
+	Cold       []ColdRow  `json:"cold,omitempty"`
+	ColdExtra  []RatioRow `json:"cold_vs_floor,omitempty"`
+	Unit       []UnitRow  `json:"unit,omitempty"`
+	Herd       []HerdRow  `json:"herd,omitempty"`
+	Scale      *ScaleRow  `json:"scale,omitempty"`
+	Skipped    []Skip     `json:"skipped,omitempty"`
+	Failures   []string   `json:"failures,omitempty"`
+	Notes      []string   `json:"notes,omitempty"`
+}
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	CPU       string            `json:"cpu"`
+	CPUs      int               `json:"cpus"`
+	Kernel    string            `json:"kernel"`
+	Go        string            `json:"go"`
+	Tools     map[string]string `json:"tools"`
+	NofileMax uint64            `json:"nofile_limit"`
+}
+
+// Check is one target from the issue and whether this run met it.
+type Check struct {
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Target string `json:"target"`
+	Met    bool   `json:"met"`
+}
+
+// WarmRow is one target's warm-path result at one connection count.
+type WarmRow struct {
+	Mode   string `json:"mode"`
+	Conns  int    `json:"conns"`
+	Target string `json:"target"`
+	RPS    Stat   `json:"rps"`
+	P50us  Stat   `json:"p50_us"`
+	P99us  Stat   `json:"p99_us"`
+	Errors int64  `json:"errors"`
+}
+
+// RatioRow is a per-run ratio between two warm-path targets.
+type RatioRow struct {
+	Mode  string `json:"mode"`
+	Conns int    `json:"conns"`
+	Name  string `json:"name"`
+	Value Stat   `json:"value"`
+}
+
+// ColdRow is one cold-wake mode: first-byte times and their breakdown, in milliseconds.
+type ColdRow struct {
+	Mode      string `json:"mode"`
+	Samples   int    `json:"samples"`
+	Failed    int    `json:"failed"`
+	FirstByte Stat   `json:"first_byte_ms"`
+	AppStart  Stat   `json:"app_start_ms"` // bound_ns - main_ns: the app's own exec→listening
+	Overhead  Stat   `json:"overhead_ms"`  // first byte - app start
+	Spawn     Stat   `json:"spawn_ms"`     // request sent → app main()
+	GateProxy Stat   `json:"gate_proxy_ms"`
+	Note      string `json:"note,omitempty"`
+}
+
+// UnitRow is one start delay of the unit-vs-socket-activation comparison.
+type UnitRow struct {
+	StartDelay string `json:"start_delay"`
+	Socket     Stat   `json:"socket_activation_ms"`
+	SocketLost int    `json:"socket_activation_lost"`
+	Proxyd     Stat   `json:"proxyd_ms"`
+	ProxydLost int    `json:"proxyd_lost"`
+	Unit       Stat   `json:"unit_ms"`
+	UnitLost   int    `json:"unit_lost"`
+	Ratio      Stat   `json:"unit_over_socket"`
+	Phases     string `json:"unit_wake_phases,omitempty"` // medians from the activator's wake records
+}
+
+// HerdRow is one herd size.
+type HerdRow struct {
+	N            int     `json:"n"`
+	HeldMax      int     `json:"held_max"`
+	Answered     int     `json:"answered"`
+	Failed       int     `json:"failed"`
+	Spawns       int     `json:"spawns"`
+	WakeMs       float64 `json:"wake_ms"`
+	SpreadMs     float64 `json:"release_spread_ms"` // first → last response byte
+	GateLastMs   float64 `json:"gate_to_last_ms"`   // gate passed → last response byte
+	P50Ms        float64 `json:"gate_to_p50_ms"`    // gate passed → median response byte
+	RSSIdleKiB   int64   `json:"rss_idle_kib"`      // activator, route asleep
+	RSSHeldKiB   int64   `json:"rss_held_kib"`      // activator, all held
+	PerHeldKiB   float64 `json:"kib_per_held"`      // (held - idle) / n
+	Nofile       string  `json:"activator_nofile"`  // the activator's soft RLIMIT_NOFILE
+	FirstFailure string  `json:"first_failure,omitempty"`
+}
+
+// ScaleRow is the route-scale result.
+type ScaleRow struct {
+	Routes       int     `json:"routes"`
+	RSSKiB       int64   `json:"rss_kib"`
+	RSSSmallKiB  int64   `json:"rss_10_routes_kib"`
+	HeapKiB      int64   `json:"heap_inuse_kib"`
+	HeapSmallKiB int64   `json:"heap_inuse_10_routes_kib"`
+	LoadMs       float64 `json:"load_ms"`
+	LoadSmallMs  float64 `json:"load_10_routes_ms"`
+	ReloadMs     Stat    `json:"reload_ms"`
+	RPS          Stat    `json:"rps"`
+	RPSSmall     Stat    `json:"rps_10_routes"`
+	P50us        Stat    `json:"p50_us"`
+	P50usSmall   Stat    `json:"p50_us_10_routes"`
+	Ratio        Stat    `json:"rps_ratio"`
+}
+
+// Skip is something this run could not measure, and why.
+type Skip struct {
+	What string `json:"what"`
+	Why  string `json:"why"`
+}
+
+func newReport(o options) *Report {
+	return &Report{
+		Command:  "go run ./bench " + strings.Join(os.Args[1:], " "),
+		Started:  time.Now().UTC(),
+		Runs:     o.runs,
+		Duration: o.dur.String(),
+	}
+}
+
+func (r *Report) skip(what, why string, args ...any) {
+	r.Skipped = append(r.Skipped, Skip{What: what, Why: fmt.Sprintf(why, args...)})
+}
+
+func (r *Report) check(name, value, target string, met bool) {
+	r.Targets = append(r.Targets, Check{Name: name, Value: value, Target: target, Met: met})
+}
+
+func (r *Report) write(mdPath, jsonPath string) error {
+	if mdPath != "" {
+		if err := os.MkdirAll(filepath.Dir(mdPath), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(mdPath, []byte(r.markdown()), 0o644); err != nil {
+			return err
+		}
+	}
+	if jsonPath != "" {
+		if err := os.MkdirAll(filepath.Dir(jsonPath), 0o755); err != nil {
+			return err
+		}
+		b, err := json.MarshalIndent(r, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MarshalJSON writes NaN (nothing measured) as null.
+func (s Stat) MarshalJSON() ([]byte, error) {
+	type out struct {
+		Median *float64 `json:"median"`
+		Min    *float64 `json:"min"`
+		Max    *float64 `json:"max"`
+		N      int      `json:"n"`
+	}
+	f := func(v float64) *float64 {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+		v = math.Round(v*1000) / 1000
+		return &v
+	}
+	return json.Marshal(out{f(s.Median), f(s.Min), f(s.Max), s.N})
+}
+
+// fmtStat renders "median (min–max)" with the given precision, or "–" when nothing was measured.
+func fmtStat(s Stat, prec int) string {
+	if !s.valid() {
+		return "–"
+	}
+	if s.N == 1 || s.Min == s.Max {
+		return fmt.Sprintf("%.*f", prec, s.Median)
+	}
+	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, s.Median, prec, s.Min, prec, s.Max)
+}
+
+func fmtK(s Stat) string {
+	if !s.valid() {
+		return "–"
+	}
+	k := func(v float64) string { return fmt.Sprintf("%.1fk", v/1000) }
+	if s.N == 1 {
+		return k(s.Median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", k(s.Median), k(s.Min), k(s.Max))
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "**no**"
+}
+
+// markdown renders the report.
+func (r *Report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("Command: `%s` — %s, %d run(s) of %s per warm-path cell, alternating targets.\n\n", strings.TrimSpace(r.Command), r.Started.Format("2006-01-02 15:04 UTC"), r.Runs, r.Duration)
+	m := r.Machine
+	p("Machine: %s, %d CPUs, Linux %s, %s; open-file limit %d.", m.CPU, m.CPUs, m.Kernel, m.Go, m.NofileMax)
+	if len(m.Tools) > 0 {
+		var ts []string
+		for _, k := range []string{"wrk", "nginx", "caddy", "haproxy", "systemd"} {
+			if v, ok := m.Tools[k]; ok {
+				ts = append(ts, k+" "+v)
+			}
+		}
+		p(" Tools: %s.", strings.Join(ts, ", "))
+	}
+	p("\n\n")
+
+	if len(r.Targets) > 0 {
+		p("#### Targets\n\n| target | measured | goal | met |\n|---|---|---|---|\n")
+		for _, c := range r.Targets {
+			p("| %s | %s | %s | %s |\n", c.Name, c.Value, c.Target, yes(c.Met))
+		}
+		p("\n")
+	}
+
+	if len(r.Warm) > 0 {
+		p("#### Warm path (wrk, keep-alive, GET / of the same tiny app)\n\n")
+		p("Median (min–max) over the runs. Latency in µs. *pinned*: wrk on CPU 0, proxy and app on CPU 1; *unpinned*: the scheduler decides.\n\n")
+		p("| mode | conns | target | req/s | p50 µs | p99 µs | errors |\n|---|---|---|---|---|---|---|\n")
+		for _, w := range r.Warm {
+			p("| %s | %d | %s | %s | %s | %s | %d |\n", w.Mode, w.Conns, w.Target, fmtK(w.RPS), fmtStat(w.P50us, 0), fmtStat(w.P99us, 0), w.Errors)
+		}
+		p("\n")
+	}
+	if len(r.WarmRatios) > 0 {
+		p("Ratios, computed run by run (each run measures every target back to back), then median (min–max):\n\n")
+		p("| mode | conns | ratio | value |\n|---|---|---|---|\n")
+		for _, x := range r.WarmRatios {
+			p("| %s | %d | %s | %s |\n", x.Mode, x.Conns, x.Name, fmtStat(x.Value, 2))
+		}
+		p("\n")
+	}
+
+	if len(r.Cold) > 0 {
+		p("#### Cold wake (first request to a sleeping route), milliseconds\n\n")
+		p("*first byte*: request written → first response byte. *app start*: the app's own main()→listening (GET /bound). *overhead* = first byte − app start. *spawn*: request written → the app's main(). *gate+proxy*: app listening → first byte.\n\n")
+		p("| mode | samples | failed | first byte | app start | overhead | spawn | gate+proxy |\n|---|---|---|---|---|---|---|---|\n")
+		for _, c := range r.Cold {
+			p("| %s | %d | %d | %s | %s | %s | %s | %s |\n", c.Mode, c.Samples, c.Failed, fmtStat(c.FirstByte, 2), fmtStat(c.AppStart, 2), fmtStat(c.Overhead, 2), fmtStat(c.Spawn, 2), fmtStat(c.GateProxy, 2))
+		}
+		if len(r.ColdExtra) > 0 {
+			p("\nAgainst the floor, sample by sample (each round takes one sample of every mode):\n\n| comparison | value |\n|---|---|\n")
+			for _, x := range r.ColdExtra {
+				p("| %s | %s |\n", x.Name, fmtStat(x.Value, 2))
+			}
+		}
+		for _, c := range r.Cold {
+			if c.Note != "" {
+				p("\n- %s: %s", c.Mode, c.Note)
+			}
+		}
+		p("\n\n")
+	}
+
+	if len(r.Unit) > 0 {
+		p("#### Unit wake vs systemd socket activation, first byte in milliseconds\n\n")
+		p("| app start delay | socket activation | lost | socket + proxyd | lost | activator unit | lost | unit ÷ socket |\n|---|---|---|---|---|---|---|---|\n")
+		for _, u := range r.Unit {
+			p("| %s | %s | %d | %s | %d | %s | %d | %s |\n", u.StartDelay, fmtStat(u.Socket, 1), u.SocketLost, fmtStat(u.Proxyd, 1), u.ProxydLost, fmtStat(u.Unit, 1), u.UnitLost, fmtStat(u.Ratio, 2))
+		}
+		for _, u := range r.Unit {
+			if u.Phases != "" {
+				p("\n- unit wake phases at start delay %s (activator's wake record, median): %s", u.StartDelay, u.Phases)
+			}
+		}
+		p("\n\n")
+	}
+
+	if len(r.Herd) > 0 {
+		p("#### Herd: N concurrent requests on a cold route\n\n")
+		p("The tenant is held back (it waits on a FIFO) until all N requests are held, then released. *spread*: first → last response byte; *gate→last*: health gate passed → last response byte.\n\n")
+		p("| N | held | answered | failed | spawns | spread ms | gate→p50 ms | gate→last ms | RSS asleep | RSS all held | per held request | activator nofile |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, h := range r.Herd {
+			p("| %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", h.N, h.HeldMax, h.Answered, h.Failed, h.Spawns, h.SpreadMs, h.P50Ms, h.GateLastMs,
+				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, h.PerHeldKiB, h.Nofile)
+		}
+		for _, h := range r.Herd {
+			if h.FirstFailure != "" {
+				p("\n- N=%d, first failure: %s", h.N, h.FirstFailure)
+			}
+		}
+		p("\n\n")
+	}
+
+	if s := r.Scale; s != nil {
+		p("#### Route scale: %d configured idle exec routes vs 10\n\n", s.Routes)
+		p("| | %d routes | 10 routes |\n|---|---|---|\n", s.Routes)
+		p("| activator RSS | %.1f MiB | %.1f MiB |\n", float64(s.RSSKiB)/1024, float64(s.RSSSmallKiB)/1024)
+		p("| Go heap in use (admin /metrics) | %.1f MiB | %.1f MiB |\n", float64(s.HeapKiB)/1024, float64(s.HeapSmallKiB)/1024)
+		p("| start → admin API answers | %.0f ms | %.0f ms |\n", s.LoadMs, s.LoadSmallMs)
+		p("| reload (SIGHUP → \"config reloaded\") | %s ms | |\n", fmtStat(s.ReloadMs, 0))
+		p("| warm req/s, one route (pinned, c16) | %s | %s |\n", fmtK(s.RPS), fmtK(s.RPSSmall))
+		p("| warm p50 µs | %s | %s |\n", fmtStat(s.P50us, 0), fmtStat(s.P50usSmall, 0))
+		p("| req/s ratio (%d ÷ 10) | %s | |\n\n", s.Routes, fmtStat(s.Ratio, 2))
+	}
+
+	if len(r.Skipped) > 0 {
+		p("#### Not measured in this run\n\n")
+		for _, s := range r.Skipped {
+			p("- **%s**: %s\n", s.What, s.Why)
+		}
+		p("\n")
+	}
+	if len(r.Failures) > 0 {
+		p("#### Failures\n\n")
+		for _, f := range r.Failures {
+			p("- %s\n", strings.ReplaceAll(f, "\n", " "))
+		}
+		p("\n")
+	}
+	for _, n := range r.Notes {
+		p("- %s\n", n)
+	}
+	return b.String()
+}
+
+// describeMachine reads the CPU model, kernel, Go and tool versions.
+func describeMachine(nofile uint64) Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: map[string]string{}, NofileMax: nofile}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	version := func(name string, args ...string) {
+		p, ok := lookTool(name)
+		if !ok {
+			return
+		}
+		out, _ := exec.Command(p, args...).CombinedOutput()
+		s := strings.TrimSpace(string(out))
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			s = s[:i]
+		}
+		if len(s) > 60 {
+			s = s[:60]
+		}
+		m.Tools[name] = s
+	}
+	version("wrk", "-v")
+	version("nginx", "-v")
+	version("caddy", "version")
+	version("haproxy", "-v")
+	version("systemd", "--version")
+	for k, v := range m.Tools { // keep just the version number where it is easy to find
+		for _, f := range strings.Fields(v) {
+			if strings.ContainsAny(f, "0123456789") && (strings.Contains(f, ".") || k == "systemd") {
+				m.Tools[k] = strings.TrimPrefix(strings.TrimPrefix(f, "nginx/"), "v")
+				break
+			}
+		}
+	}
+	return m
+}
