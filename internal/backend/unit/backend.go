@@ -63,7 +63,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 		return l, nil
 	}
 	t.Phase(activator.PhaseStart)
-	st, err := b.state(ctx)
+	st, err := b.quickState(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -95,6 +95,15 @@ func (b *Backend) current() *activator.Life {
 		return b.life
 	}
 	return nil
+}
+
+// quickState reads the few properties the wake path decides on (see readQuick).
+func (b *Backend) quickState(ctx context.Context) (st UnitState, err error) {
+	err = b.bus.do(ctx, func(l *link) (err error) {
+		st, err = readQuick(ctx, l.c, b.s.Unit, b.s.Sleep == SleepFreeze)
+		return err
+	})
+	return st, err
 }
 
 // state reads the unit's state.
@@ -194,8 +203,12 @@ func (b *Backend) start(ctx context.Context) error {
 func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
 	life := activator.NewLife()
 	w := b.bus.watch(b.s.Unit, life)
-	st, err := b.state(ctx)
+	st, err := b.quickState(ctx)
 	if err == nil && !st.Active() {
+		full, ferr := b.state(ctx) // explain with Result and ExecMainStatus
+		if ferr == nil {
+			st = full
+		}
 		err = &ExitError{Unit: b.s.Unit, State: st}
 	}
 	if err != nil {
@@ -206,7 +219,7 @@ func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
 	b.mu.Lock()
 	b.life, b.w = life, w
 	b.mu.Unlock()
-	b.log.Debug("unit awake", "main_pid", st.MainPID, "sub_state", st.SubState)
+	b.log.Debug("unit awake", "sub_state", st.SubState)
 	return life, nil
 }
 

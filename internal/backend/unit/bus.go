@@ -37,7 +37,7 @@ var errClosed = errors.New("unit provider closed")
 
 // dialFunc opens one raw, authenticated D-Bus connection (Hello done when the bus needs it). The
 // connection must close when ctx ends.
-type dialFunc func(ctx context.Context) (*godbus.Conn, error)
+type dialFunc func(ctx context.Context, opts ...godbus.ConnOption) (*godbus.Conn, error)
 
 // bus is one manager connection shared by every route on the same bus. It re-establishes the
 // connection when it drops and watches the units of awake routes for property changes.
@@ -186,11 +186,16 @@ func (b *bus) connect(done chan struct{}) {
 	// without a context if the manager does not answer within dialBudget.
 	cctx, cancel := context.WithCancel(b.ctx)
 	timer := time.AfterFunc(dialBudget, cancel)
-	var raws []*godbus.Conn
+	var (
+		raws  []*godbus.Conn
+		gates []*gatedSignals
+	)
 	c, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
-		rc, err := b.dial(cctx)
+		g := newGatedSignals()
+		rc, err := b.dial(cctx, godbus.WithSignalHandler(g))
 		if err == nil {
 			raws = append(raws, rc)
+			gates = append(gates, g)
 		}
 		return rc, err
 	})
@@ -198,6 +203,9 @@ func (b *bus) connect(done chan struct{}) {
 	lost := make(chan error, 1)
 	if err == nil {
 		c.SetPropertiesSubscriber(updates, lost)
+		for _, g := range gates {
+			g.open()
+		}
 		if err = c.Subscribe(); err != nil {
 			c.Close()
 			err = fmt.Errorf("subscribe to unit changes: %w", err)
@@ -381,8 +389,8 @@ func (b *bus) unwatchLocked(w *watch) {
 
 // dialPrivate returns a dialer for a manager's private socket: peer-to-peer, EXTERNAL auth, no Hello.
 func dialPrivate(address string) dialFunc {
-	return func(ctx context.Context) (*godbus.Conn, error) {
-		c, err := godbus.Dial(address, godbus.WithContext(ctx))
+	return func(ctx context.Context, opts ...godbus.ConnOption) (*godbus.Conn, error) {
+		c, err := godbus.Dial(address, append(opts, godbus.WithContext(ctx))...)
 		if err != nil {
 			return nil, err
 		}
@@ -396,8 +404,8 @@ func dialPrivate(address string) dialFunc {
 
 // dialBroker returns a dialer for a message bus (system or session): auth, then Hello.
 func dialBroker(open func(opts ...godbus.ConnOption) (*godbus.Conn, error)) dialFunc {
-	return func(ctx context.Context) (*godbus.Conn, error) {
-		c, err := open(godbus.WithContext(ctx))
+	return func(ctx context.Context, opts ...godbus.ConnOption) (*godbus.Conn, error) {
+		c, err := open(append(opts, godbus.WithContext(ctx))...)
 		if err != nil {
 			return nil, err
 		}
@@ -419,24 +427,24 @@ func dialBroker(open func(opts ...godbus.ConnOption) (*godbus.Conn, error)) dial
 func dialerFor(busName string) dialFunc {
 	switch busName {
 	case BusSystem:
-		return func(ctx context.Context) (*godbus.Conn, error) {
+		return func(ctx context.Context, opts ...godbus.ConnOption) (*godbus.Conn, error) {
 			const private = "/run/systemd/private"
 			if os.Geteuid() == 0 {
 				if _, err := os.Stat(private); err == nil {
-					return dialPrivate("unix:path=" + private)(ctx)
+					return dialPrivate("unix:path="+private)(ctx, opts...)
 				}
 			}
-			return dialBroker(godbus.SystemBusPrivate)(ctx)
+			return dialBroker(godbus.SystemBusPrivate)(ctx, opts...)
 		}
 	case BusUser:
-		return func(ctx context.Context) (*godbus.Conn, error) {
+		return func(ctx context.Context, opts ...godbus.ConnOption) (*godbus.Conn, error) {
 			if rt := os.Getenv("XDG_RUNTIME_DIR"); rt != "" {
 				p := filepath.Join(rt, "systemd", "private")
 				if _, err := os.Stat(p); err == nil {
-					return dialPrivate("unix:path=" + p)(ctx)
+					return dialPrivate("unix:path="+p)(ctx, opts...)
 				}
 			}
-			return dialBroker(godbus.SessionBusPrivate)(ctx)
+			return dialBroker(godbus.SessionBusPrivate)(ctx, opts...)
 		}
 	default:
 		return dialPrivate(busName)

@@ -116,6 +116,43 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, err
 	return st, nil
 }
 
+// readQuick reads only what the wake path decides on: LoadState, ActiveState, SubState, InvocationID,
+// and FreezerState when freezer is set. readState's two GetAll calls cost about 3 ms each on the manager
+// measured here (hundreds of properties serialised), two of them were half of a unit wake; one
+// property Get costs about 0.15 ms. Failures still get readState's full picture.
+func readQuick(ctx context.Context, c *sddbus.Conn, unit string, freezer bool) (UnitState, error) {
+	var st UnitState
+	names := []string{"LoadState", "ActiveState", "SubState", "InvocationID"}
+	if freezer {
+		names = append(names, "FreezerState")
+	}
+	for _, name := range names {
+		p, err := c.GetUnitPropertyContext(ctx, unit, name)
+		if err != nil {
+			if name == "FreezerState" {
+				continue // a systemd without a freezer has no such property
+			}
+			return st, fmt.Errorf("read %s of %s: %w", name, unit, err)
+		}
+		switch name {
+		case "LoadState":
+			st.LoadState, _ = p.Value.Value().(string)
+		case "ActiveState":
+			st.ActiveState, _ = p.Value.Value().(string)
+		case "SubState":
+			st.SubState, _ = p.Value.Value().(string)
+		case "InvocationID":
+			st.InvocationID, _ = p.Value.Value().([]byte)
+		case "FreezerState":
+			st.FreezerState, _ = p.Value.Value().(string)
+		}
+		if name == "LoadState" && st.LoadState != "loaded" {
+			return st, nil
+		}
+	}
+	return st, nil
+}
+
 // dbusErrorName returns the D-Bus error name of err ("org.freedesktop.systemd1.NoSuchUnit"), or "".
 func dbusErrorName(err error) string {
 	var de godbus.Error
