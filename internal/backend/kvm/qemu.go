@@ -246,16 +246,26 @@ func killPid(pid int) {
 // waitGone polls until pid has exited (or is a zombie), or ctx ends. QEMU daemonizes, so it is not
 // our child and cannot be waited for.
 func waitGone(ctx context.Context, pid int) error {
+	if err := pollUntil(ctx, func() bool { return !alive(pid) }); err != nil {
+		return fmt.Errorf("qemu pid %d still running: %w", pid, err)
+	}
+	return nil
+}
+
+// pollUntil checks cond at once, then with a pause doubling from 1 ms to 50 ms, until it holds (nil) or
+// ctx ends (ctx's error). For what gives no event to wait on: a process that is not our child, a file
+// another process renames into place.
+func pollUntil(ctx context.Context, cond func() bool) error {
 	d := time.Millisecond
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("qemu pid %d still running: %w", pid, ctx.Err())
+			return ctx.Err()
 		case <-t.C:
 		}
-		if !alive(pid) {
+		if cond() {
 			return nil
 		}
 		d = min(2*d, 50*time.Millisecond)

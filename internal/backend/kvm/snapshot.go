@@ -153,21 +153,14 @@ func (b *Backend) rollback(inst *instance) {
 // waitFile waits (bounded by ctx) until the writer has renamed tmp to final. The writer is QEMU's
 // child, so the file's appearance is the only signal.
 func waitFile(ctx context.Context, final, tmp string) error {
-	d := time.Millisecond
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("snapshot writer did not finish %s: %w", tmp, ctx.Err())
-		case <-t.C:
-		}
-		if _, err := os.Stat(final); err == nil {
-			return nil
-		}
-		d = min(2*d, 50*time.Millisecond)
-		t.Reset(d)
+	err := pollUntil(ctx, func() bool {
+		_, err := os.Stat(final)
+		return err == nil
+	})
+	if err != nil {
+		return fmt.Errorf("snapshot writer did not finish %s: %w", tmp, err)
 	}
+	return nil
 }
 
 // syncFile flushes file and its directory to disk.
