@@ -20,7 +20,7 @@ import (
 const usage = `activator: an HTTP edge that wakes sleeping tenants on demand.
 
 Usage:
-  activator serve  --config FILE [--log-format text|json] [--log-level info]
+  activator serve  --config FILE [--log-format text|json] [--log-level info] [--pprof]
   activator check  --config FILE
   activator status [--admin 127.0.0.1:9090] [--json]
   activator wake   ROUTE [--admin ADDR]

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,6 +40,8 @@ type serveOptions struct {
 	listen     string // overrides the config's listen
 	admin      string // overrides the config's admin
 	logger     *slog.Logger
+	// pprof mounts net/http/pprof on the admin listener (off by default: profiles expose internals).
+	pprof bool
 	// onReady runs once both listeners are bound (demo prints its banner there).
 	onReady func(edge, admin net.Addr)
 }
@@ -48,6 +51,7 @@ func cmdServe(args []string) int {
 	cfgPath := fs.String("config", "", "config file (YAML)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	pprof := fs.Bool("pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin listener")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -60,7 +64,7 @@ func cmdServe(args []string) int {
 		fmt.Fprintln(os.Stderr, "activator serve:", err)
 		return 2
 	}
-	return serve(serveOptions{configPath: *cfgPath, logger: logger})
+	return serve(serveOptions{configPath: *cfgPath, logger: logger, pprof: *pprof})
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -126,8 +130,19 @@ func serve(o serveOptions) int {
 		Protocols:         edgeProtocols(),
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	adminHandler := srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if o.pprof {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+		mux.Handle("/", adminHandler)
+		adminHandler = mux
+	}
 	admin := &http.Server{
-		Handler:           srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})),
+		Handler:           adminHandler,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    1 << 20,
 	}
