@@ -1,8 +1,10 @@
 package registry
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -87,4 +89,17 @@ func (l *errs) addErr(route, key string, line int, err error) {
 	}
 }
 
-func (l *errs) err() error { return errors.Join(l.list...) }
+// err joins the problems in file order (stable for problems on one line or without a line), so that
+// `activator check` reads top to bottom like the file.
+func (l *errs) err() error {
+	slices.SortStableFunc(l.list, func(a, b error) int { return cmp.Compare(lineOf(a), lineOf(b)) })
+	return errors.Join(l.list...)
+}
+
+func lineOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Line
+	}
+	return 0
+}

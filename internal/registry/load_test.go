@@ -219,16 +219,16 @@ func TestLoadReportsEverything(t *testing.T) {
 		line       int
 	}
 	wants := []want{
+		// In file order, so `activator check` reads top to bottom like the file.
 		{"", "listn", 1},
-		// Decode problems come first within a route, then what validation finds.
-		{"alpha", "health.interval", 9},
 		{"alpha", "upstream", 8},
+		{"alpha", "health.interval", 9},
 		{"beta", "hosts", 12},
 		{"beta", "backing", 13},
-		{"gamma", "upstram", 19},
 		// The misspelt key leaves upstream unset; the line is the route's, as the key is absent. gamma's
 		// exec block is not decoded: a backing's settings are checked once the common keys pass.
 		{"gamma", "upstream", 15},
+		{"gamma", "upstram", 19},
 	}
 	if len(list) != len(wants) {
 		t.Fatalf("Load reported %d problems, want %d:\n%v", len(list), len(wants), err)
