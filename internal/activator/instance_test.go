@@ -246,14 +246,7 @@ func TestIdleSleepAndRequestDuringStop(t *testing.T) {
 		if st := in.status().State; st != "stopping" {
 			t.Fatalf("state = %s, want stopping", st)
 		}
-		got := make(chan error, 1)
-		go func() {
-			rel, err := in.acquire(context.Background(), "request")
-			if err == nil {
-				rel()
-			}
-			got <- err
-		}()
+		got := request(in)
 		synctest.Wait()
 		select {
 		case err := <-got:
@@ -277,14 +270,7 @@ func TestClientHangUpDoesNotCancelWake(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		first := make(chan error, 1)
 		go func() { _, err := in.acquire(ctx, "request"); first <- err }()
-		second := make(chan error, 1)
-		go func() {
-			rel, err := in.acquire(context.Background(), "request")
-			if err == nil {
-				rel()
-			}
-			second <- err
-		}()
+		second := request(in)
 		synctest.Wait()
 		cancel()
 		if err := <-first; !errors.Is(err, context.Canceled) {
@@ -355,14 +341,7 @@ func TestReloadKeepsHeldRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{wakeGate: make(chan struct{})}
 		s, old := newTestServer(t, b, passGate{})
-		got := make(chan error, 1)
-		go func() {
-			rel, err := old.acquire(context.Background(), "request")
-			if err == nil {
-				rel()
-			}
-			got <- err
-		}()
+		got := request(old)
 		synctest.Wait()
 		// Change the route: the held request stays with the old instance, which serves it and retires.
 		r := testRoute("app")
@@ -498,3 +477,16 @@ func TestUnhealthyTenantIsStoppedNotParked(t *testing.T) {
 type stopperProvider struct{ b *stopperBackend }
 
 func (p stopperProvider) Open(*registry.Route) (Backend, error) { return p.b, nil }
+
+// request runs one request's acquire and release in its own goroutine; the channel gets its error.
+func request(in *instance) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		rel, err := in.acquire(context.Background(), "request")
+		if err == nil {
+			rel()
+		}
+		got <- err
+	}()
+	return got
+}

@@ -173,19 +173,7 @@ func TestFastCycles(t *testing.T) {
 // backend talks to the manager through a proxy that counts the StartUnit calls it sends.
 func TestWakeActiveNoSecondJob(t *testing.T) {
 	m := systemdtest.Start(t)
-	proxy := m.NewBusProxy(t)
-	p := newProvider(t)
-	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
-	port := systemdtest.FreePort(t)
-	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
-	f.r = route(m, f.unit, port, SleepStop)
-	f.r.Settings.(*Settings).Bus = proxy.Address
-	b, err := p.Open(f.r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.b = b.(*Backend)
-	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
+	f, proxy := proxiedFixture(t, m)
 
 	m.StartUnit(t, f.unit)
 	pid := m.MainPID(t, f.unit)
@@ -468,19 +456,7 @@ func TestAdopt(t *testing.T) {
 // connection), the provider reconnects on its own and still notices a unit that stops.
 func TestReconnect(t *testing.T) {
 	m := systemdtest.Start(t)
-	proxy := m.NewBusProxy(t)
-	p := newProvider(t)
-	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
-	port := systemdtest.FreePort(t)
-	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
-	f.r = route(m, f.unit, port, SleepStop)
-	f.r.Settings.(*Settings).Bus = proxy.Address
-	b, err := p.Open(f.r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.b = b.(*Backend)
-	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
+	f, proxy := proxiedFixture(t, m)
 
 	life := f.wake(t)
 	for i := 0; i < 3; i++ {
@@ -570,4 +546,24 @@ func TestProviderClose(t *testing.T) {
 	if _, err := p.Open(f.r); err == nil {
 		t.Fatal("Open after Close succeeded")
 	}
+}
+
+// proxiedFixture is a stop-mode demo unit whose backend reaches the manager through a BusProxy, so a
+// test can count the calls sent or cut the connection.
+func proxiedFixture(t *testing.T, m *systemdtest.Manager) (*fixture, *systemdtest.BusProxy) {
+	t.Helper()
+	proxy := m.NewBusProxy(t)
+	p := newProvider(t)
+	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
+	port := systemdtest.FreePort(t)
+	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
+	f.r = route(m, f.unit, port, SleepStop)
+	f.r.Settings.(*Settings).Bus = proxy.Address
+	b, err := p.Open(f.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.b = b.(*Backend)
+	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
+	return f, proxy
 }
