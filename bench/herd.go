@@ -26,6 +26,7 @@ type wakeRecord struct {
 	Duration time.Duration `json:"duration_ns"`
 	Result   string        `json:"result"`
 	Joined   int           `json:"joined_requests"`
+	Notes    []string      `json:"notes"`
 	Phases   []struct {
 		Name     string        `json:"name"`
 		Duration time.Duration `json:"duration_ns"`
@@ -44,10 +45,15 @@ func (l *phaseLog) add(ctx context.Context, act *activatorProc, route string) {
 	if err := getJSON(ctx, act.admin, "/routes/"+route, &st); err != nil || st.LastWake == nil {
 		return
 	}
+	l.record(st.LastWake)
+}
+
+// record adds the phases of one wake record.
+func (l *phaseLog) record(w *wakeRecord) {
 	if l.ms == nil {
 		l.ms = map[string][]float64{}
 	}
-	for _, p := range st.LastWake.Phases {
+	for _, p := range w.Phases {
 		if _, ok := l.ms[p.Name]; !ok {
 			l.order = append(l.order, p.Name)
 		}

@@ -36,6 +36,8 @@ type options struct {
 	coldSamples int
 	herd        []int
 	scaleRoutes int
+	guestRuns   int // alternating rounds of the guest and node wakes
+	nodes       int // Redfish fleet size
 	pinned      bool
 	unpinned    bool
 	mdOut       string
@@ -60,7 +62,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	var o options
 	var conns, only, herd string
-	flag.BoolVar(&o.quick, "quick", false, "a short run (about a minute): 1 run of 2 s, c16 only, herd of 1000, 1000 routes")
+	flag.BoolVar(&o.quick, "quick", false, "a short run (about a minute): 1 run of 2 s, c16 only, herd of 1000, 1000 routes, 2 guest rounds")
 	flag.IntVar(&o.runs, "runs", 5, "alternating runs per warm-path measurement (the median and spread are reported)")
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "length of one wrk run")
 	flag.StringVar(&conns, "conns", "1,16,64", "wrk connection counts")
@@ -68,6 +70,8 @@ func run() int {
 	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
+	flag.IntVar(&o.guestRuns, "guest-runs", 7, "alternating rounds of the guest (QEMU) and node (Redfish) wakes")
+	flag.IntVar(&o.nodes, "nodes", 8, "nodes in the Redfish fleet (each its own route)")
 	flag.BoolVar(&o.pinned, "pinned", true, "measure with wrk on CPU 0 and the servers on CPU 1 (taskset)")
 	flag.BoolVar(&o.unpinned, "unpinned", true, "also measure unpinned (reported apart)")
 	flag.StringVar(&o.mdOut, "md", "bench/results/latest.md", "write the Markdown report here")
@@ -95,6 +99,9 @@ func run() int {
 		if !set["routes"] {
 			o.scaleRoutes = 1000
 		}
+		if !set["guest-runs"] {
+			o.guestRuns = 2
+		}
 		if !set["unpinned"] {
 			o.unpinned = false
 		}
@@ -114,8 +121,8 @@ func run() int {
 			o.only[strings.TrimSpace(s)] = true
 		}
 	}
-	if o.runs < 1 || o.coldSamples < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -runs and -cold-samples must be at least 1")
+	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.nodes < 2 {
+		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples and -guest-runs must be at least 1, -nodes at least 2")
 		return 2
 	}
 

@@ -21,17 +21,19 @@ type Report struct {
 	Duration string    `json:"wrk_duration"`
 	Machine  Machine   `json:"machine"`
 
-	Targets    []Check    `json:"targets"`
-	Warm       []WarmRow  `json:"warm,omitempty"`
-	WarmRatios []RatioRow `json:"warm_ratios,omitempty"`
-	Cold       []ColdRow  `json:"cold,omitempty"`
-	ColdExtra  []RatioRow `json:"cold_vs_floor,omitempty"`
-	Unit       []UnitRow  `json:"unit,omitempty"`
-	Herd       []HerdRow  `json:"herd,omitempty"`
-	Scale      *ScaleRow  `json:"scale,omitempty"`
-	Skipped    []Skip     `json:"skipped,omitempty"`
-	Failures   []string   `json:"failures,omitempty"`
-	Notes      []string   `json:"notes,omitempty"`
+	Targets    []Check      `json:"targets"`
+	Warm       []WarmRow    `json:"warm,omitempty"`
+	WarmRatios []RatioRow   `json:"warm_ratios,omitempty"`
+	Cold       []ColdRow    `json:"cold,omitempty"`
+	ColdExtra  []RatioRow   `json:"cold_vs_floor,omitempty"`
+	Unit       []UnitRow    `json:"unit,omitempty"`
+	Herd       []HerdRow    `json:"herd,omitempty"`
+	Scale      *ScaleRow    `json:"scale,omitempty"`
+	Guest      *GuestResult `json:"guest,omitempty"`
+	Fleet      *FleetRow    `json:"redfish_fleet,omitempty"`
+	Skipped    []Skip       `json:"skipped,omitempty"`
+	Failures   []string     `json:"failures,omitempty"`
+	Notes      []string     `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers come from.
@@ -130,6 +132,40 @@ type ScaleRow struct {
 	P50us        Stat    `json:"p50_us"`
 	P50usSmall   Stat    `json:"p50_us_10_routes"`
 	Ratio        Stat    `json:"rps_ratio"`
+}
+
+// GuestResult is the kvm experiment: one QEMU guest woken from each sleep mode, side by side.
+type GuestResult struct {
+	Setup  string     `json:"setup"` // QEMU version, accelerator, machine, memory, guest
+	Rows   []GuestRow `json:"rows"`
+	Ratios []RatioRow `json:"ratios"` // per round, then median (min–max)
+}
+
+// GuestRow is one way of waking the guest: first-byte times through the activator, in milliseconds.
+type GuestRow struct {
+	Mode      string `json:"mode"`
+	Samples   int    `json:"samples"`
+	Failed    int    `json:"failed"`
+	FirstByte Stat   `json:"first_byte_ms"` // request written → first response byte, through the edge
+	Wake      Stat   `json:"wake_ms"`       // the activator's wake record: backend phases + health gate
+	Sleep     Stat   `json:"sleep_ms"`      // the admin sleep before the sample (POST …/sleep until asleep)
+	Phases    string `json:"wake_phases,omitempty"`
+	Note      string `json:"note,omitempty"`
+}
+
+// FleetRow is the Redfish fleet experiment: n nodes woken one after another and all at once.
+type FleetRow struct {
+	Nodes    int     `json:"nodes"`
+	Delay    string  `json:"power_on_delay"` // the simulator's PoweringOn time per node
+	Rounds   int     `json:"rounds"`
+	Failed   int     `json:"failed_rounds"`
+	Serial   Stat    `json:"serial_ms"`   // first request → last node answered, one after another
+	Parallel Stat    `json:"parallel_ms"` // the same, all requests at once
+	PerWake  Stat    `json:"serial_per_node_ms"`
+	Ratio    Stat    `json:"parallel_over_serial"`
+	Ideal    float64 `json:"ideal"` // 1/n
+	Phases   string  `json:"wake_phases,omitempty"`
+	Note     string  `json:"note,omitempty"`
 }
 
 // Skip is something this run could not measure, and why.
@@ -331,6 +367,50 @@ func (r *Report) markdown() string {
 		p("| warm req/s, one route (pinned, c16) | %s | %s |\n", fmtK(s.RPS), fmtK(s.RPSSmall))
 		p("| warm p50 µs | %s | %s |\n", fmtStat(s.P50us, 0), fmtStat(s.P50usSmall, 0))
 		p("| req/s ratio (%d ÷ 10) | %s | |\n\n", s.Routes, fmtStat(s.Ratio, 2))
+	}
+
+	if g := r.Guest; g != nil {
+		p("#### Guest wake (kvm): one QEMU guest, first request to a sleeping route, milliseconds\n\n")
+		p("%s *first byte*: request written → first response byte through the edge. *wake*: the activator's wake record (QEMU phases + health gate). *sleep*: the admin sleep before each sample. Rounds alternate cold, restore and pause samples.\n\n", g.Setup)
+		p("| wake | samples | failed | first byte | wake | sleep before |\n|---|---|---|---|---|---|\n")
+		for _, w := range g.Rows {
+			p("| %s | %d | %d | %s | %s | %s |\n", w.Mode, w.Samples, w.Failed, fmtStat(w.FirstByte, 1), fmtStat(w.Wake, 1), fmtStat(w.Sleep, 1))
+		}
+		if len(g.Ratios) > 0 {
+			p("\n| ratio, round by round | value |\n|---|---|\n")
+			for _, x := range g.Ratios {
+				p("| %s | %s |\n", x.Name, fmtStat(x.Value, 3))
+			}
+		}
+		for _, w := range g.Rows {
+			if w.Phases != "" || w.Note != "" {
+				p("\n- %s: ", w.Mode)
+				if w.Phases != "" {
+					p("wake phases (activator's record, median): %s", w.Phases)
+				}
+				if w.Note != "" {
+					if w.Phases != "" {
+						p("; ")
+					}
+					p("%s", w.Note)
+				}
+			}
+		}
+		p("\n\n")
+	}
+
+	if f := r.Fleet; f != nil {
+		p("#### Node wake (redfish): a fleet of %d simulated nodes, serial vs parallel, milliseconds\n\n", f.Nodes)
+		p("Each node is its own route on the real `cmd/redfish-sim` (HTTPS, session auth), and stays PoweringOn for %s. *serial*: one request at a time, node after node; *parallel*: one request to every node at once. Times run from the first request to the last node's answer.\n\n", f.Delay)
+		p("| rounds | failed | serial | per node (serial) | parallel | parallel ÷ serial | 1/n |\n|---|---|---|---|---|---|---|\n")
+		p("| %d | %d | %s | %s | %s | %s | %.3f |\n", f.Rounds, f.Failed, fmtStat(f.Serial, 0), fmtStat(f.PerWake, 0), fmtStat(f.Parallel, 0), fmtStat(f.Ratio, 3), f.Ideal)
+		if f.Phases != "" {
+			p("\n- wake phases of one node (activator's record, median): %s", f.Phases)
+		}
+		if f.Note != "" {
+			p("\n- %s", f.Note)
+		}
+		p("\n\n")
 	}
 
 	if len(r.Skipped) > 0 {

@@ -190,20 +190,3 @@ func firstLine(s, containing string) string {
 	}
 	return strings.TrimSpace(s)
 }
-
-// runGuest reports the guest (kvm) and node (redfish) wakes: this harness does not drive QEMU or a BMC
-// yet, so it says whether the backings are wired and skips.
-func runGuest(ctx context.Context, e *env) error {
-	dir := filepath.Join(e.tmp, "guest")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	for _, b := range []struct{ name, what string }{{"kvm", "guest wake (kvm)"}, {"redfish", "node wake (redfish)"}} {
-		if ok, why := backingWired(ctx, e, dir, b.name, "    "+b.name+": {}\n"); !ok {
-			e.report.skip(b.what, "%s", why)
-			continue
-		}
-		e.report.skip(b.what, "the %s backing is wired, but this harness does not drive a %s yet", b.name, map[string]string{"kvm": "QEMU guest", "redfish": "Redfish BMC"}[b.name])
-	}
-	return nil
-}
