@@ -17,9 +17,13 @@ import (
 //   - Sleep on a tenant that is already asleep (or gone) returns nil.
 type Backend interface {
 	// Wake brings the tenant up and returns once the backend considers it started (process spawned,
-	// job done, guest running, node powered on); the activator's health gate runs after it. ctx carries
-	// the route's wake budget and is detached from any request. Wake reports progress to t: each call to
-	// t.Phase starts a named phase (see the Phase* constants for the common names).
+	// guest running, node powered on); the activator's health gate runs after it. A backend may return
+	// earlier, while its start is still completing (the unit backing returns once its start job is
+	// queued), so that the gate overlaps the rest: then the Life must end, with the reason, if that
+	// start fails, and the backend must undo it. ctx carries the route's wake budget and is detached
+	// from any request; the activator cancels it once the gate has passed. Wake reports progress to t:
+	// each call to t.Phase starts a named phase (see the Phase* constants for the common names); t must
+	// not be used after Wake returns.
 	//
 	// The returned Life must be ended by the backend when the tenant stops on its own (exited,
 	// crashed, powered itself off, stopped by an operator), with the reason. A failed Wake must leave

@@ -31,9 +31,10 @@ type Backend struct {
 	log         *slog.Logger
 	sleepBudget time.Duration // bounds the cleanup stop after a failed or canceled wake
 
-	mu   sync.Mutex      // guards the fields below
-	life *activator.Life // the current awake period; nil while asleep
-	w    *watch          // life's watch on the bus
+	mu      sync.Mutex      // guards the fields below
+	life    *activator.Life // the current awake period; nil while asleep
+	w       *watch          // life's watch on the bus; nil until its start job has finished
+	pending *startJob       // the start job of life, until it finishes or is aborted
 }
 
 var (
@@ -45,16 +46,21 @@ var (
 // Settings returns the route's settings.
 func (b *Backend) Settings() Settings { return b.s }
 
-// Wake brings the unit up and returns once the manager reports it active; the activator's health gate
-// runs after it.
+// Wake brings the unit up. A Wake on a stopped unit returns as soon as the manager has queued the start
+// job: the activator's health gate then runs while the job completes, so a unit's wake costs the app's
+// start-up plus one D-Bus call rather than the start job, the property reads around it and the gate
+// one after the other. The start job's outcome still decides: if it ends in anything but "done", or
+// the unit is not active once it has, the Life ends with the reason (and the health gate with it) and
+// the unit is stopped again.
 //
 //   - With a Life that has not ended, Wake returns it at once without talking to systemd.
-//   - An active unit is taken as it is: no second start job. In sigstop mode its processes get SIGCONT
-//     (harmless when they run), in freeze mode a frozen unit is thawed.
-//   - Otherwise a start job runs (mode "replace"). A job that ends in anything but "done" fails the
-//     wake with a *JobError naming the job result and the unit's Result/ActiveState/SubState and main
-//     process status, after the unit has been stopped again. A canceled ctx stops the unit as well: a
-//     failed Wake leaves nothing running.
+//   - In stop mode the start job is queued without reading the unit first: on a unit that is already
+//     active (started by someone else) systemd finishes it at once and nothing restarts.
+//   - In sigstop and freeze modes the unit's state is read first: an active unit is taken as it is,
+//     with SIGCONT (harmless when its processes run) or a thaw; no start job.
+//   - A start job that ends in anything but "done" ends the Life with a *JobError naming the job
+//     result and the unit's Result/ActiveState/SubState and main process status. A canceled ctx before
+//     the job is queued stops the unit: a failed Wake leaves nothing running.
 //
 // The returned Life ends with an *ExitError when the unit stops or is restarted behind the activator's
 // back, with ErrSlept when Sleep or Stop put it down.
@@ -62,29 +68,123 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 	if l := b.current(); l != nil {
 		return l, nil
 	}
-	t.Phase(activator.PhaseStart)
-	st, err := b.quickState(ctx)
-	if err != nil {
+	if err := b.settle(ctx); err != nil {
 		return nil, err
 	}
-	if st.LoadState != "loaded" {
-		return nil, fmt.Errorf("unit %s cannot be started: LoadState=%s (is the unit file installed? daemon-reload?)", b.s.Unit, st.LoadState)
-	}
-	if st.Active() {
-		if err := b.resume(ctx, st, t); err != nil {
+	t.Phase(activator.PhaseStart)
+	if b.s.Sleep != SleepStop {
+		st, err := b.quickState(ctx)
+		if err != nil {
 			return nil, err
 		}
-		return b.track(ctx)
+		if st.LoadState != "loaded" {
+			return nil, notLoaded(b.s.Unit, st.LoadState)
+		}
+		if st.Active() {
+			if err := b.resume(ctx, st, t); err != nil {
+				return nil, err
+			}
+			return b.track(ctx)
+		}
 	}
-	if err := b.start(ctx); err != nil {
-		return nil, err
-	}
-	life, err := b.track(ctx)
+	ch, l, err := b.queueJob(ctx, "start")
 	if err != nil {
-		b.cleanup(ctx, "unit not active after its start job")
-		return nil, err
+		if ctx.Err() != nil {
+			// The job may have been queued before the wake gave up.
+			b.cleanup(ctx, "wake canceled")
+		}
+		switch dbusErrorName(err) {
+		case "org.freedesktop.systemd1.NoSuchUnit":
+			return nil, notLoaded(b.s.Unit, "not-found")
+		case "org.freedesktop.systemd1.UnitMasked":
+			return nil, notLoaded(b.s.Unit, "masked")
+		}
+		return nil, fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
 	}
+	life := activator.NewLife()
+	p := &startJob{life: life, done: make(chan struct{})}
+	// The job's remainder runs on a context detached from the wake's (which the activator cancels once
+	// the gate passes) but bounded by the same deadline.
+	jctx := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		jctx, p.cancel = context.WithDeadline(jctx, dl)
+	} else {
+		jctx, p.cancel = context.WithCancel(jctx)
+	}
+	b.mu.Lock()
+	b.life, b.pending = life, p
+	b.mu.Unlock()
+	go b.finishStart(jctx, p, ch, l)
 	return life, nil
+}
+
+func notLoaded(unit, loadState string) error {
+	return fmt.Errorf("unit %s cannot be started: LoadState=%s (is the unit file installed? daemon-reload?)", unit, loadState)
+}
+
+// startJob is a start job Wake has queued and not yet seen finish.
+type startJob struct {
+	life    *activator.Life
+	cancel  context.CancelFunc // ends the wait for the job
+	done    chan struct{}      // closed when finishStart has returned
+	aborted bool               // guarded by Backend.mu: Sleep, Stop or Close took over
+}
+
+// finishStart waits for a queued start job and turns its outcome into the awake period: a watch on
+// the unit when it is active, else the Life ended with why and the unit stopped again. If Sleep, Stop
+// or Close abort it first, it leaves the unit and the Life to them.
+func (b *Backend) finishStart(ctx context.Context, p *startJob, ch <-chan string, l *link) {
+	defer close(p.done)
+	defer p.cancel()
+	res, err := b.awaitJob(ctx, "start", ch, l)
+	var w *watch
+	switch {
+	case err != nil:
+		err = fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
+	case res != "done":
+		rctx, cancel := b.cleanupContext(ctx)
+		st, rerr := b.state(rctx)
+		cancel()
+		err = &JobError{Unit: b.s.Unit, Job: "start", Result: res, State: st}
+		if rerr != nil {
+			err = fmt.Errorf("%w (and reading the unit's state failed: %v)", err, rerr)
+		}
+	default:
+		w, err = b.watchLife(ctx, p.life)
+	}
+	b.mu.Lock()
+	if p.aborted {
+		b.mu.Unlock()
+		b.bus.unwatch(w)
+		return
+	}
+	if err == nil {
+		b.w = w
+		b.mu.Unlock()
+		return
+	}
+	if b.life == p.life {
+		b.life = nil
+	}
+	b.mu.Unlock()
+	p.life.End(err)
+	b.cleanup(ctx, "start job did not leave the unit active")
+}
+
+// settle waits for a start job that ended badly to finish stopping the unit again.
+func (b *Backend) settle(ctx context.Context) error {
+	b.mu.Lock()
+	p := b.pending
+	b.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("unit %s: waiting for the previous start to be undone: %w", b.s.Unit, context.Cause(ctx))
+	}
 }
 
 // current returns the Life of the current awake period if it has not ended.
@@ -148,60 +248,73 @@ func (b *Backend) resume(ctx context.Context, st UnitState, t activator.Tracker)
 	return nil
 }
 
-// job runs a start or stop job in mode "replace" and returns its result. If the connection drops while
-// the job runs, the job is issued again on a new connection: systemd merges it with the running one,
-// or finishes it at once when the unit is already where the job would take it.
+// job runs a start or stop job in mode "replace" and returns its result.
 func (b *Backend) job(ctx context.Context, kind string) (string, error) {
-	var res string
+	ch, l, err := b.queueJob(ctx, kind)
+	if err != nil {
+		return "", err
+	}
+	return b.awaitJob(ctx, kind, ch, l)
+}
+
+// queueJob issues a start or stop job in mode "replace" and returns the channel its result arrives on
+// and the connection it was issued on.
+func (b *Backend) queueJob(ctx context.Context, kind string) (<-chan string, *link, error) {
+	ch := make(chan string, 1)
+	var on *link
 	err := b.bus.do(ctx, func(l *link) error {
 		call := l.c.StartUnitContext
 		if kind == "stop" {
 			call = l.c.StopUnitContext
 		}
-		ch := make(chan string, 1)
 		if _, err := call(ctx, b.s.Unit, "replace", ch); err != nil {
 			return err
 		}
-		select {
-		case res = <-ch:
-			return nil
-		case <-l.ctx.Done():
-			return errLinkLost
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the %s job: %w", kind, context.Cause(ctx))
-		}
-	})
-	return res, err
-}
-
-// start runs a start job. Anything but "done" stops the unit again and returns a *JobError.
-func (b *Backend) start(ctx context.Context) error {
-	res, err := b.job(ctx, "start")
-	if err != nil {
-		if ctx.Err() != nil {
-			// The job may have been queued before the wake gave up.
-			b.cleanup(ctx, "wake canceled")
-		}
-		return fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
-	}
-	if res == "done" {
+		on = l
 		return nil
-	}
-	rctx, cancel := b.cleanupContext(ctx)
-	st, rerr := b.state(rctx)
-	cancel()
-	b.cleanup(ctx, "start job "+res)
-	jerr := &JobError{Unit: b.s.Unit, Job: "start", Result: res, State: st}
-	if rerr != nil {
-		return fmt.Errorf("%w (and reading the unit's state failed: %v)", jerr, rerr)
-	}
-	return jerr
+	})
+	return ch, on, err
 }
 
-// track starts an awake period: it registers the watch, then confirms the unit is active (so a death
-// between the start job and the registration is not missed) and records its invocation.
+// awaitJob waits for the result of a job queued on l. If the connection drops meanwhile, the job is
+// issued again (once) on a new connection: systemd merges it with the running one, or finishes it at
+// once when the unit is already where the job would take it.
+func (b *Backend) awaitJob(ctx context.Context, kind string, ch <-chan string, l *link) (string, error) {
+	for reissued := false; ; reissued = true {
+		select {
+		case res := <-ch:
+			return res, nil
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for the %s job: %w", kind, context.Cause(ctx))
+		case <-l.ctx.Done():
+			if reissued {
+				return "", errLinkLost
+			}
+			b.log.Info("connection to systemd dropped while a job ran; issuing it again", "job", kind)
+			var err error
+			if ch, l, err = b.queueJob(ctx, kind); err != nil {
+				return "", err
+			}
+		}
+	}
+}
+
+// track starts an awake period for a unit that is already active (resumed or adopted).
 func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
 	life := activator.NewLife()
+	w, err := b.watchLife(ctx, life)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.life, b.w = life, w
+	b.mu.Unlock()
+	return life, nil
+}
+
+// watchLife registers a watch that ends life when the unit stops, then confirms the unit is active
+// (so a death between the start and the registration is not missed) and records its invocation.
+func (b *Backend) watchLife(ctx context.Context, life *activator.Life) (*watch, error) {
 	w := b.bus.watch(b.s.Unit, life)
 	st, err := b.quickState(ctx)
 	if err == nil && !st.Active() {
@@ -216,11 +329,8 @@ func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
 		return nil, err
 	}
 	w.setInvocation(st.InvocationID)
-	b.mu.Lock()
-	b.life, b.w = life, w
-	b.mu.Unlock()
 	b.log.Debug("unit awake", "sub_state", st.SubState)
-	return life, nil
+	return w, nil
 }
 
 // cleanupContext is a context for undoing a failed wake: detached from the wake's (possibly
@@ -243,8 +353,21 @@ func (b *Backend) cleanup(ctx context.Context, why string) {
 }
 
 // end closes the current awake period: the watch goes first, so stopping the unit does not read as a
-// death behind the activator's back.
+// death behind the activator's back. A start job still pending is aborted first.
 func (b *Backend) end() *activator.Life {
+	b.mu.Lock()
+	p := b.pending
+	if p != nil {
+		p.aborted = true
+		b.pending = nil
+	}
+	b.mu.Unlock()
+	if p != nil {
+		// A start job still running is abandoned here (the caller's stop job replaces it); wait for
+		// finishStart so it cannot publish a watch after us.
+		p.cancel()
+		<-p.done
+	}
 	b.mu.Lock()
 	life, w := b.life, b.w
 	b.life, b.w = nil, nil

@@ -169,11 +169,14 @@ func TestFastCycles(t *testing.T) {
 }
 
 // TestWakeActiveNoSecondJob: the activator serializes Wake calls; a Wake on a unit that is already
-// active (started by someone else, or already woken) must not queue a start job or restart it. The
-// backend talks to the manager through a proxy that counts the StartUnit calls it sends.
+// active (started by someone else, or already woken) must not restart it, and a wake from asleep is
+// exactly one start job. In stop mode Wake does not read the unit before queuing its start job (one
+// D-Bus call less on every cold wake), so on a unit someone else started it queues one start job,
+// which systemd finishes at once. The backend talks to the manager through a proxy that counts the
+// StartUnit calls it sends.
 func TestWakeActiveNoSecondJob(t *testing.T) {
 	m := systemdtest.Start(t)
-	f, proxy := proxiedFixture(t, m)
+	f, proxy := proxiedFixture(t, m, SleepStop)
 
 	m.StartUnit(t, f.unit)
 	pid := m.MainPID(t, f.unit)
@@ -182,8 +185,8 @@ func TestWakeActiveNoSecondJob(t *testing.T) {
 	if l1 != l2 {
 		t.Fatal("a second Wake on an awake tenant returned a new Life")
 	}
-	if n := proxy.Calls("StartUnit"); n != 0 {
-		t.Fatalf("Wake on an active unit sent %d StartUnit calls, want 0", n)
+	if n := proxy.Calls("StartUnit"); n != 1 {
+		t.Fatalf("two Wakes on an active unit sent %d StartUnit calls, want 1 (a no-op start job)", n)
 	}
 	if got := m.MainPID(t, f.unit); got != pid {
 		t.Fatalf("MainPID %d after Wake, want %d (unit restarted)", got, pid)
@@ -193,22 +196,46 @@ func TestWakeActiveNoSecondJob(t *testing.T) {
 	f.sleep(t)
 	f.wake(t)
 	f.wake(t)
-	if n := proxy.Calls("StartUnit"); n != 1 {
-		t.Fatalf("Wake from asleep, then Wake again: %d StartUnit calls, want 1", n)
+	if n := proxy.Calls("StartUnit"); n != 2 {
+		t.Fatalf("Wake from asleep, then Wake again: %d more StartUnit calls, want 1", n-1)
 	}
 }
 
-// TestStartFailure: a start job that fails names the unit, the job result and the exit status, and
-// leaves the unit down.
+// TestWakeActiveSIGSTOPNoJob: in sigstop mode Wake reads the unit first, and an active unit is taken
+// as it is (SIGCONT), without a start job.
+func TestWakeActiveSIGSTOPNoJob(t *testing.T) {
+	m := systemdtest.Start(t)
+	f, proxy := proxiedFixture(t, m, SleepSIGSTOP)
+
+	m.StartUnit(t, f.unit)
+	pid := m.MainPID(t, f.unit)
+	f.wake(t)
+	if n := proxy.Calls("StartUnit"); n != 0 {
+		t.Fatalf("Wake on an active unit in sigstop mode sent %d StartUnit calls, want 0", n)
+	}
+	if got := m.MainPID(t, f.unit); got != pid {
+		t.Fatalf("MainPID %d after Wake, want %d (unit restarted)", got, pid)
+	}
+}
+
+// TestStartFailure: a start job that fails ends the wake (the Life, since Wake returns once the job is
+// queued) with an error naming the unit, the job result and the exit status, and leaves the unit down.
 func TestStartFailure(t *testing.T) {
 	m := systemdtest.Start(t)
 	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{ExecStart: "/nonexistent/activator-test-app"})
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	_, err := f.b.Wake(ctx, activator.Discard)
+	// Wake returns once the job is queued; the job's failure then ends the Life.
+	life, err := f.b.Wake(ctx, activator.Discard)
+	if err == nil {
+		err = waitLife(t, life)
+	}
 	var je *JobError
 	if !errors.As(err, &je) {
 		t.Fatalf("Wake error %v (%T), want a *JobError", err, err)
+	}
+	if err := f.b.settle(ctx); err != nil { // the cleanup stop after the failure
+		t.Fatal(err)
 	}
 	if je.Result != "failed" || je.State.ExecMainStatus != 203 || je.State.Result != "exit-code" {
 		t.Fatalf("JobError %+v, want result failed, Result exit-code, ExecMainStatus 203 (EXEC)", je)
@@ -220,6 +247,50 @@ func TestStartFailure(t *testing.T) {
 	}
 	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
 		t.Fatalf("unit is %s after a failed wake", st)
+	}
+}
+
+// TestJobFailsAfterGate: the health gate runs while the start job completes, so an app can answer
+// before its job fails. Here a Type=notify app listens but never sends READY=1: the gate passes, then
+// the job times out, and the Life ends with the *JobError and the unit is stopped again.
+func TestJobFailsAfterGate(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{Type: "notify", Service: []string{"TimeoutStartSec=2s"}})
+	life := f.wake(t) // the gate passed: the app answers
+	var je *JobError
+	if err := waitLife(t, life); !errors.As(err, &je) || je.State.Result != "timeout" {
+		t.Fatalf("Life ended with %v, want a *JobError with the unit's Result=timeout", err)
+	}
+	if err := f.b.settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
+		t.Fatalf("unit is %s after its start job failed", st)
+	}
+}
+
+// TestStopDuringStartJob: Stop (the activator's answer to a failed gate) while the start job is still
+// running abandons the job, stops the unit and ends the Life with ErrSlept.
+func TestStopDuringStartJob(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{Service: []string{"ExecStartPre=/bin/sleep 60"}})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	life, err := f.b.Wake(ctx, activator.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := m.ActiveState(t, f.unit); st != "activating" {
+		t.Fatalf("unit is %q while its start job runs, want activating", st)
+	}
+	if err := f.b.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := waitLife(t, life); !errors.Is(err, activator.ErrSlept) {
+		t.Fatalf("Life ended with %v, want ErrSlept", err)
+	}
+	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
+		t.Fatalf("unit is %s after Stop", st)
 	}
 }
 
@@ -456,9 +527,18 @@ func TestAdopt(t *testing.T) {
 // connection), the provider reconnects on its own and still notices a unit that stops.
 func TestReconnect(t *testing.T) {
 	m := systemdtest.Start(t)
-	f, proxy := proxiedFixture(t, m)
+	f, proxy := proxiedFixture(t, m, SleepStop)
 
-	life := f.wake(t)
+	// settled waits for Wake's start job to finish, so the cuts below hit a watched, running unit
+	// rather than a start job in flight (which a reconnect would issue again, starting the unit the
+	// test has just stopped).
+	settled := func(l *activator.Life) *activator.Life {
+		if err := f.b.settle(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	life := settled(f.wake(t))
 	for i := 0; i < 3; i++ {
 		proxy.Cut()
 		// Nobody calls the backend here: only the provider's own reconnection can deliver the stop.
@@ -467,7 +547,7 @@ func TestReconnect(t *testing.T) {
 		if err := waitLife(t, life); !errors.As(err, &ee) {
 			t.Fatalf("cut %d: Life ended with %v, want an *ExitError", i, err)
 		}
-		life = f.wake(t)
+		life = settled(f.wake(t))
 		backendtest.Get(t, f.subject())
 	}
 	// A cut with nothing watched: the next call reconnects.
@@ -550,14 +630,14 @@ func TestProviderClose(t *testing.T) {
 
 // proxiedFixture is a stop-mode demo unit whose backend reaches the manager through a BusProxy, so a
 // test can count the calls sent or cut the connection.
-func proxiedFixture(t *testing.T, m *systemdtest.Manager) (*fixture, *systemdtest.BusProxy) {
+func proxiedFixture(t *testing.T, m *systemdtest.Manager, sleep SleepMode) (*fixture, *systemdtest.BusProxy) {
 	t.Helper()
 	proxy := m.NewBusProxy(t)
 	p := newProvider(t)
 	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
 	port := systemdtest.FreePort(t)
 	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
-	f.r = route(m, f.unit, port, SleepStop)
+	f.r = route(m, f.unit, port, sleep)
 	f.r.Settings.(*Settings).Bus = proxy.Address
 	b, err := p.Open(f.r)
 	if err != nil {
