@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/activator/activator/internal/backend/exec"
 	"github.com/activator/activator/internal/demoapp"
 )
 
@@ -31,8 +30,6 @@ See README.md and docs/ for the config reference.
 `
 
 func main() {
-	// Re-executed as the LISTEN_FDS shim: set LISTEN_PID and exec the tenant. Must come first.
-	exec.RunShimIfRequested()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

@@ -15,7 +15,7 @@
 //
 // How the child learns where to listen is the route's `listen` mode: in the environment (PORT and HOST,
 // or SOCKET), as an inherited pre-bound socket (systemd's LISTEN_FDS protocol, through a shim: see
-// RunShimIfRequested), or not at all.
+// package shim), or not at all.
 //
 // Ownership: a Backend owns its child, the goroutines that spawn, drain and reap it, and (in
 // listen_fds mode) the listening socket, from the first Wake until Close, which joins them all.
@@ -32,6 +32,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/activator/activator/internal/backend/exec/shim"
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
@@ -51,8 +53,8 @@ type Options struct {
 	// Logger receives the backing's logs, including every line the children print (at Info, with keys
 	// route, stream, pid and line). Default: slog.Default().
 	Logger *slog.Logger
-	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must call
-	// RunShimIfRequested first thing in main.
+	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must
+	// link package shim, which every program importing this package does.
 	Shim string
 }
 
@@ -302,9 +304,9 @@ func (b *Backend) specLocked() (spec, error) {
 		if err := b.listenLocked(); err != nil {
 			return spec{}, err
 		}
-		env = append(env, shimEnv+"=1", "LISTEN_FDS=1", "LISTEN_FDNAMES="+b.route)
+		env = append(env, shim.Env+"=1", "LISTEN_FDS=1", "LISTEN_FDNAMES="+b.route)
 		sp.path = b.shim
-		sp.args = append([]string{shimArg0, s.Path}, s.Argv...)
+		sp.args = append([]string{shim.Arg0, s.Path}, s.Argv...)
 		sp.extra = []*os.File{b.lnFile}
 	}
 	for _, k := range sortedKeys(s.Env) {
@@ -375,7 +377,7 @@ func inheritedEnv() []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shimEnv:
+		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shim.Env:
 			continue
 		}
 		env = append(env, kv)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -630,11 +629,5 @@ func TestTailKeepsTheEnd(t *testing.T) {
 	}
 	if !bytes.HasSuffix(got, []byte("the end\n")) {
 		t.Errorf("tail does not end with the last write: %q", got[len(got)-20:])
-	}
-}
-
-func TestShimArgs(t *testing.T) {
-	if code := runShim([]string{shimArg0}, nil, io.Discard); code != 127 {
-		t.Errorf("runShim without a command = %d, want 127", code)
 	}
 }

@@ -22,7 +22,6 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	RunShimIfRequested()
 	demoapp.RunIfChild()
 	if mode := os.Getenv(parentEnv); mode != "" {
 		os.Exit(runParent(ListenMode(mode), os.Getenv(parentPortEnv)))
