@@ -27,7 +27,10 @@ type wakeRecord struct {
 	Result   string        `json:"result"`
 	Joined   int           `json:"joined_requests"`
 	Notes    []string      `json:"notes"`
-	Phases   []struct {
+	// The hold's release of the requests it held: how many, and gate passed → the last left the hold.
+	Released      int           `json:"released_requests"`
+	ReleaseSpread time.Duration `json:"release_spread_ns"`
+	Phases        []struct {
 		Name     string        `json:"name"`
 		Duration time.Duration `json:"duration_ns"`
 	} `json:"phases"`
@@ -82,7 +85,8 @@ func runHerd(ctx context.Context, e *env) error {
 		e.log.Info("herd", "n", n, "answered", row.Answered, "spawns", row.Spawns, "spread_ms", row.SpreadMs, "kib_per_held", row.PerHeldKiB)
 		if n >= 10000 || n == e.opts.herd[len(e.opts.herd)-1] {
 			e.report.check(fmt.Sprintf("herd N=%d: spawns, all answered", n), fmt.Sprintf("%d spawn(s), %d/%d answered", row.Spawns, row.Answered, n), "1 spawn, all answered", row.Spawns == 1 && row.Answered == n)
-			e.report.check(fmt.Sprintf("herd N=%d: gate passed → last response (ms)", n), fmt.Sprintf("%.1f", row.GateLastMs), "≤ 20 ms (release spread)", row.GateLastMs <= 20)
+			e.report.check(fmt.Sprintf("herd N=%d: release spread, gate passed → last held request left the hold (ms)", n),
+				fmt.Sprintf("%.1f (%d released); last response %.1f ms after the gate", row.ReleaseMs, row.Released, row.GateLastMs), "≤ 20 ms", row.Released == n && row.ReleaseMs <= 20)
 			e.report.check(fmt.Sprintf("herd N=%d: activator RSS per held request", n), fmt.Sprintf("%.1f KiB", row.PerHeldKiB), "≤ 16 KiB", row.PerHeldKiB <= 16)
 		}
 	}
@@ -206,6 +210,8 @@ func herdOnce(ctx context.Context, e *env, n int) (HerdRow, error) {
 	if w := st.LastWake; w != nil {
 		gate := w.Started.Add(w.Duration)
 		row.WakeMs = float64(w.Duration.Microseconds()) / 1000
+		row.Released = w.Released
+		row.ReleaseMs = float64(w.ReleaseSpread.Microseconds()) / 1000
 		row.GateLastMs = float64(hi.Sub(gate).Microseconds()) / 1000
 		for _, r := range results {
 			if r.err == nil && r.code == 200 {

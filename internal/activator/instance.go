@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http/httputil"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/activator/activator/internal/health"
@@ -42,6 +43,39 @@ type attempt struct {
 	done chan struct{}
 	err  error
 	rec  *tracker
+	// The release of the requests held on it, for the wake record: how many left the hold once done
+	// was closed, and when the last of them did (UnixNano), so the record can show how long letting a
+	// herd go took.
+	released    atomic.Int64
+	lastRelease atomic.Int64
+	// waiters counts the requests held on this attempt (guarded by instance.mu). When the wake
+	// succeeds, runWake moves them from held to in flight in one step and sets handedOver before it
+	// closes done, so a released request goes straight to the proxy without taking instance.mu again:
+	// 10,000 requests re-locking one mutex after a herd's release was most of the release's spread.
+	waiters    int
+	handedOver bool
+}
+
+// noteRelease counts one held request let go at now.
+func (a *attempt) noteRelease(now time.Time) {
+	a.released.Add(1)
+	t := now.UnixNano()
+	for {
+		last := a.lastRelease.Load()
+		if t <= last || a.lastRelease.CompareAndSwap(last, t) {
+			return
+		}
+	}
+}
+
+// withRelease returns rec (the attempt's finished record) with its release figures filled in.
+func (a *attempt) withRelease(rec WakeRecord) WakeRecord {
+	if n := a.released.Load(); n > 0 {
+		rec.Released = int(n)
+		end := rec.Started.Add(rec.Duration)
+		rec.ReleaseSpread = max(0, time.Unix(0, a.lastRelease.Load()).Sub(end))
+	}
+	return rec
 }
 
 // instance is one route's tenant as the activator sees it. It owns the state machine, the single wake,
@@ -51,7 +85,10 @@ type instance struct {
 	backend Backend
 	prober  Gate
 	proxy   *httputil.ReverseProxy // built once per instance so its connection pool survives reloads
-	count   func(code int)         // activator_requests_total for this route
+	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
+	// all. Requests past it wait here, in arrival order, before the proxy builds anything for them.
+	slots   chan struct{}
+	count   func(code int) // activator_requests_total for this route
 	log     *slog.Logger
 	metrics *Metrics
 	root    context.Context // the server's lifetime; wakes and sleeps derive from it, never from a request
@@ -77,6 +114,7 @@ type instance struct {
 	until    time.Time     // Failed: no new wake before this
 	lastErr  *WakeError
 	lastRec  *WakeRecord
+	lastAtt  *attempt  // lastRec's attempt, for its release figures
 	lastSlp  string    // reason of the last sleep
 	since    time.Time // when state last changed
 	closed   bool      // no new goroutines once set
@@ -97,6 +135,7 @@ func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.L
 		backend: b,
 		prober:  gate,
 		proxy:   newProxy(r),
+		slots:   make(chan struct{}, upstreamConns(r)),
 		count:   m.requestCounter(r.Name),
 		log:     log,
 		metrics: m,
@@ -164,6 +203,7 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 				return nil, ErrHoldFull
 			}
 			att = in.beginWakeLocked(trigger)
+			att.waiters++
 			wait = att.done
 		case Waking:
 			if in.held >= in.route.Hold.MaxRequests {
@@ -171,6 +211,7 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 				return nil, ErrHoldFull
 			}
 			att = in.wake
+			att.waiters++
 			wait = att.done
 			if heldSince.IsZero() {
 				att.rec.joined()
@@ -196,31 +237,70 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			in.unhold()
+			in.leave(att)
 			return nil, ctx.Err()
 		case <-holdTimer:
-			in.unhold()
+			in.leave(att)
 			return nil, ErrHoldTimeout
 		}
-		if att != nil && att.err != nil {
-			in.unhold()
-			return nil, att.err
+		if att != nil {
+			att.noteRelease(in.now())
+			if att.err != nil {
+				in.leave(att)
+				return nil, att.err
+			}
+			if att.handedOver { // written before done was closed
+				return in.release, nil
+			}
 		}
 		holding = true
 	}
 }
 
-func (in *instance) unhold() {
+// admit waits for one of the route's upstream slots; done gives it back. A herd released at once
+// queues here, each request parked right after it left the hold, instead of every one of them first
+// building its outgoing request and then queueing for a connection inside the transport.
+func (in *instance) admit(ctx context.Context) (done func(), err error) {
+	select {
+	case in.slots <- struct{}{}:
+		return in.unadmit, nil
+	default:
+	}
+	select {
+	case in.slots <- struct{}{}:
+		return in.unadmit, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (in *instance) unadmit() { <-in.slots }
+
+// leave gives up a hold: the caller's ctx ended, its hold timed out, or the wake it waited on (att;
+// nil for a stop) failed. A request the wake already counted as in flight (it succeeded just as the
+// caller gave up) is released instead.
+func (in *instance) leave(att *attempt) {
 	in.mu.Lock()
+	defer in.mu.Unlock()
+	if att != nil && att.handedOver {
+		in.releaseLocked()
+		return
+	}
 	in.held--
+	if att != nil {
+		att.waiters--
+	}
 	in.maybeRetireLocked()
-	in.mu.Unlock()
 }
 
 // release ends one in-flight request; the last one starts the idle clock.
 func (in *instance) release() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	in.releaseLocked()
+}
+
+func (in *instance) releaseLocked() {
 	in.inflight--
 	if in.inflight == 0 && in.state == Awake {
 		in.armIdleLocked()
@@ -351,7 +431,7 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.lastRec = &final
+	in.lastRec, in.lastAtt = &final, att
 	switch {
 	case err != nil:
 		in.fails++
@@ -374,6 +454,10 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		in.lastErr = nil
 		in.life = life
 		in.setStateLocked(Awake)
+		// The requests held on this wake are in flight from now on; they leave without the lock.
+		in.held -= att.waiters
+		in.inflight += att.waiters
+		att.handedOver = true
 		if final.Result == ResultOK {
 			in.log.Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
 				"joined", final.Joined, "notes", final.Notes)
@@ -579,7 +663,11 @@ func (in *instance) status() Status {
 	s := Status{
 		Route: in.route.Name, Backing: in.route.Backing, Hosts: in.route.Hosts, PathPrefix: in.route.PathPrefix,
 		Upstream: in.route.Upstream.String(), State: in.state.String(), Since: in.since,
-		InFlight: in.inflight, Held: in.held, Idle: in.route.Idle.String(), LastWake: in.lastRec, LastSleep: in.lastSlp,
+		InFlight: in.inflight, Held: in.held, Idle: in.route.Idle.String(), LastSleep: in.lastSlp,
+	}
+	if in.lastRec != nil {
+		last := in.lastAtt.withRelease(*in.lastRec)
+		s.LastWake = &last
 	}
 	if in.state == Waking && in.wake != nil {
 		cur := in.wake.rec.snapshot()

@@ -165,6 +165,10 @@ func TestHerdWakesOnce(t *testing.T) {
 		if st.State != "awake" || st.LastWake == nil || st.LastWake.Joined != n-1 {
 			t.Fatalf("status = %+v, want awake with %d joined", st, n-1)
 		}
+		// Every held request was let go by this wake; in the bubble no time passes doing it.
+		if st.LastWake.Released != n || st.LastWake.ReleaseSpread != 0 {
+			t.Fatalf("last wake released %d in %v, want %d in 0s", st.LastWake.Released, st.LastWake.ReleaseSpread, n)
+		}
 	})
 }
 
@@ -489,4 +493,57 @@ func request(in *instance) <-chan error {
 		got <- err
 	}()
 	return got
+}
+
+// TestAdmitQueuesInOrder: at most max_upstream_conns requests are admitted to the proxy; the others wait
+// in arrival order, and a waiter whose client leaves gives up without taking a slot.
+func TestAdmitQueuesInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, in := newTestServer(t, &fakeBackend{}, passGate{}, func(r *registry.Route) { r.MaxUpstreamConns = 2 })
+		ctx := context.Background()
+		d1, err := in.admit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d2, err := in.admit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		order := make(chan int, 3)
+		for i := 1; i <= 3; i++ {
+			go func() {
+				done, err := in.admit(ctx)
+				if err != nil {
+					t.Errorf("waiter %d: %v", i, err)
+					return
+				}
+				order <- i
+				done()
+			}()
+			synctest.Wait() // queue them in a known order
+		}
+		gone, cancel := context.WithCancel(ctx)
+		left := make(chan error, 1)
+		go func() {
+			_, err := in.admit(gone)
+			left <- err
+		}()
+		synctest.Wait()
+		if len(order) != 0 {
+			t.Fatalf("%d waiters admitted while both slots were taken", len(order))
+		}
+		cancel()
+		if err := <-left; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a waiter whose client left got %v, want context.Canceled", err)
+		}
+		// One slot freed: the waiters pass it on one by one, so the order they report is the order
+		// they were admitted in.
+		d1()
+		for want := 1; want <= 3; want++ {
+			if got := <-order; got != want {
+				t.Fatalf("admitted waiter %d, want %d (arrival order)", got, want)
+			}
+		}
+		d2()
+	})
 }

@@ -189,7 +189,10 @@ func (t *fastTransport) dial(ctx context.Context) (*fastConn, error) {
 		<-t.slots
 		return nil, err
 	}
-	return &fastConn{c: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10)}, nil
+	// 4 KiB buffers: they carry request and response headers; bodies larger than the buffer bypass it
+	// (bufio reads straight into the caller's 32 KiB pooled copy buffer). 32 KiB each cost 64 KiB per
+	// connection, allocated and zeroed on every dial of a herd.
+	return &fastConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
 }
 
 // put returns a connection after a complete exchange: to the oldest waiter, or to the idle list.
@@ -347,13 +350,20 @@ func (b *fastBody) Close() error {
 	return err
 }
 
-// maxUpstreamConns bounds a route's open upstream connections, in each of its two transports. A herd
-// released at once would otherwise open one upstream connection per held request: 10,000 held requests
-// became 10,000 dials to a tenant that had just started, and the activator ran out of file descriptors
-// (10k client + 10k upstream sockets). Requests past the cap wait for a connection, which also halved
-// the 10k herd's time to the last response. The cost: more than 1024 concurrent long-lived requests
-// (SSE streams; WebSockets in the fallback) to one route queue until one ends.
-const maxUpstreamConns = 1024
+// upstreamConns is the route's max_upstream_conns: the requests it proxies at once. The instance
+// admits requests to the proxy up to it (see instance.admit); the transports are capped at it too, as
+// a backstop.
+//
+// Why a cap at all: a herd released at once would otherwise open one upstream connection per held
+// request: 10,000 held requests became 10,000 dials to a tenant that had just started, and the
+// activator ran out of file descriptors (10k client + 10k upstream sockets). The cost: more
+// concurrent long-lived requests (SSE streams, WebSockets) than the cap queue until one ends.
+func upstreamConns(r *registry.Route) int {
+	if r.MaxUpstreamConns > 0 {
+		return r.MaxUpstreamConns
+	}
+	return registry.DefaultMaxUpstreamConns
+}
 
 // newProxy builds the route's reverse proxy: Rewrite (not the deprecated Director), X-Forwarded-*
 // headers, the original Host passed through, transports dialing the route's upstream (TCP or unix
@@ -367,13 +377,14 @@ func newProxy(r *registry.Route) *httputil.ReverseProxy {
 	}
 	tr := &lazyTransport{build: func() http.RoundTripper {
 		dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-		return newFastTransport(up.Network, up.Address, maxUpstreamConns, &http.Transport{
+		conns := upstreamConns(r)
+		return newFastTransport(up.Network, up.Address, conns, &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return dialer.DialContext(ctx, up.Network, up.Address)
 			},
-			MaxIdleConns:          1024,
-			MaxIdleConnsPerHost:   1024,
-			MaxConnsPerHost:       maxUpstreamConns,
+			MaxIdleConns:          conns,
+			MaxIdleConnsPerHost:   conns,
+			MaxConnsPerHost:       conns,
 			IdleConnTimeout:       90 * time.Second,
 			ExpectContinueTimeout: time.Second,
 			DisableCompression:    true,

@@ -19,6 +19,11 @@ type WakeRecord struct {
 	Error       string        `json:"error,omitempty"`
 	FailedPhase string        `json:"failed_phase,omitempty"`
 	Joined      int           `json:"joined_requests"` // requests that joined this wake after it began
+	// Released counts the held requests let go when the wake ended (the first and the joined ones);
+	// ReleaseSpread is the time from the wake's end (its health gate passing) until the last of them
+	// had left the hold. Both fill in as the requests go, after Result is final.
+	Released      int           `json:"released_requests,omitempty"`
+	ReleaseSpread time.Duration `json:"release_spread_ns,omitempty"`
 }
 
 // PhaseRecord is one phase of a wake.

@@ -186,6 +186,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	done, err := rt.in.admit(r.Context())
+	if err != nil {
+		sw.code = 499 // client went away while waiting for an upstream connection
+		return
+	}
+	defer done()
 	rt.proxy.ServeHTTP(sw, r)
 }
 

@@ -14,16 +14,19 @@ import (
 
 // Defaults applied where a route leaves a key out.
 const (
-	DefaultListen       = "127.0.0.1:8080"
-	DefaultAdmin        = "127.0.0.1:9090"
-	DefaultWakeBudget   = 60 * time.Second
-	DefaultSleepBudget  = 30 * time.Second
-	DefaultIdle         = 15 * time.Minute
-	DefaultMaxHeld      = 10000
-	DefaultProbeTimeout = 2 * time.Second
-	DefaultInterval     = time.Second
-	DefaultBackoff      = time.Second
-	DefaultBackoffMax   = time.Minute
+	DefaultListen      = "127.0.0.1:8080"
+	DefaultAdmin       = "127.0.0.1:9090"
+	DefaultWakeBudget  = 60 * time.Second
+	DefaultSleepBudget = 30 * time.Second
+	DefaultIdle        = 15 * time.Minute
+	DefaultMaxHeld     = 10000
+	// DefaultMaxUpstreamConns: enough for any small tenant's concurrency, few enough that a herd of
+	// 10,000 released at once does not become 10,000 dials to a tenant that has just started.
+	DefaultMaxUpstreamConns = 256
+	DefaultProbeTimeout     = 2 * time.Second
+	DefaultInterval         = time.Second
+	DefaultBackoff          = time.Second
+	DefaultBackoffMax       = time.Minute
 )
 
 // fileConfig is the file's top level, decoded strictly.
@@ -41,6 +44,7 @@ type routeKeys struct {
 	PathPrefix  string    `yaml:"path_prefix"`
 	Backing     string    `yaml:"backing"`
 	Upstream    string    `yaml:"upstream"`
+	MaxUpConns  int       `yaml:"max_upstream_conns"`
 	Health      healthKey `yaml:"health"`
 	Idle        *Duration `yaml:"idle"`
 	WakeBudget  Duration  `yaml:"wake_budget"`
@@ -231,6 +235,12 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	r.Idle = DefaultIdle
 	if rk.Idle != nil {
 		r.Idle = rk.Idle.D()
+	}
+	r.MaxUpstreamConns = rk.MaxUpConns
+	if r.MaxUpstreamConns == 0 {
+		r.MaxUpstreamConns = DefaultMaxUpstreamConns
+	} else if r.MaxUpstreamConns < 0 {
+		l.add(label, "max_upstream_conns", at("max_upstream_conns"), "must be positive, got %d", r.MaxUpstreamConns)
 	}
 	r.Hold.MaxRequests = rk.Hold.MaxRequests
 	if r.Hold.MaxRequests == 0 {

@@ -223,12 +223,13 @@ func TestLoadReportsEverything(t *testing.T) {
 		{"", "listn", 1},
 		{"alpha", "upstream", 8},
 		{"alpha", "health.interval", 9},
-		{"beta", "hosts", 12},
-		{"beta", "backing", 13},
+		{"alpha", "max_upstream_conns", 10},
+		{"beta", "hosts", 13},
+		{"beta", "backing", 14},
 		// The misspelt key leaves upstream unset; the line is the route's, as the key is absent. gamma's
 		// exec block is not decoded: a backing's settings are checked once the common keys pass.
-		{"gamma", "upstream", 15},
-		{"gamma", "upstram", 19},
+		{"gamma", "upstream", 16},
+		{"gamma", "upstram", 20},
 	}
 	if len(list) != len(wants) {
 		t.Fatalf("Load reported %d problems, want %d:\n%v", len(list), len(wants), err)

@@ -42,7 +42,10 @@ type Route struct {
 	PathPrefix string   // "" or a prefix starting with "/"
 	Backing    string   // "exec", "unit", "kvm", "redfish"
 	Upstream   Upstream
-	Health     Health
+	// MaxUpstreamConns bounds the requests proxied to the upstream at once (one connection each);
+	// more wait for one to finish, in arrival order.
+	MaxUpstreamConns int
+	Health           Health
 	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
 	Idle time.Duration
 	// WakeBudget bounds a whole wake: backend start plus health gate.
