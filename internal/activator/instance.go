@@ -80,16 +80,25 @@ func (a *attempt) withRelease(rec WakeRecord) WakeRecord {
 
 // instance is one route's tenant as the activator sees it. It owns the state machine, the single wake,
 // the in-flight count and the idle clock. Its goroutines (wake, sleep, life watch) are joined by close.
+//
+// What only a woken route needs — its reverse proxy, health gate and route-scoped logger — is built on
+// first use: with 10,000 configured routes, most of which never wake, building them up front was a
+// third of the activator's heap.
 type instance struct {
 	route   *registry.Route
 	backend Backend
-	prober  Gate
-	proxy   *httputil.ReverseProxy // built once per instance so its connection pool survives reloads
+	newGate func() Gate
+	prober  Gate // built by the first wake; used only by runWake, which never runs twice at once
+	// proxy is built on the first request and kept for the instance's life, so its connection pool
+	// survives reloads.
+	proxy atomic.Pointer[httputil.ReverseProxy]
 	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
 	// all. Requests past it wait here, in arrival order, before the proxy builds anything for them.
 	slots   chan struct{}
 	count   func(code int) // activator_requests_total for this route
-	log     *slog.Logger
+	baseLog *slog.Logger
+	logOnce sync.Once
+	log     *slog.Logger // baseLog with the route's attributes; use logger()
 	metrics *Metrics
 	root    context.Context // the server's lifetime; wakes and sleeps derive from it, never from a request
 	now     func() time.Time
@@ -129,15 +138,14 @@ type Gate interface {
 	Wait(ctx context.Context, gone <-chan struct{}) error
 }
 
-func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.Logger, m *Metrics, now func() time.Time, gate Gate) *instance {
+func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.Logger, m *Metrics, now func() time.Time, newGate func() Gate) *instance {
 	in := &instance{
 		route:   r,
 		backend: b,
-		prober:  gate,
-		proxy:   newProxy(r),
+		newGate: newGate,
 		slots:   make(chan struct{}, upstreamConns(r)),
 		count:   m.requestCounter(r.Name),
-		log:     log,
+		baseLog: log,
 		metrics: m,
 		root:    root,
 		now:     now,
@@ -146,6 +154,21 @@ func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.L
 	}
 	m.setState(r.Name, "", Asleep.String())
 	return in
+}
+
+// logger is the route's logger: the server's, with the route's name and backing.
+func (in *instance) logger() *slog.Logger {
+	in.logOnce.Do(func() { in.log = in.baseLog.With("route", in.route.Name, "backing", in.route.Backing) })
+	return in.log
+}
+
+// reverseProxy returns the route's proxy, building it on first use.
+func (in *instance) reverseProxy() *httputil.ReverseProxy {
+	if p := in.proxy.Load(); p != nil {
+		return p
+	}
+	in.proxy.CompareAndSwap(nil, newProxy(in.route))
+	return in.proxy.Load()
 }
 
 // start adopts a running tenant when the backend can tell. It runs as a wake whose waiters see the
@@ -379,7 +402,7 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		rec.Phase("adopt")
 		life, awake, err = in.backend.(Adopter).Adopt(ctx)
 		if err != nil {
-			in.log.Warn("adopt failed; treating the tenant as asleep", "err", err)
+			in.logger().Warn("adopt failed; treating the tenant as asleep", "err", err)
 			awake, err = false, nil
 		}
 	} else {
@@ -399,6 +422,9 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 			var hcancel context.CancelFunc
 			hctx, hcancel = context.WithTimeout(ctx, b)
 			defer hcancel()
+		}
+		if in.prober == nil {
+			in.prober = in.newGate()
 		}
 		err = in.prober.Wait(hctx, life.Done())
 		if errors.Is(err, health.ErrGone) {
@@ -444,7 +470,7 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		att.err = we
 		in.until = in.now().Add(backoff)
 		in.setStateLocked(Failed)
-		in.log.Warn("wake failed", "trigger", final.Trigger, "phase", final.FailedPhase, "duration", final.Duration,
+		in.logger().Warn("wake failed", "trigger", final.Trigger, "phase", final.FailedPhase, "duration", final.Duration,
 			"phases", phaseAttr(final.Phases), "retry_in", backoff, "err", err)
 		in.metrics.wakeDone(final)
 	case !awake:
@@ -459,11 +485,11 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		in.inflight += att.waiters
 		att.handedOver = true
 		if final.Result == ResultOK {
-			in.log.Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
+			in.logger().Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
 				"joined", final.Joined, "notes", final.Notes)
 			in.metrics.wakeDone(final)
 		} else {
-			in.log.Info("adopted a running tenant")
+			in.logger().Info("adopted a running tenant")
 		}
 		gen := in.lifeGen
 		in.wg.Add(1)
@@ -492,7 +518,7 @@ func (in *instance) watch(life *Life, gen uint64, awakeEnd <-chan struct{}) {
 	if gen != in.lifeGen || in.state != Awake {
 		return // we put it to sleep ourselves
 	}
-	in.log.Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
+	in.logger().Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
 	in.lastSlp = ReasonExited
 	in.metrics.slept(in.route.Name, ReasonExited)
 	in.setStateLocked(Asleep)
@@ -519,9 +545,9 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	in.lastSlp = reason
 	in.metrics.slept(in.route.Name, reason)
 	if err != nil {
-		in.log.Error("sleep failed; the tenant may still run", "reason", reason, "err", err)
+		in.logger().Error("sleep failed; the tenant may still run", "reason", reason, "err", err)
 	} else {
-		in.log.Info("slept", "reason", reason, "duration", in.now().Sub(start))
+		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start))
 	}
 	in.setStateLocked(Asleep)
 	close(done)
@@ -633,7 +659,7 @@ func (in *instance) closeBackend() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 		defer cancel()
 		if err := c.Close(ctx); err != nil {
-			in.log.Warn("closing the backend failed", "err", err)
+			in.logger().Warn("closing the backend failed", "err", err)
 		}
 	}
 }

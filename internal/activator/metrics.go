@@ -93,18 +93,23 @@ func (m *Metrics) holdDone(route string, d time.Duration) {
 }
 
 // requestCounter returns the per-code request counter for one route. Counters are cached per code so
-// the hot path skips label hashing.
+// the hot path skips label hashing; the route's curried vector is made on the first request, since
+// most of many configured routes may never see one.
 func (m *Metrics) requestCounter(route string) func(code int) {
 	if m == nil {
 		return func(int) {}
 	}
-	cv := m.requests.MustCurryWith(prometheus.Labels{"route": route})
-	var cache sync.Map // int -> prometheus.Counter
+	var (
+		once  sync.Once
+		cv    *prometheus.CounterVec
+		cache sync.Map // int -> prometheus.Counter
+	)
 	return func(code int) {
 		if c, ok := cache.Load(code); ok {
 			c.(prometheus.Counter).Inc()
 			return
 		}
+		once.Do(func() { cv = m.requests.MustCurryWith(prometheus.Labels{"route": route}) })
 		c := cv.WithLabelValues(strconv.Itoa(code))
 		cache.Store(code, c)
 		c.Inc()

@@ -95,7 +95,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			}
 			return err
 		}
-		in := newInstance(s.root, r, b, s.log.With("route", r.Name, "backing", r.Backing), s.opts.Metrics, s.opts.Now, s.opts.NewGate(r))
+		in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
 		if old, ok := s.instances[r.Name]; ok {
 			in.after = old.retired
 		}
@@ -192,7 +192,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	rt.proxy.ServeHTTP(sw, r)
+	rt.in.reverseProxy().ServeHTTP(sw, r)
 }
 
 // Wake wakes the named route and waits for the result (admin API).

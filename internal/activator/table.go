@@ -1,7 +1,6 @@
 package activator
 
 import (
-	"net/http/httputil"
 	"strings"
 
 	"github.com/activator/activator/internal/registry"
@@ -18,7 +17,6 @@ type table struct {
 type routed struct {
 	prefix string
 	in     *instance
-	proxy  *httputil.ReverseProxy
 	count  func(code int)
 }
 
@@ -27,7 +25,7 @@ func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
 	for _, r := range cfg.Routes {
 		in := instances[r.Name]
 		t.order = append(t.order, in)
-		rt := &routed{prefix: r.PathPrefix, in: in, proxy: in.proxy, count: in.count}
+		rt := &routed{prefix: r.PathPrefix, in: in, count: in.count}
 		for _, h := range r.Hosts {
 			m, key := t.exact, h
 			if strings.HasPrefix(h, "*.") {

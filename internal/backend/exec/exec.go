@@ -78,7 +78,9 @@ func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
 // Backend runs one route's child process. It implements activator.Backend and activator.Closer.
 // Wake, Sleep, Close and PID are safe for concurrent use.
 type Backend struct {
-	log      *slog.Logger
+	baseLog  *slog.Logger
+	logOnce  sync.Once
+	log      *slog.Logger // baseLog with the route's attributes, made on first use; use logger()
 	route    string
 	settings *Settings
 	upstream registry.Upstream
@@ -98,6 +100,14 @@ var (
 	_ activator.Closer  = (*Backend)(nil)
 )
 
+// logger is the route's logger. It is made on first use: with thousands of configured routes that
+// never wake, a logger each (a copy of the handler with the route's attributes) was a tenth of the
+// activator's heap.
+func (b *Backend) logger() *slog.Logger {
+	b.logOnce.Do(func() { b.log = b.baseLog.With("backing", "exec", "route", b.route) })
+	return b.log
+}
+
 // New returns r's Backend. It starts nothing: the first Wake spawns the child (and, in listen_fds mode,
 // binds the upstream).
 func New(r *registry.Route, o Options) (*Backend, error) {
@@ -110,7 +120,7 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		log = slog.Default()
 	}
 	b := &Backend{
-		log:      log.With("backing", "exec", "route", r.Name),
+		baseLog:  log,
 		route:    r.Name,
 		settings: s,
 		upstream: r.Upstream,
@@ -157,7 +167,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 	}
 	b.proc = p
 	b.mu.Unlock()
-	b.log.Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen))
+	b.logger().Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen))
 
 	if p.marker == nil {
 		return p.life, nil
@@ -182,7 +192,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 	}
 	t.Note(fmt.Sprintf("ready marker %q not seen: %v; killing pid %d", b.settings.ReadyMarker, cause, p.pid))
 	if err := b.stop(context.Background(), p, syscall.SIGKILL, 0, cause); err != nil {
-		b.log.Error("kill after failed wake", "pid", p.pid, "err", err)
+		b.logger().Error("kill after failed wake", "pid", p.pid, "err", err)
 	}
 	return nil, fmt.Errorf("exec: waiting for ready marker %q: %w", b.settings.ReadyMarker, cause)
 }
@@ -252,7 +262,7 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 	p.markStopping(why)
 	if sig != syscall.SIGKILL && grace > 0 {
 		if err := p.signal(sig); err != nil {
-			b.log.Warn("stop signal", "pid", p.pid, "signal", sig.String(), "err", err)
+			b.logger().Warn("stop signal", "pid", p.pid, "signal", sig.String(), "err", err)
 		}
 		t := time.NewTimer(grace)
 		defer t.Stop()
@@ -260,9 +270,9 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 		case <-p.done:
 			return nil
 		case <-t.C:
-			b.log.Warn("still running after the stop grace, killing", "pid", p.pid, "signal", sig.String(), "stop_grace", grace)
+			b.logger().Warn("still running after the stop grace, killing", "pid", p.pid, "signal", sig.String(), "stop_grace", grace)
 		case <-ctx.Done():
-			b.log.Warn("stop interrupted, killing", "pid", p.pid, "err", ctx.Err())
+			b.logger().Warn("stop interrupted, killing", "pid", p.pid, "err", ctx.Err())
 		}
 	}
 	if err := p.signal(syscall.SIGKILL); err != nil {
@@ -344,7 +354,7 @@ func (b *Backend) listenLocked() error {
 		return fmt.Errorf("exec: bind upstream %s: %w", u, err)
 	}
 	b.ln, b.lnFile = ln, f
-	b.log.Info("bound upstream for listen_fds", "upstream", u.String())
+	b.logger().Info("bound upstream for listen_fds", "upstream", u.String())
 	return nil
 }
 

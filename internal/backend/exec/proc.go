@@ -194,7 +194,7 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	select {
 	case <-drained:
 	case <-t.C:
-		b.log.Warn("output pipes still open after exit; a process that left the group holds them", "pid", p.pid)
+		b.logger().Warn("output pipes still open after exit; a process that left the group holds them", "pid", p.pid)
 	}
 	t.Stop()
 	outR.Close() // unblocks readers still waiting
@@ -206,10 +206,10 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	stopping, why := p.stopping, p.stopWhy
 	p.mu.Unlock()
 	if stopping {
-		b.log.Info("stopped", "pid", p.pid, "status", p.exit.Status())
+		b.logger().Info("stopped", "pid", p.pid, "status", p.exit.Status())
 		p.life.End(why)
 	} else {
-		b.log.Warn("exited on its own", "pid", p.pid, "err", p.exit)
+		b.logger().Warn("exited on its own", "pid", p.pid, "err", p.exit)
 		p.life.End(p.exit)
 	}
 	close(p.done)
@@ -227,8 +227,8 @@ func (b *Backend) drain(p *proc, r io.Reader, stream string) {
 			if p.marker != nil && bytes.Contains(line, p.marker) {
 				p.once.Do(func() { close(p.ready) })
 			}
-			if b.log.Enabled(ctx, slog.LevelInfo) {
-				b.log.Info("output", "stream", stream, "pid", p.pid, "line", string(bytes.TrimRight(line, "\r\n")))
+			if b.logger().Enabled(ctx, slog.LevelInfo) {
+				b.logger().Info("output", "stream", stream, "pid", p.pid, "line", string(bytes.TrimRight(line, "\r\n")))
 			}
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
