@@ -12,6 +12,7 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/backend/exec/shim"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
@@ -200,6 +202,8 @@ func TestConformance(t *testing.T) {
 		{"unix_env", tempSocket, ""},
 		{"tcp_listen_fds", freeTCP, "listen: listen_fds\n"},
 		{"unix_listen_fds", tempSocket, "listen: listen_fds\n"},
+		// A variable name no shell passes on: the activator's own binary is the shim instead of /bin/sh.
+		{"tcp_listen_fds_self_shim", freeTCP, "listen: listen_fds\nenv: {demo.var: \"1\"}\n"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -629,5 +633,59 @@ func TestTailKeepsTheEnd(t *testing.T) {
 	}
 	if !bytes.HasSuffix(got, []byte("the end\n")) {
 		t.Errorf("tail does not end with the last write: %q", got[len(got)-20:])
+	}
+}
+
+// TestShimChoice: listen_fds children start through /bin/sh when that changes nothing they can see,
+// and through the activator's own binary otherwise.
+func TestShimChoice(t *testing.T) {
+	if binSh() == "" {
+		t.Skip("no /bin/sh: the activator's own binary is always the shim")
+	}
+	cases := []struct {
+		name  string
+		block string
+		sh    bool
+	}{
+		{"plain", "listen: listen_fds\n", true},
+		{"variable no shell passes on", "listen: listen_fds\nenv: {my-var: \"1\"}\n", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, freeTCP(t), c.block)
+			f.b.mu.Lock()
+			sp, err := f.b.specLocked()
+			f.b.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := c.sh && shellSafeEnv(inheritedEnv()) // the test's own environment counts too
+			if got := sp.path == binSh(); got != want {
+				t.Fatalf("shim %s %q, want /bin/sh: %v", sp.path, sp.args, want)
+			}
+			if want && (sp.args[3] != f.b.settings.Path || slices.Contains(sp.env, shim.Env+"=1")) {
+				t.Fatalf("shell shim args %q env %q: want the tenant's path as $0 and no shim marker", sp.args, sp.env)
+			}
+		})
+	}
+	// An argv[0] that is not the resolved path itself: exec "$0" would change what the tenant sees.
+	f := newFixture(t, freeTCP(t), "listen: listen_fds\n")
+	f.b.settings.Argv = append([]string{"alias"}, f.b.settings.Argv[1:]...)
+	f.b.mu.Lock()
+	sp, err := f.b.specLocked()
+	f.b.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.path == binSh() {
+		t.Fatalf("argv[0] %q differs from the path, yet the shim is /bin/sh", "alias")
+	}
+}
+
+func TestShellSafeEnv(t *testing.T) {
+	for env, want := range map[string]bool{"A=1": true, "_x9=": true, "PATH=/bin:/usr/bin": true, "9A=1": false, "a.b=1": false, "my-var=1": false, "=x": false} {
+		if got := shellSafeEnv([]string{"OK=1", env}); got != want {
+			t.Errorf("shellSafeEnv(%q) = %v, want %v", env, got, want)
+		}
 	}
 }
