@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/activator/activator/internal/activator"
@@ -34,7 +33,7 @@ type alwaysUpProvider struct{}
 func (alwaysUpProvider) Open(*registry.Route) (activator.Backend, error) { return alwaysUp{}, nil }
 
 // startEdge serves the demo app and, in front of it, the activator's edge wired as cmd/activator
-// wires it (chi router → Server), both in this process. It returns the edge's address.
+// wires it (the Server itself is the edge handler), both in this process. It returns the edge's address.
 func startEdge(tb testing.TB) string {
 	tb.Helper()
 	appLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -78,14 +77,11 @@ routes:
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	r := chi.NewRouter()
-	r.Handle("/*", srv)
-	r.Handle("/", srv)
 	edgeLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	serveFor(tb, &http.Server{Handler: r}, edgeLn)
+	serveFor(tb, &http.Server{Handler: srv}, edgeLn)
 	return edgeLn.Addr().String()
 }
 
