@@ -74,28 +74,72 @@ func (l *phaseLog) String() string {
 }
 
 // runHerd sends N concurrent requests to a cold route whose tenant is held back until all N are
-// held, then lets it start, for each N.
+// held, then lets it start: -herd-runs times for each N, the sizes alternating. Each size's row holds
+// the medians, and the checks the medians with their spread, since one herd's release moves by a
+// quarter between runs on a shared 2-CPU box.
 func runHerd(ctx context.Context, e *env) error {
-	for _, n := range e.opts.herd {
-		row, err := herdOnce(ctx, e, n)
-		if err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+	runs := map[int][]HerdRow{}
+	for i := 0; i < e.opts.herdRuns; i++ {
+		for _, n := range e.opts.herd {
+			row, err := herdOnce(ctx, e, n, i+1)
+			if err != nil {
+				return fmt.Errorf("N=%d, run %d: %w", n, i+1, err)
+			}
+			runs[n] = append(runs[n], row)
+			e.log.Info("herd", "n", n, "run", i+1, "answered", row.Answered, "spawns", row.Spawns, "release_ms", row.ReleaseMs, "kib_per_held", row.PerHeldKiB)
 		}
+	}
+	for _, n := range e.opts.herd {
+		row := medianHerd(runs[n])
 		e.report.Herd = append(e.report.Herd, row)
-		e.log.Info("herd", "n", n, "answered", row.Answered, "spawns", row.Spawns, "spread_ms", row.SpreadMs, "kib_per_held", row.PerHeldKiB)
 		if n >= 10000 || n == e.opts.herd[len(e.opts.herd)-1] {
-			e.report.check(fmt.Sprintf("herd N=%d: spawns, all answered", n), fmt.Sprintf("%d spawn(s), %d/%d answered", row.Spawns, row.Answered, n), "1 spawn, all answered", row.Spawns == 1 && row.Answered == n)
+			e.report.check(fmt.Sprintf("herd N=%d: spawns, all answered (every run)", n), fmt.Sprintf("%d spawn(s), %d/%d answered (worst of %d)", row.Spawns, row.Answered, n, row.Runs), "1 spawn, all answered", row.Spawns == 1 && row.Answered == n)
 			e.report.check(fmt.Sprintf("herd N=%d: release spread, gate passed → last held request left the hold (ms)", n),
-				fmt.Sprintf("%.1f (%d released); last response %.1f ms after the gate", row.ReleaseMs, row.Released, row.GateLastMs), "≤ 20 ms", row.Released == n && row.ReleaseMs <= 20)
-			e.report.check(fmt.Sprintf("herd N=%d: activator RSS per held request", n), fmt.Sprintf("%.1f KiB", row.PerHeldKiB), "≤ 16 KiB", row.PerHeldKiB <= 16)
+				fmt.Sprintf("%s over %d runs (%d released); last response %.1f ms after the gate", row.Release, row.Runs, row.Released, row.GateLastMs), "≤ 20 ms", row.Released == n && row.ReleaseMs <= 20)
+			e.report.check(fmt.Sprintf("herd N=%d: activator RSS per held request", n), fmt.Sprintf("%s KiB", row.PerHeld), "≤ 16 KiB", row.PerHeldKiB <= 16)
 		}
 	}
 	return nil
 }
 
-func herdOnce(ctx context.Context, e *env, n int) (HerdRow, error) {
+// medianHerd folds the runs of one size into one row: medians of the timings and memory, the worst
+// run's spawns, answers and failures, and the spread of the release and the memory as text.
+func medianHerd(rows []HerdRow) HerdRow {
+	out := rows[0]
+	out.Runs = len(rows)
+	col := func(f func(HerdRow) float64) Stat {
+		vs := make([]float64, len(rows))
+		for i, r := range rows {
+			vs[i] = f(r)
+		}
+		return summarize(vs)
+	}
+	rel := col(func(r HerdRow) float64 { return r.ReleaseMs })
+	per := col(func(r HerdRow) float64 { return r.PerHeldKiB })
+	out.ReleaseMs, out.Release = rel.Median, fmt.Sprintf("%.1f (%.1f–%.1f)", rel.Median, rel.Min, rel.Max)
+	out.PerHeldKiB, out.PerHeld = per.Median, fmt.Sprintf("%.1f (%.1f–%.1f)", per.Median, per.Min, per.Max)
+	out.SpreadMs = col(func(r HerdRow) float64 { return r.SpreadMs }).Median
+	out.P50Ms = col(func(r HerdRow) float64 { return r.P50Ms }).Median
+	out.GateLastMs = col(func(r HerdRow) float64 { return r.GateLastMs }).Median
+	out.WakeMs = col(func(r HerdRow) float64 { return r.WakeMs }).Median
+	out.RSSIdleKiB = int64(col(func(r HerdRow) float64 { return float64(r.RSSIdleKiB) }).Median)
+	out.RSSHeldKiB = int64(col(func(r HerdRow) float64 { return float64(r.RSSHeldKiB) }).Median)
+	for _, r := range rows {
+		out.Spawns = max(out.Spawns, r.Spawns)
+		out.Answered = min(out.Answered, r.Answered)
+		out.Released = min(out.Released, r.Released)
+		out.Failed = max(out.Failed, r.Failed)
+		out.HeldMax = min(out.HeldMax, r.HeldMax)
+		if out.FirstFailure == "" {
+			out.FirstFailure = r.FirstFailure
+		}
+	}
+	return out
+}
+
+func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 	row := HerdRow{N: n}
-	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d", n))
+	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d-run%d", n, run))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return row, err
 	}

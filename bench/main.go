@@ -37,6 +37,7 @@ type options struct {
 	herd        []int
 	scaleRoutes int
 	guestRuns   int // alternating rounds of the guest and node wakes
+	herdRuns    int // herds per size, sizes alternating
 	nodes       int // Redfish fleet size
 	pinned      bool
 	unpinned    bool
@@ -70,6 +71,7 @@ func run() int {
 	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
+	flag.IntVar(&o.herdRuns, "herd-runs", 5, "herds per size (the sizes alternate); medians and spread are reported")
 	flag.IntVar(&o.guestRuns, "guest-runs", 7, "alternating rounds of the guest (QEMU) and node (Redfish) wakes")
 	flag.IntVar(&o.nodes, "nodes", 8, "nodes in the Redfish fleet (each its own route)")
 	flag.BoolVar(&o.pinned, "pinned", true, "measure with wrk on CPU 0 and the servers on CPU 1 (taskset)")
@@ -99,6 +101,9 @@ func run() int {
 		if !set["routes"] {
 			o.scaleRoutes = 1000
 		}
+		if !set["herd-runs"] {
+			o.herdRuns = 1
+		}
 		if !set["guest-runs"] {
 			o.guestRuns = 2
 		}
@@ -121,8 +126,8 @@ func run() int {
 			o.only[strings.TrimSpace(s)] = true
 		}
 	}
-	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.nodes < 2 {
-		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples and -guest-runs must be at least 1, -nodes at least 2")
+	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.herdRuns < 1 || o.nodes < 2 {
+		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples, -herd-runs and -guest-runs must be at least 1, -nodes at least 2")
 		return 2
 	}
 

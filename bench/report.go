@@ -107,15 +107,18 @@ type HerdRow struct {
 	Failed       int     `json:"failed"`
 	Spawns       int     `json:"spawns"`
 	WakeMs       float64 `json:"wake_ms"`
-	Released     int     `json:"released"`           // held requests the wake record says it let go
-	ReleaseMs    float64 `json:"release_spread_ms"`  // gate passed → the last held request left the hold
-	SpreadMs     float64 `json:"response_spread_ms"` // first → last response byte
-	GateLastMs   float64 `json:"gate_to_last_ms"`    // gate passed → last response byte
-	P50Ms        float64 `json:"gate_to_p50_ms"`     // gate passed → median response byte
-	RSSIdleKiB   int64   `json:"rss_idle_kib"`       // activator, route asleep
-	RSSHeldKiB   int64   `json:"rss_held_kib"`       // activator, all held
-	PerHeldKiB   float64 `json:"kib_per_held"`       // (held - idle) / n
-	Nofile       string  `json:"activator_nofile"`   // the activator's soft RLIMIT_NOFILE
+	Runs         int     `json:"runs"`                // herds of this size; the numbers are medians over them
+	Release      string  `json:"release_ms_spread"`   // "median (min–max)" of ReleaseMs
+	PerHeld      string  `json:"kib_per_held_spread"` // "median (min–max)" of PerHeldKiB
+	Released     int     `json:"released"`            // held requests the wake record says it let go (worst run)
+	ReleaseMs    float64 `json:"release_spread_ms"`   // gate passed → the last held request left the hold
+	SpreadMs     float64 `json:"response_spread_ms"`  // first → last response byte
+	GateLastMs   float64 `json:"gate_to_last_ms"`     // gate passed → last response byte
+	P50Ms        float64 `json:"gate_to_p50_ms"`      // gate passed → median response byte
+	RSSIdleKiB   int64   `json:"rss_idle_kib"`        // activator, route asleep
+	RSSHeldKiB   int64   `json:"rss_held_kib"`        // activator, all held
+	PerHeldKiB   float64 `json:"kib_per_held"`        // (held - idle) / n
+	Nofile       string  `json:"activator_nofile"`    // the activator's soft RLIMIT_NOFILE
 	FirstFailure string  `json:"first_failure,omitempty"`
 }
 
@@ -345,11 +348,11 @@ func (r *Report) markdown() string {
 
 	if len(r.Herd) > 0 {
 		p("#### Herd: N concurrent requests on a cold route\n\n")
-		p("The tenant is held back (it waits on a FIFO) until all N requests are held, then released. *release*: health gate passed → the last held request left the hold (the activator's wake record); *spread*: first → last response byte; *gate→last*: health gate passed → last response byte.\n\n")
-		p("| N | held | answered | failed | spawns | release ms | spread ms | gate→p50 ms | gate→last ms | RSS asleep | RSS all held | per held request | activator nofile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		p("The tenant is held back (it waits on a FIFO) until all N requests are held, then released. *release*: health gate passed → the last held request left the hold (the activator's wake record); *spread*: first → last response byte; *gate→last*: health gate passed → last response byte. Medians over the runs (release and memory: median (min–max)); held, answered, spawns and failed: the worst run.\n\n")
+		p("| N | runs | held | answered | failed | spawns | release ms | spread ms | gate→p50 ms | gate→last ms | RSS asleep | RSS all held | per held request KiB | activator nofile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, h := range r.Herd {
-			p("| %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", h.N, h.HeldMax, h.Answered, h.Failed, h.Spawns, h.ReleaseMs, h.SpreadMs, h.P50Ms, h.GateLastMs,
-				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, h.PerHeldKiB, h.Nofile)
+			p("| %d | %d | %d | %d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f MiB | %.1f MiB | %s | %s |\n", h.N, h.Runs, h.HeldMax, h.Answered, h.Failed, h.Spawns, h.Release, h.SpreadMs, h.P50Ms, h.GateLastMs,
+				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, h.PerHeld, h.Nofile)
 		}
 		for _, h := range r.Herd {
 			if h.FirstFailure != "" {

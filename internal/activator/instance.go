@@ -99,6 +99,7 @@ type instance struct {
 	// releaseFn is in.release, bound once: a method value made per request is an allocation per
 	// request.
 	releaseFn func()
+	holdM     atomic.Pointer[holdMetrics] // see holdMetrics
 	baseLog   *slog.Logger
 	logOnce   sync.Once
 	log       *slog.Logger // baseLog with the route's attributes; use logger()
@@ -160,6 +161,16 @@ func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.L
 	return in
 }
 
+// holdMetrics returns the route's hold gauge and histogram, resolved on the first hold (most routes
+// of a large config never hold a request, and each series costs memory).
+func (in *instance) holdMetrics() *holdMetrics {
+	if h := in.holdM.Load(); h != nil {
+		return h
+	}
+	in.holdM.CompareAndSwap(nil, in.metrics.holdFor(in.route.Name))
+	return in.holdM.Load()
+}
+
 // logger is the route's logger: the server's, with the route's name and backing.
 func (in *instance) logger() *slog.Logger {
 	in.logOnce.Do(func() { in.log = in.baseLog.With("route", in.route.Name, "backing", in.route.Backing) })
@@ -200,8 +211,7 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 	defer func() {
 		if timer != nil {
 			timer.Stop()
-			in.metrics.heldDelta(in.route.Name, -1)
-			in.metrics.holdDone(in.route.Name, in.now().Sub(heldSince))
+			in.holdMetrics().end(in.now().Sub(heldSince))
 		}
 	}()
 	holding := false // counted in in.held from the previous turn; settled under the lock below
@@ -261,7 +271,7 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 
 		if timer == nil {
 			heldSince = in.now()
-			in.metrics.heldDelta(in.route.Name, 1)
+			in.holdMetrics().begin()
 			timer = time.NewTimer(in.route.Hold.MaxTime)
 		}
 		select {

@@ -1,0 +1,88 @@
+package activator
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// TestFastTransportDialLimit: a burst of requests on a transport with no connections yet dials at most
+// maxDials at once and never opens more than its cap; requests that find no token take connections
+// handed back by the others. The dialer's Control hook holds every dial until maxDials are in flight,
+// so a 33rd concurrent dial would be seen.
+func TestFastTransportDialLimit(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted sync.Map
+	upstream := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				accepted.Store(c.RemoteAddr().String(), true)
+			}
+		},
+	}
+	go upstream.Serve(ln)
+	t.Cleanup(func() { upstream.Close() })
+
+	const conns, requests = 64, 300
+	tr := newFastTransport("tcp", ln.Addr().String(), conns, http.DefaultTransport)
+	var (
+		mu       sync.Mutex
+		inFlight int
+		maxSeen  int
+		full     = make(chan struct{})
+		release  = make(chan struct{})
+	)
+	tr.dialer.Control = func(string, string, syscall.RawConn) error {
+		mu.Lock()
+		inFlight++
+		maxSeen = max(maxSeen, inFlight)
+		if inFlight == maxDials {
+			close(full)
+		}
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, requests)
+	for range requests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	<-full
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("request: %v", err)
+	}
+	if maxSeen > maxDials {
+		t.Errorf("%d dials in flight at once, want at most %d", maxSeen, maxDials)
+	}
+	n := 0
+	accepted.Range(func(any, any) bool { n++; return true })
+	if n > conns {
+		t.Errorf("%d upstream connections opened, want at most %d", n, conns)
+	}
+	t.Logf("%d requests over %d connections", requests, n)
+}
