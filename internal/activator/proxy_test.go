@@ -37,6 +37,7 @@ func TestFastTransportDialLimit(t *testing.T) {
 		inFlight int
 		maxSeen  int
 		full     = make(chan struct{})
+		fullOnce sync.Once
 		release  = make(chan struct{})
 	)
 	tr.dialer.Control = func(string, string, syscall.RawConn) error {
@@ -44,7 +45,7 @@ func TestFastTransportDialLimit(t *testing.T) {
 		inFlight++
 		maxSeen = max(maxSeen, inFlight)
 		if inFlight == maxDials {
-			close(full)
+			fullOnce.Do(func() { close(full) }) // later dials, after the release, may reach it again
 		}
 		mu.Unlock()
 		<-release
