@@ -106,7 +106,7 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 			for _, p := range wr.Phases {
 				ps = append(ps, fmt.Sprintf("%s=%s", p.Name, p.Duration.Round(100*time.Microsecond)))
 			}
-			if wr.Released > 0 {
+			if wr.Released > 1 { // a herd: how long letting it go took
 				ps = append(ps, fmt.Sprintf("released=%d/%s", wr.Released, wr.ReleaseSpread.Round(100*time.Microsecond)))
 			}
 			phases = strings.Join(ps, " ")

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+)
+
+// TestPrintStatus: the status table shows each route's last wake with its phases, and how long
+// letting a herd go took when the wake released more than one held request.
+func TestPrintStatus(t *testing.T) {
+	now := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	wake := func(released int) *activator.WakeRecord {
+		return &activator.WakeRecord{
+			Result: activator.ResultOK, Started: now.Add(-3 * time.Second), Duration: 5700 * time.Microsecond,
+			Phases:   []activator.PhaseRecord{{Name: "spawn", Duration: 1200 * time.Microsecond}, {Name: "health", Duration: 4500 * time.Microsecond}},
+			Released: released, ReleaseSpread: 2500 * time.Microsecond,
+		}
+	}
+	var out bytes.Buffer
+	printStatus(&out, []activator.Status{
+		{Route: "herd", Backing: "exec", State: "awake", Since: now, LastWake: wake(1000)},
+		{Route: "one", Backing: "exec", State: "awake", Since: now, LastWake: wake(1)},
+		{Route: "never", Backing: "unit", State: "asleep", Since: now, LastError: "unit x.service: start job result \"failed\""},
+	}, now)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("got %d lines, want a header and 3 routes:\n%s", len(lines), out.String())
+	}
+	for _, want := range []string{"ok 5.7ms (3s ago)", "spawn=1.2ms health=4.5ms", "released=1000/2.5ms"} {
+		if !strings.Contains(lines[1], want) {
+			t.Errorf("herd line %q lacks %q", lines[1], want)
+		}
+	}
+	if strings.Contains(lines[2], "released=") {
+		t.Errorf("a wake that released one request shows a release: %q", lines[2])
+	}
+	if !strings.Contains(lines[3], `start job result "failed"`) {
+		t.Errorf("the failed route's line %q does not carry its last error", lines[3])
+	}
+}
