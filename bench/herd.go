@@ -94,8 +94,10 @@ func runHerd(ctx context.Context, e *env) error {
 		e.report.Herd = append(e.report.Herd, row)
 		if n >= 10000 || n == e.opts.herd[len(e.opts.herd)-1] {
 			e.report.check(fmt.Sprintf("herd N=%d: spawns, all answered (every run)", n), fmt.Sprintf("%d spawn(s), %d/%d answered (worst of %d)", row.Spawns, row.Answered, n, row.Runs), "1 spawn, all answered", row.Spawns == 1 && row.Answered == n)
-			e.report.check(fmt.Sprintf("herd N=%d: release spread, gate passed → last held request left the hold (ms)", n),
-				fmt.Sprintf("%s over %d runs (%d released); last response %.1f ms after the gate", row.Release, row.Runs, row.Released, row.GateLastMs), "≤ 20 ms", row.Released == n && row.ReleaseMs <= 20)
+			if n >= 10000 { // the release target is for a herd of 10,000
+				e.report.check(fmt.Sprintf("herd N=%d: release spread, gate passed → last held request left the hold (ms)", n),
+					fmt.Sprintf("%s over %d runs (%d released); last response %.1f ms after the gate", row.Release, row.Runs, row.Released, row.GateLastMs), "≤ 20 ms", row.Released == n && row.ReleaseMs <= 20)
+			}
 			e.report.check(fmt.Sprintf("herd N=%d: activator RSS per held request", n), fmt.Sprintf("%s KiB", row.PerHeld), "≤ 16 KiB", row.PerHeldKiB <= 16)
 		}
 	}
