@@ -19,6 +19,7 @@ import (
 
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -92,18 +93,6 @@ func sequence(hits *atomic.Int64, codes ...int) http.HandlerFunc {
 		n := int(hits.Add(1))
 		w.WriteHeader(codes[min(n, len(codes))-1])
 	}
-}
-
-// refused returns a loopback address nothing listens on.
-func refused(t *testing.T) registry.Upstream {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return registry.Upstream{Network: "tcp", Address: addr}
 }
 
 // hanging returns an upstream that accepts connections and never answers, and a channel that receives
@@ -234,7 +223,7 @@ func TestProbeUnixSocket(t *testing.T) {
 }
 
 func TestProbeRefused(t *testing.T) {
-	err := health.New(refused(t), cfg(nil)).Probe(t.Context())
+	err := health.New(testenv.FreeTCP(t), cfg(nil)).Probe(t.Context())
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("Probe() against a closed port = %v, want ECONNREFUSED", err)
 	}
@@ -414,7 +403,7 @@ func TestWaitGone(t *testing.T) {
 	t.Run("already closed", func(t *testing.T) {
 		gone := make(chan struct{})
 		close(gone)
-		err := health.New(refused(t), cfg(nil)).Wait(context.Background(), gone)
+		err := health.New(testenv.FreeTCP(t), cfg(nil)).Wait(context.Background(), gone)
 		if !errors.Is(err, health.ErrGone) {
 			t.Errorf("Wait() = %v, want ErrGone", err)
 		}
@@ -425,7 +414,7 @@ func TestWaitGateError(t *testing.T) {
 	t.Run("refused until the budget ends", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		defer cancel()
-		err := health.New(refused(t), cfg(nil)).Wait(ctx, make(chan struct{}))
+		err := health.New(testenv.FreeTCP(t), cfg(nil)).Wait(ctx, make(chan struct{}))
 		var ge *health.GateError
 		if !errors.As(err, &ge) {
 			t.Fatalf("Wait() = %v, want *GateError", err)

@@ -381,17 +381,6 @@ func ProcState(pid int) (string, error) {
 	return s[i+2 : i+3], nil
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Demo describes a service unit that runs the demoapp: the current test binary re-executed with
 // ACTIVATOR_DEMOAPP=1 (the test package's TestMain must call demoapp.RunIfChild first).
 type Demo struct {
@@ -493,9 +482,9 @@ func (m *Manager) WriteProxyPair(t testing.TB, base string, d Demo) ProxyPair {
 		Socket:  base + "-proxy.socket",
 		Proxy:   base + "-proxy.service",
 		App:     base + "-app.service",
-		AppPort: FreePort(t),
+		AppPort: testenv.FreePort(t),
 	}
-	p.Listen = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	p.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	d.Port = p.AppPort
 	m.WriteUnit(t, p.App, d.Text(t))
 	m.WriteUnit(t, p.Proxy, fmt.Sprintf("[Unit]\nRequires=%s\nAfter=%s\nStartLimitIntervalSec=0\n[Service]\nExecStart=%s 127.0.0.1:%d\n",

@@ -4,8 +4,12 @@
 package testenv
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"testing"
+
+	"github.com/activator/activator/internal/registry"
 )
 
 // Required reports whether integration dependencies are mandatory in this run.
@@ -18,4 +22,21 @@ func Missing(t testing.TB, format string, args ...any) {
 		t.Fatalf("ACTIVATOR_INTEGRATION=required, but: "+format, args...)
 	}
 	t.Skipf("skipping: "+format+" (set ACTIVATOR_INTEGRATION=required to make this a failure)", args...)
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// FreeTCP returns a loopback TCP upstream nothing listens on (a port that was free a moment ago).
+func FreeTCP(t testing.TB) registry.Upstream {
+	t.Helper()
+	return registry.Upstream{Network: "tcp", Address: fmt.Sprintf("127.0.0.1:%d", FreePort(t))}
 }

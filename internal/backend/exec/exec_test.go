@@ -30,6 +30,7 @@ import (
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // budget bounds every wait in these tests. It is a generous upper bound that turns a hang into a
@@ -171,18 +172,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func freeTCP(t *testing.T) registry.Upstream {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return registry.Upstream{Network: "tcp", Address: addr}
-}
-
-func tempSocket(t *testing.T) registry.Upstream {
+func tempSocket(t testing.TB) registry.Upstream {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "exec")
 	if err != nil {
@@ -195,15 +185,15 @@ func tempSocket(t *testing.T) registry.Upstream {
 func TestConformance(t *testing.T) {
 	cases := []struct {
 		name  string
-		up    func(t *testing.T) registry.Upstream
+		up    func(t testing.TB) registry.Upstream
 		block string
 	}{
-		{"tcp_env", freeTCP, "listen: env\n"},
+		{"tcp_env", testenv.FreeTCP, "listen: env\n"},
 		{"unix_env", tempSocket, ""},
-		{"tcp_listen_fds", freeTCP, "listen: listen_fds\n"},
+		{"tcp_listen_fds", testenv.FreeTCP, "listen: listen_fds\n"},
 		{"unix_listen_fds", tempSocket, "listen: listen_fds\n"},
 		// A variable name no shell passes on: the activator's own binary is the shim instead of /bin/sh.
-		{"tcp_listen_fds_self_shim", freeTCP, "listen: listen_fds\nenv: {demo.var: \"1\"}\n"},
+		{"tcp_listen_fds_self_shim", testenv.FreeTCP, "listen: listen_fds\nenv: {demo.var: \"1\"}\n"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -216,7 +206,7 @@ func TestConformance(t *testing.T) {
 
 // A child that prints far more than a pipe buffer holds before listening still starts and serves.
 func TestChattyChild(t *testing.T) {
-	f := newFixture(t, freeTCP(t), "env: {DEMOAPP_CHATTY: \"20000\"}\n")
+	f := newFixture(t, testenv.FreeTCP(t), "env: {DEMOAPP_CHATTY: \"20000\"}\n")
 	f.wake(t)
 	backendtest.Get(t, f.subject())
 	out := f.b.proc.out.Bytes()
@@ -268,7 +258,7 @@ func TestExitBeforeReady(t *testing.T) {
 	}
 
 	t.Run("ready_marker", func(t *testing.T) {
-		f := newFixture(t, freeTCP(t), env+"ready_marker: demoapp ready\n")
+		f := newFixture(t, testenv.FreeTCP(t), env+"ready_marker: demoapp ready\n")
 		rec := &recorder{}
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
@@ -286,7 +276,7 @@ func TestExitBeforeReady(t *testing.T) {
 	})
 
 	t.Run("no_marker", func(t *testing.T) {
-		f := newFixture(t, freeTCP(t), env)
+		f := newFixture(t, testenv.FreeTCP(t), env)
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
 		life, err := f.b.Wake(ctx, activator.Discard)
@@ -305,7 +295,7 @@ func TestExitBeforeReady(t *testing.T) {
 func TestReadyMarker(t *testing.T) {
 	// The marker line is printed after the app listens, half a second after it starts: when Wake
 	// returns the very first probe must pass.
-	f := newFixture(t, freeTCP(t), "ready_marker: tenant-is-up\nenv: {DEMOAPP_READY: tenant-is-up, DEMOAPP_START_DELAY: 500ms}\n")
+	f := newFixture(t, testenv.FreeTCP(t), "ready_marker: tenant-is-up\nenv: {DEMOAPP_READY: tenant-is-up, DEMOAPP_START_DELAY: 500ms}\n")
 	rec := &recorder{}
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
@@ -330,7 +320,7 @@ func TestReadyMarker(t *testing.T) {
 
 // A wake canceled while waiting for the marker kills the child.
 func TestReadyMarkerCanceled(t *testing.T) {
-	f := newFixture(t, freeTCP(t), "ready_marker: never-printed\n")
+	f := newFixture(t, testenv.FreeTCP(t), "ready_marker: never-printed\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rec := &recorder{onPhase: func(name string) {
@@ -363,7 +353,7 @@ func TestStopGrace(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, freeTCP(t), c.block)
+			f := newFixture(t, testenv.FreeTCP(t), c.block)
 			life := f.wake(t)
 			p := f.b.proc
 			backendtest.Sleep(t, f.subject())
@@ -385,7 +375,7 @@ func TestStopGrace(t *testing.T) {
 
 func TestStopSignal(t *testing.T) {
 	// INT is honoured by demoapp even when it ignores TERM.
-	f := newFixture(t, freeTCP(t), "stop_signal: INT\nstop_grace: 1h\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n")
+	f := newFixture(t, testenv.FreeTCP(t), "stop_signal: INT\nstop_grace: 1h\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n")
 	f.wake(t)
 	p := f.b.proc
 	backendtest.Sleep(t, f.subject())
@@ -398,7 +388,7 @@ func TestStopSignal(t *testing.T) {
 func TestNoOrphans(t *testing.T) {
 	for _, mode := range []ListenMode{ListenEnv, ListenFDs} {
 		t.Run(string(mode), func(t *testing.T) {
-			up := freeTCP(t)
+			up := testenv.FreeTCP(t)
 			_, port, _ := net.SplitHostPort(up.Address)
 			self, err := os.Executable()
 			if err != nil {
@@ -456,7 +446,7 @@ func TestNoOrphans(t *testing.T) {
 // take a child with them. The test makes the runtime put every idle thread to work (goroutines blocked
 // in raw syscalls need one thread each), then retires all of those threads.
 func TestThreadExitDoesNotKillChild(t *testing.T) {
-	f := newFixture(t, freeTCP(t), "")
+	f := newFixture(t, testenv.FreeTCP(t), "")
 	life := f.wake(t)
 	pid, tid := f.b.PID(), f.b.proc.tid
 	for round := 0; round < 3; round++ {
@@ -502,7 +492,7 @@ func churnThreads(t *testing.T, n int) {
 }
 
 func TestWakeAfterClose(t *testing.T) {
-	f := newFixture(t, freeTCP(t), "")
+	f := newFixture(t, testenv.FreeTCP(t), "")
 	f.wake(t)
 	if err := f.b.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -518,7 +508,7 @@ func TestWakeAfterClose(t *testing.T) {
 // listen_fds keeps the socket bound across sleeps: a connection made while asleep waits in the backlog
 // and is served by the next child.
 func TestListenFDsBacklog(t *testing.T) {
-	f := newFixture(t, freeTCP(t), "listen: listen_fds\n")
+	f := newFixture(t, testenv.FreeTCP(t), "listen: listen_fds\n")
 	f.wake(t)
 	backendtest.Sleep(t, f.subject())
 	conn, err := net.Dial("tcp", f.up.Address)
@@ -552,7 +542,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mode := range []ListenMode{ListenEnv, ListenFDs} {
-		r := &registry.Route{Name: "leak", Upstream: freeTCP(t), Settings: &Settings{
+		r := &registry.Route{Name: "leak", Upstream: testenv.FreeTCP(t), Settings: &Settings{
 			Argv: []string{self}, Path: self, Env: map[string]string{demoapp.ChildEnv: "1", "GORACE": "atexit_sleep_ms=0"},
 			ReadyMarker: "demoapp ready", Listen: mode, StopSignal: syscall.SIGTERM, StopGrace: time.Minute,
 		}}
@@ -582,7 +572,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 func TestProviderOpen(t *testing.T) {
 	p := NewProvider(Options{Logger: testLogger(t)})
 	self, _ := os.Executable()
-	b, err := p.Open(&registry.Route{Name: "x", Upstream: freeTCP(t), Settings: &Settings{Argv: []string{self}, Path: self, Listen: ListenFDs}})
+	b, err := p.Open(&registry.Route{Name: "x", Upstream: testenv.FreeTCP(t), Settings: &Settings{Argv: []string{self}, Path: self, Listen: ListenFDs}})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -652,7 +642,7 @@ func TestShimChoice(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, freeTCP(t), c.block)
+			f := newFixture(t, testenv.FreeTCP(t), c.block)
 			f.b.mu.Lock()
 			sp, err := f.b.specLocked()
 			f.b.mu.Unlock()
@@ -669,7 +659,7 @@ func TestShimChoice(t *testing.T) {
 		})
 	}
 	// An argv[0] that is not the resolved path itself: exec "$0" would change what the tenant sees.
-	f := newFixture(t, freeTCP(t), "listen: listen_fds\n")
+	f := newFixture(t, testenv.FreeTCP(t), "listen: listen_fds\n")
 	f.b.settings.Argv = append([]string{"alias"}, f.b.settings.Argv[1:]...)
 	f.b.mu.Lock()
 	sp, err := f.b.specLocked()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -58,17 +57,6 @@ func needGuest(tb testing.TB) guest {
 	return g
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // shortDir is a private temp dir short enough for a unix socket path, removed at cleanup.
 func shortDir(tb testing.TB) string {
 	tb.Helper()
@@ -93,7 +81,7 @@ sleep: %s
 runtime_dir: %s
 snapshot_dir: %s
 %s`, g.kernel, g.initrd, g.append, sleep, filepath.Join(rt, "run"), filepath.Join(rt, "snap"), extra)
-	return decodeRoute(tb, "guest", fmt.Sprintf("127.0.0.1:%d", freePort(tb)), doc)
+	return decodeRoute(tb, "guest", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(tb)), doc)
 }
 
 func decodeRoute(tb testing.TB, name, upstream, doc string) *registry.Route {

@@ -13,6 +13,7 @@ import (
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/systemdtest"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // firstByte sends GET / on a fresh connection to addr and returns once the status line has arrived
@@ -62,7 +63,7 @@ func BenchmarkColdFirstByte(b *testing.B) {
 
 	run := func(b *testing.B, sleep SleepMode) {
 		unit := uniq("bench") + ".service"
-		port := systemdtest.FreePort(b)
+		port := testenv.FreePort(b)
 		m.WriteDemo(b, unit, systemdtest.Demo{Port: port})
 		r := route(m, unit, port, sleep)
 		r.Health.Interval = 50 * time.Millisecond

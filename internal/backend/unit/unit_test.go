@@ -19,6 +19,7 @@ import (
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/systemdtest"
+	"github.com/activator/activator/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -82,7 +83,7 @@ type fixture struct {
 func newFixture(t *testing.T, m *systemdtest.Manager, p *Provider, sleep SleepMode, d systemdtest.Demo) *fixture {
 	t.Helper()
 	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
-	port := systemdtest.FreePort(t)
+	port := testenv.FreePort(t)
 	d.Port = port
 	m.WriteDemo(t, f.unit, d)
 	f.r = route(m, f.unit, port, sleep)
@@ -432,7 +433,7 @@ func TestFreeze(t *testing.T) {
 func TestSocketPair(t *testing.T) {
 	m := systemdtest.Start(t)
 	p := newProvider(t)
-	port := systemdtest.FreePort(t)
+	port := testenv.FreePort(t)
 	base := uniq("sock")
 	svc := m.WriteSocketPair(t, base, port, systemdtest.Demo{})
 	r := route(m, svc, port, SleepStop)
@@ -607,7 +608,7 @@ func TestProviderClose(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	p := NewProvider(Options{Context: context.Background(), Logger: slog.New(slog.DiscardHandler)})
 	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
-	port := systemdtest.FreePort(t)
+	port := testenv.FreePort(t)
 	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
 	f.r = route(m, f.unit, port, SleepStop)
 	b, err := p.Open(f.r)
@@ -635,7 +636,7 @@ func proxiedFixture(t *testing.T, m *systemdtest.Manager, sleep SleepMode) (*fix
 	proxy := m.NewBusProxy(t)
 	p := newProvider(t)
 	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
-	port := systemdtest.FreePort(t)
+	port := testenv.FreePort(t)
 	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
 	f.r = route(m, f.unit, port, sleep)
 	f.r.Settings.(*Settings).Bus = proxy.Address
