@@ -25,14 +25,7 @@ type watcher struct {
 func (b *Backend) startWatch(life *activator.Life) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
-	b.mu.Lock()
-	old := b.watch
-	b.watch = w
-	b.mu.Unlock()
-	if old != nil {
-		old.cancel()
-		<-old.done
-	}
+	b.swapWatch(w)
 	go func() {
 		defer close(w.done)
 		b.watchLoop(ctx, life)
@@ -75,13 +68,16 @@ func (b *Backend) watchLoop(ctx context.Context, life *activator.Life) {
 }
 
 // stopWatch stops the background poll, if any, and waits for it to return.
-func (b *Backend) stopWatch() {
+func (b *Backend) stopWatch() { b.swapWatch(nil) }
+
+// swapWatch makes w (nil for none) the Backend's poll, then stops the previous one and waits for it.
+func (b *Backend) swapWatch(w *watcher) {
 	b.mu.Lock()
-	w := b.watch
-	b.watch = nil
+	old := b.watch
+	b.watch = w
 	b.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
+	if old != nil {
+		old.cancel()
+		<-old.done
 	}
 }
