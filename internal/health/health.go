@@ -1,14 +1,14 @@
 // Package health owns probing a tenant's upstream: one HTTP GET per probe, and the gate that waits for
-// N consecutive passes, probing every millisecond at first, so a fast tenant is released
-// within milliseconds of listening while a slow one is not hammered.
+// N consecutive passes, probing every FastPause at first, so a fast tenant is released within a
+// fraction of a millisecond of listening while a slow one is not hammered.
 package health
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -47,13 +47,8 @@ func (e *GateError) Unwrap() error { return e.Err }
 // Prober probes one upstream. It is safe for concurrent use.
 type Prober struct {
 	cfg registry.Health
-	url string
 	up  registry.Upstream
-
-	// The client is built on the first probe: with thousands of configured routes most never wake,
-	// and an http.Transport per route was an eighth of the activator's heap.
-	once   sync.Once
-	client *http.Client // set once by once.Do, read after it
+	req []byte // the probe request, written as is on each fresh connection
 }
 
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
@@ -79,57 +74,68 @@ func New(u registry.Upstream, h registry.Health) *Prober {
 	if u.Network == "unix" {
 		host = "localhost"
 	}
-	return &Prober{cfg: h, url: "http://" + host + h.Path, up: u}
+	// A probe measures a fresh connection (a pooled one may point at a process that is gone), so it
+	// asks the tenant to close it.
+	req := "GET " + h.Path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: activator-health\r\nConnection: close\r\n\r\n"
+	return &Prober{cfg: h, up: u, req: []byte(req)}
 }
 
-func (p *Prober) httpClient() *http.Client {
-	p.once.Do(func() {
-		u := p.up
-		tr := &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return u.Dial(ctx)
-			},
-			// A probe measures a fresh connection: a pooled one may point at a process that is gone.
-			DisableKeepAlives:     true,
-			ResponseHeaderTimeout: p.cfg.Timeout,
-		}
-		p.client = &http.Client{Transport: tr, CheckRedirect: noRedirect}
-	})
-	return p.client
-}
-
-func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-
-// Probe makes one GET within the configured timeout and returns nil when the status is in range.
+// Probe makes one GET on a fresh connection within the configured timeout and returns nil when the
+// status is in range. Redirects are not followed: a 3xx is judged by the status range like any other.
+//
+// It is one dial, one write and one read in the calling goroutine, not an http.Client round trip: the
+// gate probes every FastPause while a tenant starts, and a client's dial and read goroutines per probe
+// were CPU taken from the tenant starting on the same cores.
 func (p *Prober) Probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url, nil)
+	err := p.probe(ctx)
+	if err != nil && ctx.Err() != nil {
+		// The connection's deadline fired because ctx ended: say that, not "i/o timeout".
+		err = ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+	}
+	return nil
+}
+
+func (p *Prober) probe(ctx context.Context) error {
+	c, err := p.up.Dial(ctx)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("User-Agent", "activator-health")
-	resp, err := p.httpClient().Do(req)
+	defer c.Close()
+	// ctx ending (timeout, the caller, or the tenant gone) cuts a probe that waits on a hanging
+	// tenant.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := c.Write(p.req); err != nil {
+		return err
+	}
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(c)
+	defer func() { br.Reset(nil); readers.Put(br) }()
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		var ue interface{ Unwrap() error }
-		if errors.As(err, &ue) {
-			err = ue.Unwrap() // drop the url.Error wrapper: the URL is always the same
-		}
-		return fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+		return err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if resp.StatusCode < p.cfg.MinStatus || resp.StatusCode > p.cfg.MaxStatus {
-		return fmt.Errorf("GET %s: status %d, want %d-%d", p.cfg.Path, resp.StatusCode, p.cfg.MinStatus, p.cfg.MaxStatus)
+		return fmt.Errorf("status %d, want %d-%d", resp.StatusCode, p.cfg.MinStatus, p.cfg.MaxStatus)
 	}
 	return nil
 }
+
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
 // Wait probes at once, then every FastPause for FastProbes probes, then with a doubling pause up to
 // the interval, until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
 // or ctx ends (*GateError). A probe in flight when gone closes is cut short, so ErrGone comes promptly
 // even while a probe waits on an upstream that hangs; a probe that passes before Wait sees gone closed
-// still counts. A nil gone never closes. Wait starts no goroutine that outlives it.
+// still counts. A nil gone never closes. Wait starts no goroutine that outlives it, except the shared
+// ticks' (tick.go), which ends within a FastPause of the last gate leaving them.
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	var (
 		pause  = FastPause
@@ -154,6 +160,14 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 			}
 		})
 	}
+	// The fast phase pauses on the shared precise ticks when there are any (tick.go); a gate joins
+	// them at its first pause, so one whose first probe passes costs nothing.
+	var precise, joined bool
+	defer func() {
+		if precise {
+			fastTicks.leave()
+		}
+	}()
 	gateErr := func() error {
 		return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
 	}
@@ -192,18 +206,40 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 			return gateErr()
 		default:
 		}
-		if timer == nil {
-			timer = time.NewTimer(pause)
-			defer timer.Stop()
-		} else {
-			timer.Reset(pause)
+		if !joined && probes < FastProbes {
+			joined = true
+			precise = fastTicks.join()
 		}
-		select {
-		case <-gone:
-			return ErrGone
-		case <-ctx.Done():
-			return gateErr()
-		case <-timer.C:
+		var tick <-chan struct{}
+		if precise {
+			tick = fastTicks.tick()
+		}
+		if tick != nil {
+			select {
+			case <-gone:
+				return ErrGone
+			case <-ctx.Done():
+				return gateErr()
+			case <-tick:
+			}
+		} else {
+			if timer == nil {
+				timer = time.NewTimer(pause)
+				defer timer.Stop()
+			} else {
+				timer.Reset(pause)
+			}
+			select {
+			case <-gone:
+				return ErrGone
+			case <-ctx.Done():
+				return gateErr()
+			case <-timer.C:
+			}
+		}
+		if probes == FastProbes && precise {
+			fastTicks.leave()
+			precise = false
 		}
 		if probes >= FastProbes {
 			if pause *= 2; pause > p.cfg.Interval {

@@ -281,9 +281,8 @@ func TestStopDuringStartJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := m.ActiveState(t, f.unit); st != "activating" {
-		t.Fatalf("unit is %q while its start job runs, want activating", st)
-	}
+	// Wake returns once systemd has queued the job, which may not have begun yet.
+	m.WaitState(t, f.unit, "activating", budget)
 	if err := f.b.Stop(ctx); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
