@@ -100,6 +100,12 @@ type UnitRow struct {
 	Unit       Stat   `json:"unit_ms"`
 	UnitLost   int    `json:"unit_lost"`
 	Ratio      Stat   `json:"unit_over_socket"`
+	// RatioProxyd is unit ÷ the .socket + proxyd pair, over the rounds the pair answered.
+	RatioProxyd Stat `json:"unit_over_proxyd"`
+	// The part of each first byte after the app was listening (the app's bound_ns → first byte).
+	SocketPost Stat   `json:"socket_activation_listening_to_first_byte_ms"`
+	ProxydPost Stat   `json:"proxyd_listening_to_first_byte_ms"`
+	UnitPost   Stat   `json:"unit_listening_to_first_byte_ms"`
 	Phases     string `json:"unit_wake_phases,omitempty"` // medians from the activator's wake records
 }
 
@@ -338,9 +344,13 @@ func (r *Report) markdown() string {
 
 	if len(r.Unit) > 0 {
 		p("#### Unit wake vs systemd socket activation, first byte in milliseconds\n\n")
-		p("| app start delay | socket activation | lost | socket + proxyd | lost | activator unit | lost | unit ÷ socket |\n|---|---|---|---|---|---|---|---|\n")
+		p("Each round stops the three and sends one GET /bound to each, in turn. *socket activation*: the app's own `.socket`, systemd hands it the listening socket; *socket + proxyd*: a `.socket` starting `systemd-socket-proxyd`, which needs the app service (the issue's comparison); *activator unit*: a unit route. Ratios are taken round by round. *listening → first byte*: the part of the first byte after the app was listening (its own bound_ns).\n\n")
+		p("| app start delay | socket activation | lost | socket + proxyd | lost | activator unit | lost | unit ÷ socket + proxyd | unit ÷ socket activation |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, u := range r.Unit {
-			p("| %s | %s | %d | %s | %d | %s | %d | %s |\n", u.StartDelay, fmtStat(u.Socket, 1), u.SocketLost, fmtStat(u.Proxyd, 1), u.ProxydLost, fmtStat(u.Unit, 1), u.UnitLost, fmtStat(u.Ratio, 2))
+			p("| %s | %s | %d | %s | %d | %s | %d | %s | %s |\n", u.StartDelay, fmtStat(u.Socket, 1), u.SocketLost, fmtStat(u.Proxyd, 1), u.ProxydLost, fmtStat(u.Unit, 1), u.UnitLost, fmtStat(u.RatioProxyd, 2), fmtStat(u.Ratio, 2))
+		}
+		for _, u := range r.Unit {
+			p("\n- listening → first byte at start delay %s (median ms): socket activation %s, socket + proxyd %s, activator unit %s", u.StartDelay, fmtMedian(u.SocketPost), fmtMedian(u.ProxydPost), fmtMedian(u.UnitPost))
 		}
 		for _, u := range r.Unit {
 			if u.Phases != "" {
@@ -485,4 +495,12 @@ func describeMachine(nofile uint64) Machine {
 		}
 	}
 	return m
+}
+
+// fmtMedian is s's median with two decimals, or "–" when it has no samples.
+func fmtMedian(s Stat) string {
+	if !s.valid() {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", s.Median)
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,7 +90,8 @@ func runUnit(ctx context.Context, e *env) error {
 		}
 		row := UnitRow{StartDelay: d.String()}
 		var phases phaseLog
-		var sa, px, un []float64
+		// One entry per round in each, NaN for a lost request, so the ratios pair the same round.
+		var sa, px, un, saPost, pxPost, unPost []float64
 		for i := 0; i < e.opts.coldSamples; i++ {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -97,38 +100,45 @@ func runUnit(ctx context.Context, e *env) error {
 			if err := m.systemctl(ctx, "stop", "sa-app.service"); err != nil {
 				return err
 			}
-			if v, err := timeFirst(ctx, fmt.Sprintf("127.0.0.1:%d", saPort), "127.0.0.1"); err != nil {
+			fb, post, err := timeFirst(ctx, fmt.Sprintf("127.0.0.1:%d", saPort), "127.0.0.1")
+			if err != nil {
 				row.SocketLost++
-			} else {
-				sa = append(sa, v)
 			}
+			sa, saPost = append(sa, fb), append(saPost, post)
 			if proxyd != "" {
 				if err := m.systemctl(ctx, "stop", "px-proxy.service", "px-app.service"); err != nil {
 					return err
 				}
-				if v, err := timeFirst(ctx, fmt.Sprintf("127.0.0.1:%d", pxPort), "127.0.0.1"); err != nil {
+				fb, post, err := timeFirst(ctx, fmt.Sprintf("127.0.0.1:%d", pxPort), "127.0.0.1")
+				if err != nil {
 					row.ProxydLost++
-				} else {
-					px = append(px, v)
 				}
+				px, pxPost = append(px, fb), append(pxPost, post)
 			}
 			if unitWired {
 				if err := act.adminPost(ctx, "/routes/unit/sleep"); err != nil {
 					return err
 				}
-				if v, err := timeFirst(ctx, act.edge, "unit.localhost"); err != nil {
+				fb, post, err := timeFirst(ctx, act.edge, "unit.localhost")
+				if err != nil {
 					row.UnitLost++
-				} else {
-					un = append(un, v)
 				}
+				un, unPost = append(un, fb), append(unPost, post)
 				phases.add(ctx, act, "unit")
 			}
 		}
 		row.Socket, row.Proxyd, row.Unit = summarize(sa), summarize(px), summarize(un)
+		row.SocketPost, row.ProxydPost, row.UnitPost = summarize(saPost), summarize(pxPost), summarize(unPost)
 		row.Phases = phases.String()
 		if unitWired {
-			row.Ratio = ratios(un, sa)
-			e.report.check("unit wake ÷ socket activation, first byte, start delay "+d.String(), fmtStat(row.Ratio, 2)+fmt.Sprintf(", %d lost", row.UnitLost), "≤ 1.1, 0 lost", row.Ratio.valid() && row.Ratio.Median <= 1.1 && row.UnitLost == 0)
+			row.Ratio, row.RatioProxyd = ratios(un, sa), ratios(un, px)
+			// The comparison is with the .socket + proxyd pair; where the pair lost most of its
+			// first requests it has no first byte to compare with, and the app's own socket activation
+			// is the yardstick. The latter, stricter ratio is reported at every delay.
+			if proxyd != "" && row.ProxydLost*2 < e.opts.coldSamples {
+				e.report.check("unit wake ÷ socket + proxyd pair, first byte, start delay "+d.String(), fmtStat(row.RatioProxyd, 2)+fmt.Sprintf(", %d lost (the pair lost %d)", row.UnitLost, row.ProxydLost), "≤ 1.1, 0 lost", row.RatioProxyd.valid() && row.RatioProxyd.Median <= 1.1 && row.UnitLost == 0)
+			}
+			e.report.check("unit wake ÷ the app's own socket activation (stricter), first byte, start delay "+d.String(), fmtStat(row.Ratio, 2)+fmt.Sprintf(", %d lost", row.UnitLost), "≤ 1.1, 0 lost", row.Ratio.valid() && row.Ratio.Median <= 1.1 && row.UnitLost == 0)
 		}
 		e.report.Unit = append(e.report.Unit, row)
 		e.log.Info("unit", "delay", d, "socket_ms", row.Socket.Median, "proxyd_ms", row.Proxyd.Median, "proxyd_lost", row.ProxydLost, "unit_ms", row.Unit.Median)
@@ -148,17 +158,24 @@ func runUnit(ctx context.Context, e *env) error {
 	return nil
 }
 
-// timeFirst times one GET / on a fresh connection, in milliseconds; a failed or non-200 answer is an
-// error (a lost first request).
-func timeFirst(ctx context.Context, addr, host string) (float64, error) {
-	r, err := firstByte(ctx, addr, "/", host, 30*time.Second)
+// timeFirst sends one GET /bound on a fresh connection and returns the time to its first byte and
+// the part of it after the app was listening (the demo app's bound_ns), in milliseconds; a failed or
+// non-200 answer is an error (a lost first request), with NaN for both.
+func timeFirst(ctx context.Context, addr, host string) (firstByteMs, postMs float64, err error) {
+	nan := math.NaN()
+	r, err := firstByte(ctx, addr, "/bound", host, 30*time.Second)
 	if err != nil {
-		return 0, err
+		return nan, nan, err
 	}
 	if r.code != 200 {
-		return 0, fmt.Errorf("status %d", r.code)
+		return nan, nan, fmt.Errorf("status %d", r.code)
 	}
-	return float64(r.first.Sub(r.sent).Microseconds()) / 1000, nil
+	var b boundInfo
+	if err := json.Unmarshal(r.body, &b); err != nil {
+		return nan, nan, fmt.Errorf("GET /bound: %w (%q)", err, r.body)
+	}
+	s := b.sample(r)
+	return s.firstByte, s.gateProxy, nil
 }
 
 // backingWired asks the built activator whether it has a backing, by checking a one-route config

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httputil"
 	"sync"
 	"sync/atomic"
@@ -142,6 +143,14 @@ type Gate interface {
 	Wait(ctx context.Context, gone <-chan struct{}) error
 }
 
+// ConnGate is a Gate that can also hand over the connection its passing probe used (nil when the
+// tenant did not keep it alive). The activator gives it to the route's proxy, so the first released
+// request goes out on a connection the tenant has already accepted and served: no dial, and no
+// accept in a process that has just started. *health.Prober is one.
+type ConnGate interface {
+	WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error)
+}
+
 func newInstance(root context.Context, r *registry.Route, b Backend, log *slog.Logger, m *Metrics, now func() time.Time, newGate func() Gate) *instance {
 	in := &instance{
 		route:   r,
@@ -184,6 +193,17 @@ func (in *instance) reverseProxy() *httputil.ReverseProxy {
 	}
 	in.proxy.CompareAndSwap(nil, newProxy(in.route))
 	return in.proxy.Load()
+}
+
+// adoptUpstream gives the route's proxy an open connection to the tenant (see ConnGate).
+func (in *instance) adoptUpstream(c net.Conn) {
+	if lt, ok := in.reverseProxy().Transport.(*lazyTransport); ok {
+		if ft, ok := lt.transport().(*fastTransport); ok {
+			ft.adopt(c)
+			return
+		}
+	}
+	c.Close()
 }
 
 // start adopts a running tenant when the backend can tell. It runs as a wake whose waiters see the
@@ -443,7 +463,14 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		if in.prober == nil {
 			in.prober = in.newGate()
 		}
-		err = in.prober.Wait(hctx, life.Done())
+		if cg, ok := in.prober.(ConnGate); ok {
+			var c net.Conn
+			if c, err = cg.WaitConn(hctx, life.Done()); c != nil {
+				in.adoptUpstream(c)
+			}
+		} else {
+			err = in.prober.Wait(hctx, life.Done())
+		}
 		if errors.Is(err, health.ErrGone) {
 			err = fmt.Errorf("%w: %w", err, life.Err())
 		}
@@ -501,13 +528,6 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		in.held -= att.waiters
 		in.inflight += att.waiters
 		att.handedOver = true
-		if final.Result == ResultOK {
-			in.logger().Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
-				"joined", final.Joined, "notes", final.Notes)
-			in.metrics.wakeDone(final)
-		} else {
-			in.logger().Info("adopted a running tenant")
-		}
 		gen := in.lifeGen
 		in.wg.Add(1)
 		go in.watch(life, gen, in.awakeEnd)
@@ -517,6 +537,16 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		}
 	}
 	close(att.done)
+	// The held requests are on their way; the log line and the metrics are not in their path.
+	if err == nil && awake {
+		if final.Result == ResultOK {
+			in.logger().Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
+				"joined", final.Joined, "notes", final.Notes)
+			in.metrics.wakeDone(final)
+		} else {
+			in.logger().Info("adopted a running tenant")
+		}
+	}
 	in.maybeRetireLocked()
 }
 

@@ -44,8 +44,13 @@ type lazyTransport struct {
 
 // RoundTrip implements http.RoundTripper.
 func (l *lazyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return l.transport().RoundTrip(r)
+}
+
+// transport returns the transport, building it on first use.
+func (l *lazyTransport) transport() http.RoundTripper {
 	l.once.Do(func() { l.tr = l.build() })
-	return l.tr.RoundTrip(r)
+	return l.tr
 }
 
 // fastTransport carries the requests that make up nearly all proxied traffic — GET, HEAD and OPTIONS
@@ -219,10 +224,28 @@ func (t *fastTransport) dial(ctx context.Context) (*fastConn, error) {
 		<-t.slots
 		return nil, err
 	}
-	// 4 KiB buffers: they carry request and response headers; bodies larger than the buffer bypass it
-	// (bufio reads straight into the caller's 32 KiB pooled copy buffer). 32 KiB each cost 64 KiB per
-	// connection, allocated and zeroed on every dial of a herd.
-	return &fastConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
+	return newFastConn(c), nil
+}
+
+// newFastConn wraps c with 4 KiB buffers: they carry request and response headers; bodies larger than
+// the buffer bypass it (bufio reads straight into the caller's 32 KiB pooled copy buffer). 32 KiB each
+// cost 64 KiB per connection, allocated and zeroed on every dial of a herd.
+func newFastConn(c net.Conn) *fastConn {
+	return &fastConn{c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+}
+
+// adopt takes an open connection to the upstream on which nothing is pending (the health gate's last
+// probe, see ConnGate) into the idle list, when the cap leaves room for it; else it closes it. It
+// counts as reused: should the tenant have closed it meanwhile, the request that takes it is retried
+// on a new connection.
+func (t *fastTransport) adopt(c net.Conn) {
+	select {
+	case t.slots <- struct{}{}:
+	default:
+		c.Close()
+		return
+	}
+	t.put(newFastConn(c))
 }
 
 // put returns a connection after a complete exchange: to the oldest waiter, or to the idle list.

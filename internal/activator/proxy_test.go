@@ -4,9 +4,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/registry"
 )
 
 // TestFastTransportDialLimit: a burst of requests on a transport with no connections yet dials at most
@@ -86,4 +91,43 @@ func TestFastTransportDialLimit(t *testing.T) {
 		t.Errorf("%d upstream connections opened, want at most %d", n, conns)
 	}
 	t.Logf("%d requests over %d connections", requests, n)
+}
+
+// TestFirstRequestUsesGateConnection: with the real health gate, the first request after a wake goes
+// out on the connection the gate's passing probe used (ConnGate): the tenant accepts one connection
+// and serves the probe and the request on it.
+func TestFirstRequestUsesGateConnection(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		remotes []string
+	)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		remotes = append(remotes, r.URL.Path+" "+r.RemoteAddr)
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(upstream.Close)
+	var gate Gate
+	s, _ := newTestServer(t, &fakeBackend{}, nil, func(r *registry.Route) {
+		r.Upstream.Address = upstream.Listener.Addr().String()
+		r.Health.Path = "/healthz"
+		gate = health.New(r.Upstream, r.Health)
+	})
+	s.opts.NewGate = func(*registry.Route) Gate { return gate }
+
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/first", nil))
+	if w.Code != http.StatusOK || w.Body.String() != "ok" {
+		t.Fatalf("first request: %d %q", w.Code, w.Body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(remotes) != 2 {
+		t.Fatalf("upstream saw %v, want the probe and the request", remotes)
+	}
+	probe, req := strings.Fields(remotes[0]), strings.Fields(remotes[1])
+	if probe[0] != "/healthz" || req[0] != "/first" || probe[1] != req[1] {
+		t.Fatalf("upstream saw %v, want /healthz then /first on one connection", remotes)
+	}
 }

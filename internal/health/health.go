@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -16,13 +17,22 @@ import (
 	"github.com/activator/activator/internal/registry"
 )
 
-// Probe pacing: FastProbes probes FastPause apart (a refused loopback connect costs microseconds, and
-// a fast tenant listens within milliseconds: a coarse backoff here would be most of the wake), then
-// the pause doubles up to the configured interval.
+// Probe pacing: a pause after each failed probe of 1/PaceDivisor of the time the gate has waited so
+// far, at least FastPause and at most the route's health interval. Noticing a tenant that starts
+// listening thus costs at most about 0.5 % of its start-up (plus one FastPause): a tenant that listens
+// within milliseconds is released within a fraction of one, and one that takes seconds is probed a few
+// hundred times, not hammered. (A refused loopback connect costs microseconds.) Pauses below
+// preciseBelow are timed on the shared ticks (tick.go), longer ones on a time.Timer.
 const (
-	FastPause  = 200 * time.Microsecond
-	FastProbes = 250
+	FastPause    = 200 * time.Microsecond
+	PaceDivisor  = 200
+	preciseBelow = 2 * time.Millisecond
 )
+
+// nextPause is the pause after a failed probe, elapsed after the gate began.
+func nextPause(elapsed, interval time.Duration) time.Duration {
+	return max(min(elapsed/PaceDivisor, interval), FastPause)
+}
 
 // ErrGone is returned by Wait when the gone channel closed: the tenant stopped while being gated.
 var ErrGone = errors.New("tenant stopped before it turned healthy")
@@ -49,6 +59,9 @@ type Prober struct {
 	cfg registry.Health
 	up  registry.Upstream
 	req []byte // the probe request, written as is on each fresh connection
+	// keepReq is req without "Connection: close", for WaitConn, which hands the passing probe's
+	// connection on.
+	keepReq []byte
 }
 
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
@@ -76,8 +89,8 @@ func New(u registry.Upstream, h registry.Health) *Prober {
 	}
 	// A probe measures a fresh connection (a pooled one may point at a process that is gone), so it
 	// asks the tenant to close it.
-	req := "GET " + h.Path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: activator-health\r\nConnection: close\r\n\r\n"
-	return &Prober{cfg: h, up: u, req: []byte(req)}
+	req := "GET " + h.Path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: activator-health\r\n"
+	return &Prober{cfg: h, up: u, req: []byte(req + "Connection: close\r\n\r\n"), keepReq: []byte(req + "\r\n")}
 }
 
 // Probe makes one GET on a fresh connection within the configured timeout and returns nil when the
@@ -87,45 +100,76 @@ func New(u registry.Upstream, h registry.Health) *Prober {
 // gate probes every FastPause while a tenant starts, and a client's dial and read goroutines per probe
 // were CPU taken from the tenant starting on the same cores.
 func (p *Prober) Probe(ctx context.Context) error {
+	_, err := p.probeConn(ctx, false)
+	return err
+}
+
+// probeConn is Probe; with keep set, it asks for a keep-alive answer and returns the connection of a
+// passing probe when it can be used again (the answer kept it alive and was read whole), else nil.
+func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	err := p.probe(ctx)
+	c, err := p.probe(ctx, keep)
 	if err != nil && ctx.Err() != nil {
 		// The connection's deadline fired because ctx ended: say that, not "i/o timeout".
 		err = ctx.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+		return nil, fmt.Errorf("GET %s: %w", p.cfg.Path, err)
 	}
-	return nil
+	return c, nil
 }
 
-func (p *Prober) probe(ctx context.Context) error {
+// maxProbeBody is as much of a probe's answer as is read; a longer answer's connection is not kept.
+const maxProbeBody = 64 << 10
+
+func (p *Prober) probe(ctx context.Context, keep bool) (_ net.Conn, err error) {
 	c, err := p.up.Dial(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer c.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			c.Close()
+		}
+	}()
 	// ctx ending (timeout, the caller, or the tenant gone) cuts a probe that waits on a hanging
 	// tenant.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if _, err := c.Write(p.req); err != nil {
-		return err
+	req := p.req
+	if keep {
+		req = p.keepReq
+	}
+	if _, err := c.Write(req); err != nil {
+		return nil, err
 	}
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(c)
 	defer func() { br.Reset(nil); readers.Put(br) }()
 	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		return err
+	// Informational answers (100 Continue, 103 Early Hints) come before the real one.
+	for i := 0; err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols && i < 8; i++ {
+		resp, err = http.ReadResponse(br, nil)
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return nil, err
+	}
+	n, rerr := io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody+1))
 	resp.Body.Close()
 	if resp.StatusCode < p.cfg.MinStatus || resp.StatusCode > p.cfg.MaxStatus {
-		return fmt.Errorf("status %d, want %d-%d", resp.StatusCode, p.cfg.MinStatus, p.cfg.MaxStatus)
+		return nil, fmt.Errorf("status %d, want %d-%d", resp.StatusCode, p.cfg.MinStatus, p.cfg.MaxStatus)
 	}
-	return nil
+	// Keep the connection only when it is clean: the answer read whole, nothing after it, the tenant
+	// willing to keep it, and ctx's deadline not fired on it (stop reports whether it was).
+	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && br.Buffered() == 0 && stop() {
+		if c.SetDeadline(time.Time{}) == nil {
+			kept = true
+			return c, nil
+		}
+	}
+	return nil, nil
 }
 
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
@@ -137,8 +181,22 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) 
 // still counts. A nil gone never closes. Wait starts no goroutine that outlives it, except the shared
 // ticks' (tick.go), which ends within a FastPause of the last gate leaving them.
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
+	_, err := p.wait(ctx, gone, false)
+	return err
+}
+
+// WaitConn is Wait, and also returns the passing probe's connection when the tenant kept it alive
+// (else nil): a connection to the tenant that has just answered, which the activator hands to the
+// route's proxy for the first released request, saving it a dial and the tenant an accept. The
+// probes ask for keep-alive; every other probe's connection is closed. The caller owns the
+// connection.
+func (p *Prober) WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error) {
+	return p.wait(ctx, gone, true)
+}
+
+func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net.Conn, error) {
 	var (
-		pause  = FastPause
+		start  = time.Now()
 		passes int
 		probes int
 		last   error
@@ -168,16 +226,24 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 			fastTicks.leave()
 		}
 	}()
-	gateErr := func() error {
-		return &GateError{Probes: probes, Last: last, Err: ctx.Err()}
+	gateErr := func() (net.Conn, error) {
+		return nil, &GateError{Probes: probes, Last: last, Err: ctx.Err()}
 	}
 	for {
 		probes++
-		err := p.Probe(pctx)
+		final := passes+1 >= p.cfg.Passes // only the probe that can pass the gate keeps its connection
+		c, err := p.probeConn(pctx, keep && final)
+		if err == nil && final {
+			// The gate passes on this probe, even if gone closed meanwhile (see the doc above).
+			return c, nil
+		}
+		if c != nil {
+			c.Close()
+		}
 		select {
 		case <-gone:
 			if err != nil {
-				return ErrGone
+				return nil, ErrGone
 			}
 		default:
 		}
@@ -195,56 +261,51 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 		} else {
 			passes++
 			last = nil
-			if passes >= p.cfg.Passes {
-				return nil
-			}
 		}
 		select {
 		case <-gone:
-			return ErrGone
+			return nil, ErrGone
 		case <-ctx.Done():
 			return gateErr()
 		default:
 		}
-		if !joined && probes < FastProbes {
+		pause := nextPause(time.Since(start), p.cfg.Interval)
+		if pause < preciseBelow && !joined {
 			joined = true
 			precise = fastTicks.join()
-		}
-		var tick <-chan struct{}
-		if precise {
-			tick = fastTicks.tick()
-		}
-		if tick != nil {
-			select {
-			case <-gone:
-				return ErrGone
-			case <-ctx.Done():
-				return gateErr()
-			case <-tick:
-			}
-		} else {
-			if timer == nil {
-				timer = time.NewTimer(pause)
-				defer timer.Stop()
-			} else {
-				timer.Reset(pause)
-			}
-			select {
-			case <-gone:
-				return ErrGone
-			case <-ctx.Done():
-				return gateErr()
-			case <-timer.C:
-			}
-		}
-		if probes == FastProbes && precise {
+		} else if pause >= preciseBelow && precise {
 			fastTicks.leave()
 			precise = false
 		}
-		if probes >= FastProbes {
-			if pause *= 2; pause > p.cfg.Interval {
-				pause = p.cfg.Interval
+		if precise {
+			// As many ticks as make the pause (the first may come early: the ticks are shared).
+			for range (pause + FastPause/2) / FastPause {
+				tick := fastTicks.tick()
+				if tick == nil {
+					break // the ticks stopped (their source failed); the rest of the pause is skipped
+				}
+				select {
+				case <-gone:
+					return nil, ErrGone
+				case <-ctx.Done():
+					return gateErr()
+				case <-tick:
+				}
 			}
+			continue
+		}
+		if timer == nil {
+			timer = time.NewTimer(pause)
+			defer timer.Stop()
+		} else {
+			timer.Reset(pause)
+		}
+		select {
+		case <-gone:
+			return nil, ErrGone
+		case <-ctx.Done():
+			return gateErr()
+		case <-timer.C:
 		}
 	}
 }

@@ -1,8 +1,10 @@
 package health_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -153,12 +155,19 @@ func TestProbeStatus(t *testing.T) {
 		{name: "single status matches", code: 204, min: 204, max: 204},
 		{name: "single status rejects 200", code: 200, min: 204, max: 204, wantErr: "status 200, want 204-204"},
 		{name: "a 5xx range", code: 503, min: 500, max: 599},
+		{name: "early hints before the answer", code: 103, min: 200, max: 299},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var elsewhere atomic.Int64
 			mux := http.NewServeMux()
-			mux.Handle("/healthz", status(tt.code))
+			if tt.code == 103 {
+				mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+					w.WriteHeader(http.StatusEarlyHints) // then 200: the probe judges the final answer
+				})
+			} else {
+				mux.Handle("/healthz", status(tt.code))
+			}
 			mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { elsewhere.Add(1) })
 			up := tcpServer(t, mux.ServeHTTP)
 			p := health.New(up, cfg(func(h *registry.Health) { h.MinStatus, h.MaxStatus = tt.min, tt.max }))
@@ -316,10 +325,10 @@ func TestWaitAlternating(t *testing.T) {
 	}
 }
 
-// TestWaitSlowTenant: past the FastProbes fast ones, the gate keeps probing (at a pause growing to the
-// interval) until the tenant turns healthy.
+// TestWaitSlowTenant: the gate keeps probing (at a pause growing to the interval) until the tenant
+// turns healthy, however many probes that takes.
 func TestWaitSlowTenant(t *testing.T) {
-	codes := make([]int, health.FastProbes+10)
+	codes := make([]int, 300)
 	for i := range codes {
 		codes[i] = http.StatusServiceUnavailable
 	}
@@ -516,4 +525,79 @@ func TestGateErrorMessage(t *testing.T) {
 	if got, want := e.Error(), "health gate did not pass after 3 probes: last probe: GET /: status 500, want 200-399"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
+}
+
+// connServer is an HTTP server that records, per request, the client connection it came on.
+type connServer struct {
+	up    registry.Upstream
+	mu    sync.Mutex
+	conns []string // remote address of each request, in order
+}
+
+func newConnServer(t *testing.T, h http.HandlerFunc) *connServer {
+	t.Helper()
+	s := &connServer{}
+	s.up = tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.conns = append(s.conns, r.RemoteAddr)
+		s.mu.Unlock()
+		h(w, r)
+	})
+	return s
+}
+
+func (s *connServer) requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.conns...)
+}
+
+// TestWaitConn: WaitConn hands over the passing probe's connection, on which a next request is
+// served by the same tenant connection; a tenant that closes after answering, or a gate that needs
+// more passes, does not leave a half-used connection behind.
+func TestWaitConn(t *testing.T) {
+	t.Run("kept alive", func(t *testing.T) {
+		s := newConnServer(t, status(200))
+		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		if err != nil || c == nil {
+			t.Fatalf("WaitConn() = %v, %v; want a connection", c, err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("a request on the handed-over connection: %v", err)
+		}
+		resp.Body.Close()
+		if got := s.requests(); len(got) != 2 || got[0] != got[1] {
+			t.Fatalf("requests came on connections %v, want the probe and the next request on one", got)
+		}
+	})
+	t.Run("tenant closes", func(t *testing.T) {
+		s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Connection", "close") })
+		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		if err != nil || c != nil {
+			t.Fatalf("WaitConn() = %v, %v; want a pass and no connection", c, err)
+		}
+	})
+	t.Run("answer longer than read", func(t *testing.T) {
+		s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) { w.Write(make([]byte, 100<<10)) })
+		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		if err != nil || c != nil {
+			t.Fatalf("WaitConn() = %v, %v; want a pass and no connection", c, err)
+		}
+	})
+	t.Run("two passes", func(t *testing.T) {
+		s := newConnServer(t, status(200))
+		c, err := health.New(s.up, cfg(func(h *registry.Health) { h.Passes = 2 })).WaitConn(t.Context(), nil)
+		if err != nil || c == nil {
+			t.Fatalf("WaitConn() = %v, %v; want a connection", c, err)
+		}
+		c.Close()
+		if got := s.requests(); len(got) != 2 || got[0] == got[1] {
+			t.Fatalf("probes came on connections %v, want two fresh connections", got)
+		}
+	})
 }

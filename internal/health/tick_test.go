@@ -54,9 +54,9 @@ func TestTicks(t *testing.T) {
 type failingSource struct{ closed bool }
 
 func (f *failingSource) arm(time.Duration) error { return nil }
-func (f *failingSource) wait() error            { return errors.New("read: bad file descriptor") }
-func (f *failingSource) disarm()                {}
-func (f *failingSource) close()                 { f.closed = true }
+func (f *failingSource) wait() error             { return errors.New("read: bad file descriptor") }
+func (f *failingSource) disarm()                 {}
+func (f *failingSource) close()                  { f.closed = true }
 
 // TestTicksFallback: when the tick source cannot be made, or fails, join and tick say so and the
 // gate pauses on timers; the source is not retried on every wake.
@@ -85,5 +85,23 @@ func TestTicksFallback(t *testing.T) {
 	broken.leave()
 	if broken.join() {
 		t.Fatal("join() = true after the source failed")
+	}
+}
+
+// TestNextPause: the pause is 1/PaceDivisor of the time waited, between FastPause and the interval.
+func TestNextPause(t *testing.T) {
+	for _, tc := range []struct {
+		elapsed, interval, want time.Duration
+	}{
+		{0, time.Second, FastPause},
+		{20 * time.Millisecond, time.Second, FastPause},
+		{400 * time.Millisecond, time.Second, 2 * time.Millisecond},
+		{10 * time.Second, time.Second, 50 * time.Millisecond},
+		{10 * time.Minute, time.Second, time.Second},
+		{10 * time.Minute, 50 * time.Microsecond, FastPause}, // never below FastPause
+	} {
+		if got := nextPause(tc.elapsed, tc.interval); got != tc.want {
+			t.Errorf("nextPause(%v, %v) = %v, want %v", tc.elapsed, tc.interval, got, tc.want)
+		}
 	}
 }
