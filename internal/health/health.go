@@ -123,7 +123,7 @@ func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 // maxProbeBody is as much of a probe's answer as is read; a longer answer's connection is not kept.
 const maxProbeBody = 64 << 10
 
-func (p *Prober) probe(ctx context.Context, keep bool) (_ net.Conn, err error) {
+func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 	c, err := p.up.Dial(ctx)
 	if err != nil {
 		return nil, err
@@ -174,8 +174,8 @@ func (p *Prober) probe(ctx context.Context, keep bool) (_ net.Conn, err error) {
 
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
-// Wait probes at once, then every FastPause for FastProbes probes, then with a doubling pause up to
-// the interval, until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
+// Wait probes at once, then after pauses that grow with the time waited (nextPause: FastPause at first,
+// up to the interval), until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
 // or ctx ends (*GateError). A probe in flight when gone closes is cut short, so ErrGone comes promptly
 // even while a probe waits on an upstream that hangs; a probe that passes before Wait sees gone closed
 // still counts. A nil gone never closes. Wait starts no goroutine that outlives it, except the shared
@@ -187,9 +187,9 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 
 // WaitConn is Wait, and also returns the passing probe's connection when the tenant kept it alive
 // (else nil): a connection to the tenant that has just answered, which the activator hands to the
-// route's proxy for the first released request, saving it a dial and the tenant an accept. The
-// probes ask for keep-alive; every other probe's connection is closed. The caller owns the
-// connection.
+// route's proxy for the first released request, saving it a dial and the tenant an accept. Only a
+// probe that can pass the gate asks for keep-alive; the connections of the others are closed. The
+// caller owns the returned connection.
 func (p *Prober) WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error) {
 	return p.wait(ctx, gone, true)
 }
