@@ -195,13 +195,22 @@ func (in *instance) reverseProxy() *httputil.ReverseProxy {
 	return in.proxy.Load()
 }
 
-// adoptUpstream gives the route's proxy an open connection to the tenant (see ConnGate).
-func (in *instance) adoptUpstream(c net.Conn) {
+// fast returns the route's fast transport (building the proxy on first use), or nil if the proxy
+// has none.
+func (in *instance) fast() *fastTransport {
 	if lt, ok := in.reverseProxy().Transport.(*lazyTransport); ok {
 		if ft, ok := lt.transport().(*fastTransport); ok {
-			ft.adopt(c)
-			return
+			return ft
 		}
+	}
+	return nil
+}
+
+// adoptUpstream gives the route's proxy an open connection to the tenant (see ConnGate).
+func (in *instance) adoptUpstream(c net.Conn) {
+	if ft := in.fast(); ft != nil {
+		ft.adopt(c)
+		return
 	}
 	c.Close()
 }

@@ -124,13 +124,25 @@ func (t *fastTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !fastEligible(req) {
 		return t.fallback.RoundTrip(req)
 	}
+	var got1xx func(int, http.Header) error
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
+		got1xx = func(code int, h http.Header) error { return trace.Got1xxResponse(code, textproto.MIMEHeader(h)) }
+	}
+	return t.do(req, func(bw *bufio.Writer) error { return req.Write(bw) }, req.Close, got1xx)
+}
+
+// do sends one request on a pooled connection and reads the response head: head writes the request
+// (req gives the context, and the method for reading the answer); closeAfter says the request asked
+// to close the connection; got1xx, when not nil, is handed informational answers. A failure on a
+// reused connection before any answer byte is retried once on a new connection.
+func (t *fastTransport) do(req *http.Request, head func(*bufio.Writer) error, closeAfter bool, got1xx func(int, http.Header) error) (*http.Response, error) {
 	fresh := false
 	for attempt := 0; attempt < 2; attempt++ {
 		fc, err := t.conn(req.Context(), fresh)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.exchange(req, fc)
+		resp, err := t.exchange(req, fc, head, closeAfter, got1xx)
 		if err == nil {
 			return resp, nil
 		}
@@ -310,11 +322,11 @@ func (t *fastTransport) dropIdle() {
 // aLongTimeAgo is a deadline in the past: setting it makes blocked reads and writes return at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// exchange writes req on fc and reads the response head. The response body reads from fc; closing it
-// returns fc to the pool when the body was read to the end and both sides allow keep-alive, and
-// closes fc otherwise. The request's context aborts the exchange, body included, by expiring fc's
-// deadline.
-func (t *fastTransport) exchange(req *http.Request, fc *fastConn) (*http.Response, error) {
+// exchange writes a request on fc (head) and reads the response head. The response body reads from
+// fc; closing it returns fc to the pool when the body was read to the end and both sides allow
+// keep-alive, and closes fc otherwise. The request's context aborts the exchange, body included, by
+// expiring fc's deadline.
+func (t *fastTransport) exchange(req *http.Request, fc *fastConn, head func(*bufio.Writer) error, closeAfter bool, got1xx func(int, http.Header) error) (*http.Response, error) {
 	stop := context.AfterFunc(req.Context(), func() { _ = fc.c.SetDeadline(aLongTimeAgo) })
 	fail := func(err error, beforeAnswer bool) (*http.Response, error) {
 		stop()
@@ -326,7 +338,7 @@ func (t *fastTransport) exchange(req *http.Request, fc *fastConn) (*http.Respons
 		}
 		return nil, err
 	}
-	if err := req.Write(fc.bw); err != nil {
+	if err := head(fc.bw); err != nil {
 		return fail(err, true)
 	}
 	if err := fc.bw.Flush(); err != nil {
@@ -335,7 +347,6 @@ func (t *fastTransport) exchange(req *http.Request, fc *fastConn) (*http.Respons
 	if _, err := fc.br.Peek(1); err != nil {
 		return fail(err, true)
 	}
-	trace := httptrace.ContextClientTrace(req.Context())
 	for informational := 0; ; informational++ {
 		resp, err := http.ReadResponse(fc.br, req)
 		if err != nil {
@@ -345,14 +356,14 @@ func (t *fastTransport) exchange(req *http.Request, fc *fastConn) (*http.Respons
 			if resp.StatusCode == http.StatusSwitchingProtocols || informational >= 10 {
 				return fail(fmt.Errorf("unexpected %s from upstream", resp.Status), false)
 			}
-			if trace != nil && trace.Got1xxResponse != nil {
-				if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
+			if got1xx != nil {
+				if err := got1xx(resp.StatusCode, resp.Header); err != nil {
 					return fail(err, false)
 				}
 			}
 			continue
 		}
-		resp.Body = &fastBody{body: resp.Body, t: t, fc: fc, stop: stop, keep: !resp.Close && !req.Close}
+		resp.Body = &fastBody{body: resp.Body, t: t, fc: fc, stop: stop, keep: !resp.Close && !closeAfter}
 		return resp, nil
 	}
 }

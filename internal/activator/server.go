@@ -192,7 +192,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	rt.in.reverseProxy().ServeHTTP(sw, r)
+	if !rt.in.forward(sw, r) {
+		rt.in.reverseProxy().ServeHTTP(sw, r)
+	}
 }
 
 // Wake wakes the named route and waits for the result (admin API).
