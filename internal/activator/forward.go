@@ -122,7 +122,9 @@ func writeHead(bw *bufio.Writer, r *http.Request, ft *fastTransport) error {
 	bw.WriteString("\r\n")
 	connection := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if hopByHop(k) || forwardedField(k) || (len(connection) > 0 && hasToken(connection, k)) {
+		// Content-Length: the request has no body (forwardable), so there is nothing to declare;
+		// net/http's Request.Write drops a GET's "Content-Length: 0" too.
+		if hopByHop(k) || forwardedField(k) || k == "Content-Length" || (len(connection) > 0 && hasToken(connection, k)) {
 			continue
 		}
 		for _, v := range vv {

@@ -62,6 +62,7 @@ func TestForwardMatchesReverseProxy(t *testing.T) {
 		h.Set("X-Forwarded-For", "203.0.113.9")
 		h.Set("X-Forwarded-Host", "spoofed.example")
 		h.Set("Forwarded", "for=203.0.113.9")
+		h.Set("Content-Length", "0")
 		h.Add("X-Multi", "a")
 		h.Add("X-Multi", "b")
 		return r
