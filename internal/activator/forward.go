@@ -13,7 +13,8 @@ import (
 	"strings"
 )
 
-// forwardable: requests forward can carry. As fastEligible, for the request as the edge received it.
+// forwardable: requests forward can carry — GET, HEAD and OPTIONS without a body, an Upgrade (protocol
+// switch) or Expect (100-continue handshake). fastEligible is the same test for an outgoing request.
 func forwardable(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:

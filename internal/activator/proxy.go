@@ -107,16 +107,10 @@ func newFastTransport(network, address string, maxConns int, fallback http.Round
 	}
 }
 
-// fastEligible: bodyless safe requests without a protocol switch or a 100-continue handshake.
+// fastEligible: an outgoing request forward could have carried (bodyless, safe, no protocol switch,
+// no 100-continue handshake), to a plain-HTTP upstream.
 func fastEligible(r *http.Request) bool {
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions:
-	default:
-		return false
-	}
-	return (r.Body == nil || r.Body == http.NoBody) && r.ContentLength == 0 &&
-		r.Header.Get("Upgrade") == "" && r.Header.Get("Expect") == "" && len(r.TransferEncoding) == 0 &&
-		r.URL.Scheme == "http"
+	return forwardable(r) && r.URL.Scheme == "http"
 }
 
 // RoundTrip implements http.RoundTripper.
