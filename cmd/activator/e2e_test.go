@@ -216,10 +216,12 @@ func TestChildExitsBeforeHealthy(t *testing.T) {
 }
 
 // TestNeverHealthy: a child that runs but never passes the health gate fails the wake after the wake
-// budget with 503, and is killed: no process is left.
+// budget with 503, and is killed: no process is left. The budget leaves a loaded CI machine (race
+// detector, packages testing in parallel) ample time to start the child, whose 503 the error must
+// quote: a child still not listening when the budget ends would leave "connection refused" instead.
 func TestNeverHealthy(t *testing.T) {
 	app := appRoute{
-		Name: "sick", WakeBudget: "700ms",
+		Name: "sick", WakeBudget: "3s",
 		Env: map[string]string{"DEMOAPP_UNHEALTHY": "1"},
 	}
 	h := newHarness(t, configYAML(t, app))
@@ -237,8 +239,12 @@ func TestNeverHealthy(t *testing.T) {
 		t.Fatalf("spawns = %v, want 1", spawns)
 	}
 	waitGone(t, spawns[0])
-	if st := h.status(app.Name); st.State != "failed" || st.LastWake == nil || st.LastWake.FailedPhase != activator.PhaseHealth {
-		t.Errorf("status after the failure: %+v, want failed in phase health", st)
+	st := h.status(app.Name)
+	if st.State != "failed" || st.LastWake == nil || st.LastWake.FailedPhase != activator.PhaseHealth {
+		t.Fatalf("status after the failure: %+v, want failed in phase health", st)
+	}
+	if ph := st.LastWake.Phases; len(ph) == 0 || ph[len(ph)-1].Name != activator.PhaseStop {
+		t.Errorf("phases %+v, want the unhealthy child's stop as the last phase", ph)
 	}
 }
 

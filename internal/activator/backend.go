@@ -79,6 +79,7 @@ type Tracker interface {
 const (
 	PhaseStart  = "start"  // the backend's first step (spawn, start job, QEMU launch, Reset)
 	PhaseHealth = "health" // the activator's health gate
+	PhaseStop   = "stop"   // after a failed gate: stopping the tenant that started but never turned healthy
 )
 
 // Discard is a Tracker that records nothing, for tests and adoption.

@@ -485,6 +485,10 @@ func (in *instance) runWake(att *attempt, adopt bool) {
 		}
 		if err != nil && !adopt {
 			// The tenant started but never turned healthy: it must not keep running behind our back.
+			// The stop is a phase of its own, so the record shows how long the gate took (at most
+			// its budget) apart from how long the tenant took to stop.
+			rec.failed()
+			rec.Phase(PhaseStop)
 			sctx, scancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 			stop := in.backend.Sleep
 			if st, ok := in.backend.(Stopper); ok {

@@ -228,6 +228,17 @@ func TestUnhealthyTenantIsStopped(t *testing.T) {
 		if b.sleeps.Load() != 1 {
 			t.Fatalf("sleeps = %d, want 1: an unhealthy tenant must be stopped", b.sleeps.Load())
 		}
+		// The stop is its own phase after the failed one, so the health phase shows the gate's time.
+		in.mu.Lock()
+		rec := *in.lastRec
+		in.mu.Unlock()
+		var names []string
+		for _, p := range rec.Phases {
+			names = append(names, p.Name)
+		}
+		if got := strings.Join(names, " "); got != "spawn health stop" || rec.FailedPhase != PhaseHealth {
+			t.Errorf("record phases %q, failed phase %q; want \"spawn health stop\", failed in health", got, rec.FailedPhase)
+		}
 	})
 }
 

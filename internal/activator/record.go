@@ -114,11 +114,21 @@ func (t *tracker) joined() {
 	t.mu.Unlock()
 }
 
-// finish closes the last phase and sets the result.
+// failed names the phase in progress as the one the wake failed in, before a cleanup phase follows it.
+func (t *tracker) failed() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n := len(t.rec.Phases); n > 0 {
+		t.rec.FailedPhase = t.rec.Phases[n-1].Name
+	}
+}
+
+// finish closes the last phase and sets the result. A failed wake's FailedPhase is the one named by
+// failed, else the last phase.
 func (t *tracker) finish(result string, err error) WakeRecord {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err != nil && len(t.rec.Phases) > 0 {
+	if err != nil && t.rec.FailedPhase == "" && len(t.rec.Phases) > 0 {
 		t.rec.FailedPhase = t.rec.Phases[len(t.rec.Phases)-1].Name
 	}
 	t.provisional = false

@@ -5,6 +5,7 @@ package health
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -107,17 +108,41 @@ func (p *Prober) Probe(ctx context.Context) error {
 // probeConn is Probe; with keep set, it asks for a keep-alive answer and returns the connection of a
 // passing probe when it can be used again (the answer kept it alive and was read whole), else nil.
 func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	c, err := p.probe(ctx, keep)
-	if err != nil && ctx.Err() != nil {
-		// The connection's deadline fired because ctx ended: say that, not "i/o timeout".
-		err = ctx.Err()
+	c, err := p.probe(pctx, keep)
+	switch {
+	case err == nil:
+		return c, nil
+	case !cut(err):
+		// The probe ran its course (refused, reset, an unwanted status): that is its result, even
+		// if ctx ended meanwhile.
+	case ended(ctx):
+		// The caller's ctx ended during the probe: say that, not "i/o timeout".
+		err = cmp.Or(ctx.Err(), context.DeadlineExceeded)
+	case ended(pctx):
+		err = fmt.Errorf("no answer within %v (the probe timeout): %w", p.cfg.Timeout, context.DeadlineExceeded)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+	return nil, fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+}
+
+// cut reports whether err is what a dial, read or write returns when its deadline fires or its ctx
+// is canceled: how ctx ending cuts a probe short.
+func cut(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.Is(err, context.Canceled) || errors.As(err, &te) && te.Timeout()
+}
+
+// ended reports whether ctx is done or its deadline has passed. The second matters: a dial or read
+// cut by ctx's deadline can fail with "i/o timeout" (the netpoller's copy of the deadline) a moment
+// before ctx's own timer marks it done, and then ctx.Err() is still nil. Seen in CI: a gate whose
+// budget ran out mid-dial reported "last probe: dial tcp …: i/o timeout" instead of the tenant's 503.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
 	}
-	return c, nil
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // maxProbeBody is as much of a probe's answer as is read; a longer answer's connection is not kept.
@@ -227,7 +252,8 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		}
 	}()
 	gateErr := func() (net.Conn, error) {
-		return nil, &GateError{Probes: probes, Last: last, Err: ctx.Err()}
+		// ctx.Err() may still be nil when ended(ctx) saw the deadline pass before ctx's timer fired.
+		return nil, &GateError{Probes: probes, Last: last, Err: cmp.Or(ctx.Err(), context.DeadlineExceeded)}
 	}
 	for {
 		probes++
@@ -247,7 +273,7 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 			}
 		default:
 		}
-		if err != nil && ctx.Err() != nil {
+		if err != nil && ended(ctx) {
 			// ctx ended during this probe: the previous probe's result says more than "deadline
 			// exceeded".
 			if last == nil {

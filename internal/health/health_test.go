@@ -486,6 +486,32 @@ func TestWaitGateError(t *testing.T) {
 		}
 	})
 
+	// The race CI met: the budget's deadline passes mid-dial, the dial fails with "i/o timeout" (the
+	// netpoller holds a copy of the deadline) while ctx's own timer has not yet marked it done. That
+	// probe was cut short by the budget and must say so, and the gate must end, not take the cut
+	// dial for the tenant's answer and probe on. lateCtx holds that moment still: its deadline has
+	// passed but it is not done (until a minute on, so a regression fails rather than hangs).
+	t.Run("deadline passed but ctx not yet done", func(t *testing.T) {
+		up := tcpServer(t, status(http.StatusServiceUnavailable))
+		p := health.New(up, cfg(nil))
+		done, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		ctx := &lateCtx{Context: done}
+
+		err := p.Probe(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "i/o timeout") {
+			t.Errorf("Probe() = %v, want context deadline exceeded", err)
+		}
+		err = p.Wait(ctx, nil)
+		var ge *health.GateError
+		if !errors.As(err, &ge) {
+			t.Fatalf("Wait() = %v, want *GateError", err)
+		}
+		if ge.Probes != 1 || !errors.Is(ge.Last, context.DeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Wait() = %v after %d probes, want a GateError after 1 probe cut by the deadline", err, ge.Probes)
+		}
+	})
+
 	t.Run("budget ends during the only probe", func(t *testing.T) {
 		up, _ := hanging(t)
 		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
@@ -498,6 +524,14 @@ func TestWaitGateError(t *testing.T) {
 		}
 	})
 }
+
+// lateCtx is a context whose deadline has passed but which is not marked done (Err is nil; Done is its
+// parent's): a real context in the moment between its deadline passing and its timer firing.
+type lateCtx struct{ context.Context }
+
+func (c *lateCtx) Deadline() (time.Time, bool) { return time.Unix(1, 0), true }
+
+func (c *lateCtx) Err() error { return nil }
 
 // TestNewDefaults: a zero Health (built by hand, not by the registry) still probes sensibly.
 func TestNewDefaults(t *testing.T) {
