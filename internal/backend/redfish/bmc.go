@@ -1,6 +1,7 @@
 package redfish
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -135,13 +136,15 @@ func (b *bmc) addSecret(s string) {
 }
 
 // classify maps an error from one call to a *BMCError of one class, or to the caller's context error
-// when ctx (the caller's, not the per-call timeout) is done.
+// when ctx (the caller's, not the per-call timeout) is done. A deadline that has passed counts as done
+// even before ctx says so: a call cut by it can fail ("i/o timeout") a moment before ctx's own timer
+// fires, and would otherwise be blamed on the per-call timeout (health.ended says more).
 func (b *bmc) classify(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("%s: %w", op, context.Cause(ctx))
+	if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && !time.Now().Before(d) {
+		return fmt.Errorf("%s: %w", op, cmp.Or(context.Cause(ctx), context.DeadlineExceeded))
 	}
 	var ce *schemas.CollectionError
 	if errors.As(err, &ce) && len(ce.Failures) > 0 {

@@ -3,6 +3,9 @@ package redfish
 import (
 	"context"
 	"errors"
+	"net"
+	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -472,6 +475,24 @@ func TestRedactsEchoedSecrets(t *testing.T) {
 		t.Fatalf("classify = %q, want the password redacted", err)
 	}
 }
+
+// TestClassifyPassedDeadline: a call cut by the caller's deadline before ctx is marked done (its error
+// an "i/o timeout", ctx.Err() still nil) is the caller's deadline, not a BMC that did not answer within
+// the per-call timeout. pastDeadline holds that moment still.
+func TestClassifyPassedDeadline(t *testing.T) {
+	e := newEnv(t, envConfig{})
+	cut := &url.Error{Op: "Get", URL: "https://bmc/redfish/v1/Systems/1", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}}
+	err := e.b.bmc.classify(pastDeadline{t.Context()}, "read power state", cut)
+	var be *BMCError
+	if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &be) {
+		t.Errorf("classify = %v (%T), want the caller's context.DeadlineExceeded, not a BMCError", err, err)
+	}
+}
+
+// pastDeadline is a context whose deadline has passed but which is not yet marked done.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Unix(1, 0), true }
 
 func TestCheck(t *testing.T) {
 	e := newEnv(t, envConfig{})
