@@ -112,6 +112,9 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 			phases = strings.Join(ps, " ")
 		}
 		note := s.LastError
+		if s.LastSleepError != "" {
+			note = strings.TrimPrefix(note+"; ", "; ") + s.LastSleepError
+		}
 		if note == "" && wr != nil && len(wr.Notes) > 0 {
 			note = strings.Join(wr.Notes, "; ")
 		}

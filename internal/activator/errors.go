@@ -64,6 +64,20 @@ func (e *UpstreamError) Error() string {
 
 func (e *UpstreamError) Unwrap() error { return e.Err }
 
+// SleepError is a sleep that failed: the backing could not stop, freeze, pause or power off the
+// tenant, which may still run.
+type SleepError struct {
+	Route  string
+	Reason string // why it was put to sleep: idle, admin, reload, …
+	Err    error
+}
+
+func (e *SleepError) Error() string {
+	return fmt.Sprintf("route %q: sleep (%s) failed; the tenant may still run: %v", e.Route, e.Reason, e.Err)
+}
+
+func (e *SleepError) Unwrap() error { return e.Err }
+
 // statusFor maps an error to the HTTP status and Retry-After the client gets. It is the only place that
 // decides this.
 func statusFor(err error) (code int, retryAfter time.Duration) {
@@ -71,6 +85,7 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		we *WakeError
 		be *BackoffError
 		ue *UpstreamError
+		se *SleepError
 	)
 	switch {
 	case errors.Is(err, ErrUnknownHost):
@@ -85,7 +100,7 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, be.RetryAfter
 	case errors.As(err, &we):
 		return http.StatusServiceUnavailable, we.RetryAfter
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.As(err, &se):
 		return http.StatusBadGateway, 0
 	}
 	return http.StatusInternalServerError, 0

@@ -128,11 +128,12 @@ type instance struct {
 	until    time.Time     // Failed: no new wake before this
 	lastErr  *WakeError
 	lastRec  *WakeRecord
-	lastAtt  *attempt  // lastRec's attempt, for its release figures
-	lastSlp  string    // reason of the last sleep
-	since    time.Time // when state last changed
-	closed   bool      // no new goroutines once set
-	retiring bool      // removed or replaced: sleep as soon as nothing is in flight
+	lastAtt  *attempt    // lastRec's attempt, for its release figures
+	lastSlp  string      // reason of the last sleep
+	slpErr   *SleepError // the last sleep's failure; nil once a sleep succeeds
+	since    time.Time   // when state last changed
+	closed   bool        // no new goroutines once set
+	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
 	retired  chan struct{}
 }
 
@@ -604,7 +605,13 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	defer in.mu.Unlock()
 	in.lastSlp = reason
 	in.metrics.slept(in.route.Name, reason)
+	in.slpErr = nil
 	if err != nil {
+		// The instance is marked asleep all the same: the next request wakes it, and a backing's
+		// wake takes a tenant it finds still running as it is (a unit still active, a node still
+		// on). The failure stays in the status and the admin sleep's answer until a sleep succeeds.
+		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
+		in.metrics.sleepFailed(in.route.Name)
 		in.logger().Error("sleep failed; the tenant may still run", "reason", reason, "err", err)
 	} else {
 		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start))
@@ -615,7 +622,8 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 }
 
 // sleepNow puts the instance to sleep (admin API). It waits for a wake in progress, and returns once
-// the instance is asleep; requests that arrive meanwhile wake it again afterwards.
+// the instance is asleep; requests that arrive meanwhile wake it again afterwards. When the sleep it
+// started failed, it returns that *SleepError (the instance is marked asleep all the same).
 func (in *instance) sleepNow(ctx context.Context, reason string) error {
 	for {
 		in.mu.Lock()
@@ -633,10 +641,15 @@ func (in *instance) sleepNow(ctx context.Context, reason string) error {
 			in.mu.Unlock()
 			select {
 			case <-done:
-				return nil
 			case <-ctx.Done():
 				return ctx.Err()
 			}
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			if in.slpErr != nil {
+				return in.slpErr
+			}
+			return nil
 		}
 		in.mu.Unlock()
 		select {
@@ -741,6 +754,8 @@ type Status struct {
 	LastError   string      `json:"last_error,omitempty"`
 	RetryAt     *time.Time  `json:"retry_at,omitempty"`
 	LastSleep   string      `json:"last_sleep_reason,omitempty"`
+	// LastSleepError is the last sleep's failure (the tenant may still run), until a sleep succeeds.
+	LastSleepError string `json:"last_sleep_error,omitempty"`
 }
 
 func (in *instance) status() Status {
@@ -761,6 +776,9 @@ func (in *instance) status() Status {
 	}
 	if in.lastErr != nil {
 		s.LastError = in.lastErr.Error()
+	}
+	if in.slpErr != nil {
+		s.LastSleepError = in.slpErr.Error()
 	}
 	if in.state == Failed {
 		u := in.until

@@ -29,6 +29,7 @@ type fakeBackend struct {
 	wakeErr  error
 	wakeGate chan struct{} // when non-nil, Wake blocks until it is closed
 	sleepGte chan struct{} // when non-nil, Sleep blocks until it is closed
+	sleepErr error         // when non-nil, Sleep fails with it and the tenant keeps running
 }
 
 func (f *fakeBackend) Wake(ctx context.Context, t Tracker) (*Life, error) {
@@ -69,6 +70,9 @@ func (f *fakeBackend) Sleep(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.sleepErr != nil {
+		return f.sleepErr
+	}
 	if f.life != nil {
 		f.life.End(ErrSlept)
 		f.life = nil

@@ -21,6 +21,7 @@ type Metrics struct {
 	requests      *prometheus.CounterVec
 	state         *prometheus.GaugeVec
 	sleeps        *prometheus.CounterVec
+	sleepFailures *prometheus.CounterVec
 }
 
 // States, in the order exported by activator_instance_state.
@@ -58,8 +59,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "activator_sleeps_total", Help: "Times a route went to sleep, by reason (idle, admin, exited, reload, gate_failed).",
 		}, []string{"route", "reason"}),
+		sleepFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_sleep_failures_total", Help: "Sleeps whose backing failed: the tenant may still run.",
+		}, []string{"route"}),
 	}
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.wakes, m.joined, m.held, m.holdDuration, m.requests, m.state, m.sleeps)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.wakes, m.joined, m.held, m.holdDuration, m.requests, m.state, m.sleeps, m.sleepFailures)
 	return m
 }
 
@@ -147,6 +151,12 @@ func (m *Metrics) setState(route, from, to string) {
 func (m *Metrics) slept(route, reason string) {
 	if m != nil {
 		m.sleeps.WithLabelValues(route, reason).Inc()
+	}
+}
+
+func (m *Metrics) sleepFailed(route string) {
+	if m != nil {
+		m.sleepFailures.WithLabelValues(route).Inc()
 	}
 }
 

@@ -1,0 +1,95 @@
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// TestFailedSleepIsReported: a sleep the backing cannot do (a freeze the host does not support, a node
+// that will not power off) is not reported as done. The admin sleep answers 502 with the backing's
+// reason, the status and a counter keep it until a sleep succeeds, and the next request still gets
+// an answer.
+func TestFailedSleepIsReported(t *testing.T) {
+	b := &fakeBackend{sleepErr: errors.New("unit app.service: freeze: not supported by this host's systemd")}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	s := New(Options{
+		Provider: fakeProvider{b},
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate:  func(*registry.Route) Gate { return passGate{} },
+		Metrics:  m,
+	})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	admin := httptest.NewServer(s.AdminHandler(nil))
+	t.Cleanup(admin.Close)
+	post := func(path string) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Post(admin.URL+path, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		return resp.StatusCode, body
+	}
+
+	if code, body := post("/routes/app/wake"); code != http.StatusOK {
+		t.Fatalf("wake: %d %v", code, body)
+	}
+	code, body := post("/routes/app/sleep")
+	msg, _ := body["error"].(string)
+	if code != http.StatusBadGateway || !strings.Contains(msg, `route "app": sleep (admin) failed`) || !strings.Contains(msg, "not supported by this host") {
+		t.Errorf("failed sleep answered %d %q, want 502 naming the route and the backing's reason", code, msg)
+	}
+	st := s.instance("app").status()
+	if st.State != "asleep" || !strings.Contains(st.LastSleepError, "not supported by this host") {
+		t.Errorf("status after the failed sleep: state %s, last_sleep_error %q", st.State, st.LastSleepError)
+	}
+	if got := counterValue(t, reg, "activator_sleep_failures_total"); got != 1 {
+		t.Errorf("activator_sleep_failures_total = %v, want 1", got)
+	}
+
+	// The next wake takes the tenant as it is; a sleep that succeeds clears the failure.
+	b.set(func(f *fakeBackend) { f.sleepErr = nil })
+	if code, body := post("/routes/app/wake"); code != http.StatusOK {
+		t.Fatalf("wake after the failed sleep: %d %v", code, body)
+	}
+	if code, body := post("/routes/app/sleep"); code != http.StatusOK {
+		t.Fatalf("sleep: %d %v", code, body)
+	}
+	if st := s.instance("app").status(); st.LastSleepError != "" {
+		t.Errorf("last_sleep_error %q after a sleep that succeeded, want none", st.LastSleepError)
+	}
+}
+
+// counterValue is the value of the named counter's one series in reg (0 when it has none).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
