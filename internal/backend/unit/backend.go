@@ -16,6 +16,7 @@ import (
 
 // Phase names this backing adds to activator.PhaseStart.
 const (
+	PhaseState    = "state"    // sigstop and freeze modes: reading the unit's state (is it running, frozen?)
 	PhaseThaw     = "thaw"     // freeze mode: ThawUnit on a frozen unit
 	PhaseContinue = "continue" // sigstop mode: SIGCONT to the unit's processes
 )
@@ -71,8 +72,10 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 	if err := b.settle(ctx); err != nil {
 		return nil, err
 	}
-	t.Phase(activator.PhaseStart)
 	if b.s.Sleep != SleepStop {
+		// Its own phase: without it, a SIGCONT wake's record read "start=0.6ms continue=…", as if a
+		// start job had run.
+		t.Phase(PhaseState)
 		st, err := b.quickState(ctx)
 		if err != nil {
 			return nil, err
@@ -87,6 +90,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 			return b.track(ctx)
 		}
 	}
+	t.Phase(activator.PhaseStart)
 	ch, l, err := b.queueJob(ctx, "start")
 	if err != nil {
 		if ctx.Err() != nil {

@@ -330,7 +330,16 @@ func TestSIGSTOP(t *testing.T) {
 		waitProcState(t, p, func(s string) bool { return s == "T" }, "T (stopped)")
 	}
 	backendtest.NotServing(t, f.subject())
-	f.wake(t)
+	// The wake's record names what it did: read the unit's state, then SIGCONT; no start job.
+	var ph phaseNames
+	wctx, wcancel := context.WithTimeout(context.Background(), budget)
+	if _, err := f.b.Wake(wctx, &ph); err != nil {
+		t.Fatalf("Wake: %v", err)
+	}
+	wcancel()
+	if got := strings.Join(ph, " "); got != PhaseState+" "+PhaseContinue {
+		t.Errorf("SIGCONT wake phases %q, want %q", got, PhaseState+" "+PhaseContinue)
+	}
 	for _, p := range pids {
 		waitProcState(t, p, func(s string) bool { return s != "T" }, "running")
 	}
@@ -647,3 +656,9 @@ func proxiedFixture(t *testing.T, m *systemdtest.Manager, sleep SleepMode) (*fix
 	t.Cleanup(func() { _ = f.b.Stop(context.Background()) })
 	return f, proxy
 }
+
+// phaseNames is an activator.Tracker that records the names of the phases.
+type phaseNames []string
+
+func (p *phaseNames) Phase(name string) { *p = append(*p, name) }
+func (p *phaseNames) Note(string)       {}
