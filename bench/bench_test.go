@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/activator/activator/internal/backend/exec"
+	"github.com/activator/activator/internal/backend/unit"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -138,5 +139,27 @@ func TestTailExpect(t *testing.T) {
 	case <-seen:
 	default:
 		t.Fatal("marker not seen")
+	}
+}
+
+func TestUnitConfigValidates(t *testing.T) {
+	routes := []unitRoute{
+		{name: "unit", unit: "ua-app.service", sleep: "stop", port: 20001},
+		{name: "unit-sigstop", unit: "ss-app.service", sleep: "sigstop", port: 20002},
+		{name: "unit-freeze", unit: "fz-app.service", sleep: "freeze", port: 20003},
+	}
+	cfg := renderUnitConfig(18080, 19090, "unix:path=/tmp/x y/systemd/private", routes)
+	c, err := registry.Load([]byte(cfg), map[string]registry.SettingsDecoder{"unit": unit.Decode})
+	if err != nil {
+		t.Fatalf("generated unit config rejected: %v\n%s", err, cfg)
+	}
+	if len(c.Routes) != len(routes) {
+		t.Fatalf("got %d routes, want %d", len(c.Routes), len(routes))
+	}
+	for i, r := range routes {
+		s := c.Routes[i].Settings.(*unit.Settings)
+		if c.Routes[i].Name != r.name || s.Unit != r.unit || string(s.Sleep) != r.sleep || s.Bus != "unix:path=/tmp/x y/systemd/private" {
+			t.Errorf("route %d: %s %+v, want %+v", i, c.Routes[i].Name, s, r)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -226,6 +227,11 @@ func (a *activatorProc) adminPost(ctx context.Context, path string) error {
 		return fmt.Errorf("admin POST %s: %w", path, err)
 	}
 	if code != 200 {
+		// The admin API's errors are JSON with an "error" field; quote that, not the whole status.
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return fmt.Errorf("admin POST %s: %d: %s", path, code, e.Error)
+		}
 		return fmt.Errorf("admin POST %s: %d %s", path, code, body)
 	}
 	return nil

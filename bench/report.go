@@ -21,19 +21,20 @@ type Report struct {
 	Duration string    `json:"wrk_duration"`
 	Machine  Machine   `json:"machine"`
 
-	Targets    []Check      `json:"targets"`
-	Warm       []WarmRow    `json:"warm,omitempty"`
-	WarmRatios []RatioRow   `json:"warm_ratios,omitempty"`
-	Cold       []ColdRow    `json:"cold,omitempty"`
-	ColdExtra  []RatioRow   `json:"cold_vs_floor,omitempty"`
-	Unit       []UnitRow    `json:"unit,omitempty"`
-	Herd       []HerdRow    `json:"herd,omitempty"`
-	Scale      *ScaleRow    `json:"scale,omitempty"`
-	Guest      *GuestResult `json:"guest,omitempty"`
-	Fleet      *FleetRow    `json:"redfish_fleet,omitempty"`
-	Skipped    []Skip       `json:"skipped,omitempty"`
-	Failures   []string     `json:"failures,omitempty"`
-	Notes      []string     `json:"notes,omitempty"`
+	Targets    []Check        `json:"targets"`
+	Warm       []WarmRow      `json:"warm,omitempty"`
+	WarmRatios []RatioRow     `json:"warm_ratios,omitempty"`
+	Cold       []ColdRow      `json:"cold,omitempty"`
+	ColdExtra  []RatioRow     `json:"cold_vs_floor,omitempty"`
+	Unit       []UnitRow      `json:"unit,omitempty"`
+	UnitSleep  []UnitSleepRow `json:"unit_sleep_modes,omitempty"`
+	Herd       []HerdRow      `json:"herd,omitempty"`
+	Scale      *ScaleRow      `json:"scale,omitempty"`
+	Guest      *GuestResult   `json:"guest,omitempty"`
+	Fleet      *FleetRow      `json:"redfish_fleet,omitempty"`
+	Skipped    []Skip         `json:"skipped,omitempty"`
+	Failures   []string       `json:"failures,omitempty"`
+	Notes      []string       `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers come from.
@@ -107,6 +108,14 @@ type UnitRow struct {
 	ProxydPost Stat   `json:"proxyd_listening_to_first_byte_ms"`
 	UnitPost   Stat   `json:"unit_listening_to_first_byte_ms"`
 	Phases     string `json:"unit_wake_phases,omitempty"` // medians from the activator's wake records
+}
+
+// UnitSleepRow is the wake of a unit route from a sleep that keeps the process (sigstop, freeze).
+type UnitSleepRow struct {
+	Mode      string `json:"mode"`
+	FirstByte Stat   `json:"first_byte_ms"`
+	Lost      int    `json:"lost"`
+	Phases    string `json:"wake_phases,omitempty"` // medians from the activator's wake records
 }
 
 // HerdRow is one herd size.
@@ -355,6 +364,15 @@ func (r *Report) markdown() string {
 		for _, u := range r.Unit {
 			if u.Phases != "" {
 				p("\n- unit wake phases at start delay %s (activator's wake record, median): %s", u.StartDelay, u.Phases)
+			}
+		}
+		for _, u := range r.UnitSleep {
+			p("\n- unit wake from `sleep: %s` (the app's process kept: the wake is a %s), first byte: %s ms, %d lost", u.Mode, map[string]string{"sigstop": "SIGCONT", "freeze": "thaw"}[u.Mode], fmtStat(u.FirstByte, 2), u.Lost)
+			if r.Unit[0].Unit.valid() && u.FirstByte.valid() {
+				p("; ÷ the stop-mode unit wake at start delay 0s: %.2f", u.FirstByte.Median/r.Unit[0].Unit.Median)
+			}
+			if u.Phases != "" {
+				p("; phases (median): %s", u.Phases)
 			}
 		}
 		p("\n\n")
