@@ -113,7 +113,10 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 		}
 		note := s.LastError
 		if s.LastSleepError != "" {
-			note = strings.TrimPrefix(note+"; ", "; ") + s.LastSleepError
+			if note != "" {
+				note += "; "
+			}
+			note += s.LastSleepError
 		}
 		if note == "" && wr != nil && len(wr.Notes) > 0 {
 			note = strings.Join(wr.Notes, "; ")

@@ -18,8 +18,7 @@ import (
 
 // TestFailedSleepIsReported: a sleep the backing cannot do (a freeze the host does not support, a node
 // that will not power off) is not reported as done. The admin sleep answers 502 with the backing's
-// reason, the status and a counter keep it until a sleep succeeds, and the next request still gets
-// an answer.
+// reason, the status and a counter keep it until a sleep succeeds, and the route wakes again after it.
 func TestFailedSleepIsReported(t *testing.T) {
 	b := &fakeBackend{sleepErr: errors.New("unit app.service: freeze: not supported by this host's systemd")}
 	reg := prometheus.NewRegistry()
