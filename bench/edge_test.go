@@ -17,20 +17,21 @@ import (
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // alwaysUp is a Backend whose tenant is always running: Wake returns at once. It isolates the edge's
 // own cost (routing, hold bookkeeping, proxying) from any backing.
 type alwaysUp struct{}
 
-func (alwaysUp) Wake(context.Context, activator.Tracker) (*activator.Life, error) {
-	return activator.NewLife(), nil
+func (alwaysUp) Wake(context.Context, tenant.Tracker) (*tenant.Life, error) {
+	return tenant.NewLife(), nil
 }
 func (alwaysUp) Sleep(context.Context) error { return nil }
 
 type alwaysUpProvider struct{}
 
-func (alwaysUpProvider) Open(*registry.Route) (activator.Backend, error) { return alwaysUp{}, nil }
+func (alwaysUpProvider) Open(*registry.Route) (tenant.Backend, error) { return alwaysUp{}, nil }
 
 // startEdge serves the demo app and, in front of it, the activator's edge wired as cmd/activator
 // wires it (the Server itself is the edge handler), both in this process. It returns the edge's address.
@@ -72,7 +73,7 @@ routes:
 		serveFor(tb, &http.Server{Handler: rp}, ln)
 		return ln.Addr().String()
 	}
-	srv := activator.New(activator.Options{Provider: alwaysUpProvider{}})
+	srv := activator.New(activator.Options{Opener: alwaysUpProvider{}})
 	if err := srv.Apply(cfg); err != nil {
 		tb.Fatal(err)
 	}

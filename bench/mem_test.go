@@ -15,6 +15,7 @@ import (
 	"github.com/activator/activator/internal/backend/exec"
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // BenchmarkRouteMemory reports the heap the activator keeps per configured idle route, with the real
@@ -33,13 +34,13 @@ func BenchmarkRouteMemory(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name     string
-		provider func() activator.Provider
+		provider func() tenant.Opener
 		decode   registry.SettingsDecoder
 	}{
-		{"exec", func() activator.Provider {
-			return split.New(map[string]split.Opener{"exec": exec.NewProvider(exec.Options{})})
+		{"exec", func() tenant.Opener {
+			return split.New(map[string]tenant.Opener{"exec": exec.NewProvider(exec.Options{})})
 		}, exec.Decode},
-		{"noop", func() activator.Provider { return alwaysUpProvider{} }, func(*registry.Route, *yaml.Node) (any, error) { return nil, nil }},
+		{"noop", func() tenant.Opener { return alwaysUpProvider{} }, func(*registry.Route, *yaml.Node) (any, error) { return nil, nil }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
@@ -50,7 +51,7 @@ func BenchmarkRouteMemory(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				srv := activator.New(activator.Options{Provider: tc.provider(), Metrics: activator.NewMetrics(prometheus.NewRegistry())})
+				srv := activator.New(activator.Options{Opener: tc.provider(), Metrics: activator.NewMetrics(prometheus.NewRegistry())})
 				if err := srv.Apply(cfg); err != nil {
 					b.Fatal(err)
 				}

@@ -10,6 +10,7 @@ import (
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/backend/unit"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // backings is every backing this build has: the decoders the registry validates settings with, and
@@ -29,7 +30,7 @@ func newBackings(ctx context.Context, log *slog.Logger) *backings {
 			"redfish": redfish.Decode,
 			"unit":    unit.Decode,
 		},
-		provider: split.New(map[string]split.Opener{
+		provider: split.New(map[string]tenant.Opener{
 			"exec":    exec.NewProvider(exec.Options{Logger: log}),
 			"kvm":     kvm.New(kvm.Options{Logger: log}),
 			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // TestHerdWakesOnce: 200 concurrent requests to a sleeping route cause exactly one spawn, and every one
@@ -240,10 +241,10 @@ func TestNeverHealthy(t *testing.T) {
 	}
 	waitGone(t, spawns[0])
 	st := h.status(app.Name)
-	if st.State != "failed" || st.LastWake == nil || st.LastWake.FailedPhase != activator.PhaseHealth {
+	if st.State != "failed" || st.LastWake == nil || st.LastWake.FailedPhase != tenant.PhaseHealth {
 		t.Fatalf("status after the failure: %+v, want failed in phase health", st)
 	}
-	if ph := st.LastWake.Phases; len(ph) == 0 || ph[len(ph)-1].Name != activator.PhaseStop {
+	if ph := st.LastWake.Phases; len(ph) == 0 || ph[len(ph)-1].Name != tenant.PhaseStop {
 		t.Errorf("phases %+v, want the unhealthy child's stop as the last phase", ph)
 	}
 }

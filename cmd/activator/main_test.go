@@ -145,7 +145,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		t.Fatalf("config rejected: %v\n%s", err, config)
 	}
 	opts := activator.Options{
-		Provider: bk.provider,
+		Opener: bk.provider,
 		Logger:   log,
 		Metrics:  activator.NewMetrics(prometheus.NewRegistry()),
 	}

@@ -41,7 +41,7 @@ func applyRoutes(t testing.TB) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	srv := activator.New(activator.Options{Provider: bk.provider, Logger: log, Metrics: activator.NewMetrics(reg)})
+	srv := activator.New(activator.Options{Opener: bk.provider, Logger: log, Metrics: activator.NewMetrics(reg)})
 	if err := srv.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func serve(o serveOptions) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv := activator.New(activator.Options{
-		Provider: bk.provider,
+		Opener: bk.provider,
 		Logger:   log,
 		Metrics:  activator.NewMetrics(reg),
 	})

@@ -20,8 +20,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/activator/activator/internal/registry"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/activator/activator/internal/registry"
 )
 
 // benchServer is a Server over n fake routes ("r0".."r{n-1}", host rN.test, the first with
@@ -29,10 +30,10 @@ import (
 func benchServer(b *testing.B, n int, up registry.Upstream, be *fakeBackend) *Server {
 	b.Helper()
 	s := New(Options{
-		Provider: fakeProvider{be},
-		Logger:   slog.New(slog.DiscardHandler),
-		Metrics:  NewMetrics(prometheus.NewRegistry()),
-		NewGate:  func(*registry.Route) Gate { return passGate{} },
+		Opener:  fakeProvider{be},
+		Logger:  slog.New(slog.DiscardHandler),
+		Metrics: NewMetrics(prometheus.NewRegistry()),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
 	})
 	cfg := &registry.Config{}
 	for i := range n {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // fakeBackend is a hand-written Backend for state-machine tests. Its Wake and Sleep can be made to
@@ -25,14 +26,14 @@ type fakeBackend struct {
 	sleeps atomic.Int32
 
 	mu       sync.Mutex // guards the fields below
-	life     *Life
+	life     *tenant.Life
 	wakeErr  error
 	wakeGate chan struct{} // when non-nil, Wake blocks until it is closed
 	sleepGte chan struct{} // when non-nil, Sleep blocks until it is closed
 	sleepErr error         // when non-nil, Sleep fails with it and the tenant keeps running
 }
 
-func (f *fakeBackend) Wake(ctx context.Context, t Tracker) (*Life, error) {
+func (f *fakeBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	f.wakes.Add(1)
 	t.Phase("spawn")
 	f.mu.Lock()
@@ -51,7 +52,7 @@ func (f *fakeBackend) Wake(ctx context.Context, t Tracker) (*Life, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.life == nil || f.life.Err() != nil {
-		f.life = NewLife()
+		f.life = tenant.NewLife()
 	}
 	return f.life, nil
 }
@@ -74,7 +75,7 @@ func (f *fakeBackend) Sleep(ctx context.Context) error {
 		return f.sleepErr
 	}
 	if f.life != nil {
-		f.life.End(ErrSlept)
+		f.life.End(tenant.ErrSlept)
 		f.life = nil
 	}
 	return nil
@@ -100,7 +101,7 @@ func (g passGate) Wait(ctx context.Context, gone <-chan struct{}) error {
 
 type fakeProvider struct{ b *fakeBackend }
 
-func (p fakeProvider) Open(*registry.Route) (Backend, error) { return p.b, nil }
+func (p fakeProvider) Open(*registry.Route) (tenant.Backend, error) { return p.b, nil }
 
 func testRoute(name string) *registry.Route {
 	return &registry.Route{
@@ -122,9 +123,9 @@ func newTestServer(t *testing.T, b *fakeBackend, gate Gate, mut ...func(*registr
 		m(r)
 	}
 	s := New(Options{
-		Provider: fakeProvider{b},
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NewGate:  func(*registry.Route) Gate { return gate },
+		Opener:  fakeProvider{b},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate: func(*registry.Route) Gate { return gate },
 	})
 	if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
 		t.Fatal(err)
@@ -226,7 +227,7 @@ func TestUnhealthyTenantIsStopped(t *testing.T) {
 		_, in := newTestServer(t, b, passGate{err: errors.New("health gate did not pass")})
 		_, err := in.acquire(context.Background(), "request")
 		var we *WakeError
-		if !errors.As(err, &we) || we.Phase != PhaseHealth {
+		if !errors.As(err, &we) || we.Phase != tenant.PhaseHealth {
 			t.Fatalf("err = %v, want WakeError in phase health", err)
 		}
 		if b.sleeps.Load() != 1 {
@@ -240,7 +241,7 @@ func TestUnhealthyTenantIsStopped(t *testing.T) {
 		for _, p := range rec.Phases {
 			names = append(names, p.Name)
 		}
-		if got := strings.Join(names, " "); got != "spawn health stop" || rec.FailedPhase != PhaseHealth {
+		if got := strings.Join(names, " "); got != "spawn health stop" || rec.FailedPhase != tenant.PhaseHealth {
 			t.Errorf("record phases %q, failed phase %q; want \"spawn health stop\", failed in health", got, rec.FailedPhase)
 		}
 	})
@@ -476,9 +477,9 @@ func TestUnhealthyTenantIsStoppedNotParked(t *testing.T) {
 		b := &stopperBackend{}
 		r := testRoute("app")
 		s := New(Options{
-			Provider: stopperProvider{b},
-			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-			NewGate:  func(*registry.Route) Gate { return passGate{err: errors.New("status 500")} },
+			Opener:  stopperProvider{b},
+			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			NewGate: func(*registry.Route) Gate { return passGate{err: errors.New("status 500")} },
 		})
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
 			t.Fatal(err)
@@ -495,7 +496,7 @@ func TestUnhealthyTenantIsStoppedNotParked(t *testing.T) {
 
 type stopperProvider struct{ b *stopperBackend }
 
-func (p stopperProvider) Open(*registry.Route) (Backend, error) { return p.b, nil }
+func (p stopperProvider) Open(*registry.Route) (tenant.Backend, error) { return p.b, nil }
 
 // request runs one request's acquire and release in its own goroutine; the channel gets its error.
 func request(in *instance) <-chan error {

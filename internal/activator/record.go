@@ -3,6 +3,8 @@ package activator
 import (
 	"sync"
 	"time"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // WakeRecord explains one wake: what triggered it, each phase and how long it took, the decisions the
@@ -105,7 +107,7 @@ func (t *tracker) currentPhase() string {
 	if n := len(t.rec.Phases); n > 0 {
 		return t.rec.Phases[n-1].Name
 	}
-	return PhaseStart
+	return tenant.PhaseStart
 }
 
 func (t *tracker) joined() {

@@ -23,13 +23,14 @@ import (
 
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Options configure a Server.
 type Options struct {
-	Provider Provider
-	Logger   *slog.Logger
-	Metrics  *Metrics // nil records nothing
+	Opener  tenant.Opener
+	Logger  *slog.Logger
+	Metrics *Metrics // nil records nothing
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 	// NewGate builds a route's health gate (tests); default health.New.
@@ -88,7 +89,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			next[r.Name] = old
 			continue
 		}
-		b, err := s.opts.Provider.Open(r)
+		b, err := s.opts.Opener.Open(r)
 		if err != nil {
 			for _, in := range opened {
 				in.closeBackend()

@@ -24,10 +24,10 @@ func TestFailedSleepIsReported(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	s := New(Options{
-		Provider: fakeProvider{b},
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NewGate:  func(*registry.Route) Gate { return passGate{} },
-		Metrics:  m,
+		Opener:  fakeProvider{b},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+		Metrics: m,
 	})
 	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
 		t.Fatal(err)

@@ -21,14 +21,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Subject is one backend under test, with what the suite needs to check it from outside.
 type Subject struct {
-	Backend  activator.Backend
+	Backend  tenant.Backend
 	Upstream registry.Upstream
 	// Path is fetched after a wake and must answer 200 (default "/").
 	Path string
@@ -76,11 +76,11 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 }
 
 // Wake wakes s and waits for its upstream to pass a health gate, failing t otherwise.
-func Wake(t *testing.T, s Subject) *activator.Life {
+func Wake(t *testing.T, s Subject) *tenant.Life {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), s.Budget)
 	defer cancel()
-	life, err := s.Backend.Wake(ctx, activator.Discard)
+	life, err := s.Backend.Wake(ctx, tenant.Discard)
 	if err != nil {
 		t.Fatalf("Wake: %v", err)
 	}
@@ -217,7 +217,7 @@ func killed(t *testing.T, s Subject) {
 func canceledWake(t *testing.T, s Subject) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Backend.Wake(ctx, activator.Discard); err == nil {
+	if _, err := s.Backend.Wake(ctx, tenant.Discard); err == nil {
 		// Some backends finish before looking at ctx; then the tenant must be usable and sleep cleanly.
 		Sleep(t, s)
 	}
@@ -227,7 +227,7 @@ func canceledWake(t *testing.T, s Subject) {
 }
 
 func closeCase(t *testing.T, s Subject) {
-	c, ok := s.Backend.(activator.Closer)
+	c, ok := s.Backend.(tenant.Closer)
 	if !ok {
 		t.Skip("backend has no Close")
 	}

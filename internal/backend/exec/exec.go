@@ -34,8 +34,8 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/tenant"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -58,7 +58,15 @@ type Options struct {
 	Shim string
 }
 
-// Provider opens exec backends; it satisfies split.Opener. It holds no resources.
+// The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
+// activator would silently stop finding the ability.
+var (
+	_ tenant.Opener  = (*Provider)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
+)
+
+// Provider opens exec backends. It holds no resources.
 type Provider struct {
 	opts Options
 }
@@ -67,7 +75,7 @@ type Provider struct {
 func NewProvider(o Options) *Provider { return &Provider{opts: o} }
 
 // Open returns the Backend of r, whose Settings must be what Decode returned.
-func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	b, err := New(r, p.opts)
 	if err != nil {
 		return nil, err
@@ -75,7 +83,7 @@ func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
 	return b, nil
 }
 
-// Backend runs one route's child process. It implements activator.Backend and activator.Closer.
+// Backend runs one route's child process. It implements tenant.Backend and tenant.Closer.
 // Wake, Sleep, Close and PID are safe for concurrent use.
 type Backend struct {
 	baseLog  *slog.Logger
@@ -96,8 +104,8 @@ type Backend struct {
 }
 
 var (
-	_ activator.Backend = (*Backend)(nil)
-	_ activator.Closer  = (*Backend)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
 )
 
 // logger is the route's logger. It is made on first use: with thousands of configured routes that
@@ -141,7 +149,7 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 // a ready marker configured it returns only once a line of output contains the marker, and fails with
 // the child's *ExitError if it exits first (or, after killing the child, with ctx's error). Wake on a
 // running child returns its Life at once. A failed Wake leaves no child running.
-func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("exec: wake: %w", err)
 	}
@@ -199,7 +207,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 
 // Sleep sends the stop signal to the child's process group, SIGKILLs the group after the stop grace
 // (or at once when ctx ends), and returns once the child has been reaped; its Life ends with
-// activator.ErrSlept. Sleep with no child running returns nil.
+// tenant.ErrSlept. Sleep with no child running returns nil.
 func (b *Backend) Sleep(ctx context.Context) error {
 	b.mu.Lock()
 	p := b.proc
@@ -207,7 +215,7 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
-	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, activator.ErrSlept)
+	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, tenant.ErrSlept)
 }
 
 // Close stops the child as Sleep does (stop signal, SIGKILL after the grace or as soon as ctx ends;

@@ -24,12 +24,12 @@ import (
 	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/backend/exec/shim"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
 )
 
@@ -111,7 +111,7 @@ func (f *fixture) subject() backendtest.Subject {
 	}
 }
 
-func (f *fixture) wake(t *testing.T) *activator.Life {
+func (f *fixture) wake(t *testing.T) *tenant.Life {
 	t.Helper()
 	return backendtest.Wake(t, f.subject())
 }
@@ -279,7 +279,7 @@ func TestExitBeforeReady(t *testing.T) {
 		f := newFixture(t, testenv.FreeTCP(t), env)
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
-		life, err := f.b.Wake(ctx, activator.Discard)
+		life, err := f.b.Wake(ctx, tenant.Discard)
 		if err != nil {
 			t.Fatalf("Wake: %v", err)
 		}
@@ -357,7 +357,7 @@ func TestStopGrace(t *testing.T) {
 			life := f.wake(t)
 			p := f.b.proc
 			backendtest.Sleep(t, f.subject())
-			if !errors.Is(life.Err(), activator.ErrSlept) {
+			if !errors.Is(life.Err(), tenant.ErrSlept) {
 				t.Errorf("life ended with %v, want ErrSlept", life.Err())
 			}
 			if p.exit.Signal != c.wantSignal {
@@ -497,7 +497,7 @@ func TestWakeAfterClose(t *testing.T) {
 	if err := f.b.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := f.b.Wake(context.Background(), activator.Discard); !errors.Is(err, ErrClosed) {
+	if _, err := f.b.Wake(context.Background(), tenant.Discard); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wake after Close: %v, want ErrClosed", err)
 	}
 	if err := f.b.Close(context.Background()); err != nil {
@@ -552,14 +552,14 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		for i := 0; i < 2; i++ {
-			if _, err := b.Wake(ctx, activator.Discard); err != nil {
+			if _, err := b.Wake(ctx, tenant.Discard); err != nil {
 				t.Fatalf("Wake: %v", err)
 			}
 			if err := b.Sleep(ctx); err != nil {
 				t.Fatalf("Sleep: %v", err)
 			}
 		}
-		if _, err := b.Wake(ctx, activator.Discard); err != nil {
+		if _, err := b.Wake(ctx, tenant.Discard); err != nil {
 			t.Fatalf("Wake: %v", err)
 		}
 		if err := b.Close(ctx); err != nil {

@@ -8,9 +8,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // parentEnv makes the test binary run as a "parent": an activator stand-in that wakes one child
@@ -51,7 +51,7 @@ func runParent(mode ListenMode, port string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if _, err := b.Wake(context.Background(), activator.Discard); err != nil {
+	if _, err := b.Wake(context.Background(), tenant.Discard); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // drainGrace bounds how long the output of an exited child is read after its exit: a grandchild that
@@ -31,7 +31,7 @@ const reapGrace = 10 * time.Second
 type proc struct {
 	pid    int // set before start returns
 	tid    int // the OS thread that forked the child and stays locked to its owner goroutine
-	life   *activator.Life
+	life   *tenant.Life
 	out    tail
 	marker []byte        // nil: no ready marker
 	ready  chan struct{} // closed when a line containing marker has been read
@@ -131,7 +131,7 @@ func (b *Backend) startLocked(sp spec) (*proc, error) {
 		},
 	}
 	p := &proc{
-		life:  activator.NewLife(),
+		life:  tenant.NewLife(),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
 	}

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // BenchmarkWake measures, for the same guest, the time from Wake to the first HTTP 200 after a cold
@@ -26,7 +26,7 @@ func BenchmarkWake(b *testing.B) {
 		r := route(b, g, m, "")
 		be := open(b, r)
 		// The first wake of every mode is a cold boot: do it before timing, then put it to sleep.
-		wake(b, be, r.Upstream, activator.Discard)
+		wake(b, be, r.Upstream, tenant.Discard)
 		sleepB(b, be)
 		subs[m] = subj{be, r.Upstream}
 	}
@@ -56,7 +56,7 @@ func toFirst200(b *testing.B, be *Backend, up registry.Upstream) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	life, err := be.Wake(ctx, activator.Discard)
+	life, err := be.Wake(ctx, tenant.Discard)
 	if err != nil {
 		b.Fatalf("Wake: %v", err)
 	}

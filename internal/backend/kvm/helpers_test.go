@@ -17,10 +17,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
 )
 
@@ -196,7 +196,7 @@ func subject(t *testing.T, g guest, sleep string) backendtest.Subject {
 }
 
 // wake wakes b with the route's budget and waits for the guest's HTTP 200.
-func wake(tb testing.TB, b *Backend, up registry.Upstream, tr activator.Tracker) *activator.Life {
+func wake(tb testing.TB, b *Backend, up registry.Upstream, tr tenant.Tracker) *tenant.Life {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -208,7 +208,7 @@ func wake(tb testing.TB, b *Backend, up registry.Upstream, tr activator.Tracker)
 	return life
 }
 
-func waitHealthy(tb testing.TB, ctx context.Context, up registry.Upstream, life *activator.Life) {
+func waitHealthy(tb testing.TB, ctx context.Context, up registry.Upstream, life *tenant.Life) {
 	tb.Helper()
 	p := health.New(up, registry.Health{Path: "/", MinStatus: 200, MaxStatus: 299, Interval: 20 * time.Millisecond, Timeout: time.Second, Passes: 1})
 	if err := p.Wait(ctx, life.Done()); err != nil {

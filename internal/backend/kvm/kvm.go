@@ -19,8 +19,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Phase names reported to the Tracker during a wake.
@@ -40,7 +40,18 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Provider opens kvm routes. It satisfies split.Opener and split.Checker; it holds no resources.
+// The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
+// activator would silently stop finding the ability.
+var (
+	_ tenant.Opener  = (*Provider)(nil)
+	_ tenant.Checker = (*Provider)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Stopper = (*Backend)(nil)
+	_ tenant.Adopter = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
+)
+
+// Provider opens kvm routes. It holds no resources.
 type Provider struct {
 	log *slog.Logger
 }
@@ -56,7 +67,7 @@ func New(o Options) *Provider {
 
 // Open returns the route's Backend. r.Settings must be the *Settings Decode returned. Open starts
 // nothing; the accelerator is chosen here (and logged with the reason).
-func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
 		return nil, fmt.Errorf("kvm: route %q has no kvm settings (got %T)", r.Name, r.Settings)
@@ -108,23 +119,23 @@ type Backend struct {
 	op sync.Mutex     // serialises Wake, Sleep, Adopt and Close
 	wg sync.WaitGroup // instance goroutines; joined by Close
 
-	mu     sync.Mutex      // guards the fields below
-	inst   *instance       // the QEMU process (running or paused), nil when none
-	life   *activator.Life // the current wake's Life, nil while asleep
+	mu     sync.Mutex   // guards the fields below
+	inst   *instance    // the QEMU process (running or paused), nil when none
+	life   *tenant.Life // the current wake's Life, nil while asleep
 	closed bool
 }
 
 var (
-	_ activator.Backend = (*Backend)(nil)
-	_ activator.Adopter = (*Backend)(nil)
-	_ activator.Closer  = (*Backend)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Adopter = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
 )
 
 // Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued; in
 // snapshot mode a snapshot file is restored (a missing or unusable one falls back to a cold boot, with
 // the reason noted); otherwise QEMU boots the guest. Wake returns once the guest runs; the health gate
 // is the activator's. A failed Wake leaves no QEMU running.
-func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -170,7 +181,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 }
 
 // resume continues a paused guest.
-func (b *Backend) resume(ctx context.Context, t activator.Tracker, inst *instance) (*activator.Life, error) {
+func (b *Backend) resume(ctx context.Context, t tenant.Tracker, inst *instance) (*tenant.Life, error) {
 	t.Phase(PhaseRunning)
 	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Running.D())
 	defer cancel()
@@ -186,7 +197,7 @@ func (b *Backend) resume(ctx context.Context, t activator.Tracker, inst *instanc
 }
 
 // boot cold-boots a new guest.
-func (b *Backend) boot(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	inst, err := b.start(ctx, t, false)
 	if err != nil {
 		return nil, err
@@ -220,19 +231,19 @@ func (b *Backend) waitRunning(ctx context.Context, inst *instance) error {
 }
 
 // awake records inst as the running guest and returns its new Life, unless QEMU died meanwhile.
-func (b *Backend) awake(inst *instance) (*activator.Life, error) {
+func (b *Backend) awake(inst *instance) (*tenant.Life, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if inst.isGone() {
 		return nil, fmt.Errorf("qemu exited as the guest started: %w", inst.goneErr)
 	}
 	b.inst = inst
-	b.life = activator.NewLife()
+	b.life = tenant.NewLife()
 	return b.life, nil
 }
 
 // start launches QEMU and connects its monitor. incoming starts it waiting for a snapshot.
-func (b *Backend) start(ctx context.Context, t activator.Tracker, incoming bool) (*instance, error) {
+func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*instance, error) {
 	t.Phase(PhaseQEMUStart)
 	if err := privateDir(b.s.RuntimeDir); err != nil {
 		return nil, fmt.Errorf("%s: runtime dir: %w", PhaseQEMUStart, err)
@@ -359,7 +370,7 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	return nil
 }
 
-// Stop quits QEMU whatever the sleep mode (activator.Stopper). The activator calls it after a wake
+// Stop quits QEMU whatever the sleep mode (tenant.Stopper). The activator calls it after a wake
 // whose guest never turned healthy: a broken guest must not be paused or snapshotted only to be resumed
 // broken, nor be asked politely through ACPI. A guest with no QEMU is left as it is.
 func (b *Backend) Stop(ctx context.Context) error {
@@ -398,7 +409,7 @@ func (b *Backend) asleep(inst *instance, forget bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.life != nil {
-		b.life.End(activator.ErrSlept)
+		b.life.End(tenant.ErrSlept)
 		b.life = nil
 	}
 	if forget && b.inst == inst {
@@ -430,7 +441,7 @@ func (b *Backend) poweroff(ctx context.Context, inst *instance) error {
 // Adopt finds a QEMU of this route still running from an earlier activator (pid file and QMP socket
 // in the runtime dir) and takes it over as it is: running is awake, paused is asleep. Stale files are
 // removed; a QEMU in any other state is killed.
-func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
+func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
 	pid, err := readPid(b.p.pid)

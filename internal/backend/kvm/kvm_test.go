@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // TestMain checks that no goroutine outlives the tests: every backend is closed at cleanup, and Close
@@ -63,7 +63,7 @@ func TestSleepModes(t *testing.T) {
 			mode, _, _ := strings.Cut(c.mode, "-")
 			r := route(t, g, mode, c.extra)
 			b := open(t, r)
-			wake(t, b, r.Upstream, activator.Discard)
+			wake(t, b, r.Upstream, tenant.Discard)
 			boot1 := get(t, r.Upstream, "/boot_id")
 			pid1 := qemuPid(b.p)
 			if pid1 == 0 {
@@ -116,8 +116,7 @@ func TestStopQuitsWhateverTheMode(t *testing.T) {
 	g := needGuest(t)
 	r := route(t, g, SleepPause, "")
 	b := open(t, r)
-	var _ activator.Stopper = b
-	wake(t, b, r.Upstream, activator.Discard)
+	wake(t, b, r.Upstream, tenant.Discard)
 	if qemuPid(b.p) == 0 {
 		t.Fatal("no qemu running after Wake")
 	}
@@ -130,7 +129,7 @@ func TestStopQuitsWhateverTheMode(t *testing.T) {
 		t.Fatalf("qemu %d still running after Stop", pid)
 	}
 	// The next wake is a cold boot that serves.
-	wake(t, b, r.Upstream, activator.Discard)
+	wake(t, b, r.Upstream, tenant.Discard)
 }
 
 func TestCorruptSnapshot(t *testing.T) {
@@ -175,7 +174,7 @@ func TestAdopt(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := route(t, g, SleepPause, "keep_running_on_exit: true")
 			b1 := open(t, r)
-			wake(t, b1, r.Upstream, activator.Discard)
+			wake(t, b1, r.Upstream, tenant.Discard)
 			boot1 := get(t, r.Upstream, "/boot_id")
 			pid1 := qemuPid(b1.p)
 			if paused {
@@ -208,7 +207,7 @@ func TestAdopt(t *testing.T) {
 					t.Fatalf("adopted paused guest has status %q", st)
 				}
 			}
-			l2 := wake(t, b2, r.Upstream, activator.Discard)
+			l2 := wake(t, b2, r.Upstream, tenant.Discard)
 			if !paused && l2 != life {
 				t.Error("Wake after adopting a running guest returned a new Life")
 			}
@@ -273,7 +272,7 @@ func TestGuestEndsOnItsOwn(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := route(t, g, SleepPause, "")
 			b := open(t, r)
-			life := wake(t, b, r.Upstream, activator.Discard)
+			life := wake(t, b, r.Upstream, tenant.Discard)
 			boot1 := get(t, r.Upstream, "/boot_id")
 			pid1 := qemuPid(b.p)
 			b.mu.Lock()
@@ -296,7 +295,7 @@ func TestGuestEndsOnItsOwn(t *testing.T) {
 			if !c.sameBoot && alive(pid1) {
 				t.Fatalf("Life ended but qemu %d still runs", pid1)
 			}
-			wake(t, b, r.Upstream, activator.Discard)
+			wake(t, b, r.Upstream, tenant.Discard)
 			boot2 := get(t, r.Upstream, "/boot_id")
 			if got := boot1 == boot2; got != c.sameBoot {
 				t.Errorf("same boot after the next Wake = %v, want %v", got, c.sameBoot)

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // maxBandwidth lifts QEMU's migration bandwidth cap (32 MiB/s by default, which makes a RAM snapshot
@@ -182,7 +182,7 @@ func syncFile(file string) error {
 // restore starts QEMU waiting for a migration, loads the snapshot file into it and continues the guest.
 // It returns an error wrapping errNoSnapshot when there is no file. A file that does not load is moved
 // aside (".bad") so the next wake does not try it again.
-func (b *Backend) restore(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	file, other := b.snapFile()
 	if _, err := os.Stat(file); err != nil {
 		if _, oerr := os.Stat(other); oerr != nil {
@@ -209,7 +209,7 @@ func (b *Backend) restore(ctx context.Context, t activator.Tracker) (*activator.
 		return nil, fmt.Errorf("%s: %w", PhaseRestore, err)
 	}
 	t.Phase(PhaseRunning)
-	life, err := b.resume(ctx, activator.Discard, inst)
+	life, err := b.resume(ctx, tenant.Discard, inst)
 	if err != nil {
 		b.discard(inst)
 		return nil, err

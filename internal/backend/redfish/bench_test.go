@@ -8,8 +8,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // BenchmarkFleetWake wakes a fleet of n simulated nodes (each taking 50ms to power on) one after the
@@ -47,7 +47,7 @@ func BenchmarkFleetWake(b *testing.B) {
 		}
 		return g.Wait()
 	}
-	wake := func(nb *Backend) error { _, err := nb.Wake(ctx, activator.Discard); return err }
+	wake := func(nb *Backend) error { _, err := nb.Wake(ctx, tenant.Discard); return err }
 	sleep := func(nb *Backend) error { return nb.Sleep(ctx) }
 
 	for _, mode := range []string{"serial", "parallel"} {

@@ -14,9 +14,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 const (
@@ -148,11 +148,11 @@ func yamlNode(t testing.TB, src string) *yaml.Node {
 	return &n
 }
 
-func (e *env) wake(t testing.TB) (*activator.Life, error) {
+func (e *env) wake(t testing.TB) (*tenant.Life, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	return e.b.Wake(ctx, activator.Discard)
+	return e.b.Wake(ctx, tenant.Discard)
 }
 
 func (e *env) sleep(t testing.TB) error {
@@ -163,7 +163,7 @@ func (e *env) sleep(t testing.TB) error {
 }
 
 // mustWake wakes and fails the test on error.
-func (e *env) mustWake(t testing.TB) *activator.Life {
+func (e *env) mustWake(t testing.TB) *tenant.Life {
 	t.Helper()
 	l, err := e.wake(t)
 	if err != nil {

@@ -27,8 +27,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Phase names reported to the activator's Tracker and named by PhaseError.
@@ -54,6 +54,16 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
+// activator would silently stop finding the ability.
+var (
+	_ tenant.Opener  = (*Provider)(nil)
+	_ tenant.Checker = (*Provider)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Adopter = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
+)
+
 // Provider opens redfish backends. It holds no shared resources.
 type Provider struct {
 	log *slog.Logger
@@ -70,7 +80,7 @@ func NewProvider(o Options) *Provider {
 
 // Open returns the Backend of a route whose Settings is a *Settings (from Decode). It does not contact
 // the BMC: that happens on the first Adopt, Wake, Sleep or Check.
-func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
 		return nil, fmt.Errorf("route %q: redfish settings missing (got %T)", r.Name, r.Settings)
@@ -106,15 +116,15 @@ type Backend struct {
 	log *slog.Logger
 	bmc *bmc
 
-	mu    sync.Mutex      // guards the fields below
-	life  *activator.Life // the current Life while awake, nil while asleep
-	watch *watcher        // the background poll of the current Life
+	mu    sync.Mutex   // guards the fields below
+	life  *tenant.Life // the current Life while awake, nil while asleep
+	watch *watcher     // the background poll of the current Life
 }
 
 var (
-	_ activator.Backend = (*Backend)(nil)
-	_ activator.Adopter = (*Backend)(nil)
-	_ activator.Closer  = (*Backend)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Adopter = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
 )
 
 // New returns a Backend for settings s; name is how messages call the node until its system Id is
@@ -135,7 +145,7 @@ func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
 }
 
 // Adopt reads PowerState: a node already On is adopted as awake, with a Life watched like a woken one.
-func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
+func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	st, err := b.bmc.read(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("redfish adopt: %w", err)
@@ -149,9 +159,9 @@ func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
 
 // Wake powers the node on, unless it is already On, and returns once PowerState is On. On an awake
 // node it returns the current Life at once. Phases: "reset", then "power_on".
-func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	if t == nil {
-		t = activator.Discard
+		t = tenant.Discard
 	}
 	b.mu.Lock()
 	if b.life != nil && b.life.Err() == nil {
@@ -198,7 +208,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 
 // powerOn issues the first allowed Reset of reset_order. When the answer is ambiguous (or throttled),
 // it re-reads PowerState and re-issues the Reset only if the node is still neither On nor powering on.
-func (b *Backend) powerOn(ctx context.Context, t activator.Tracker, st *systemState) error {
+func (b *Backend) powerOn(ctx context.Context, t tenant.Tracker, st *systemState) error {
 	rt, err := b.pickReset(st)
 	if err != nil {
 		return err
@@ -372,8 +382,8 @@ func (b *Backend) Close(ctx context.Context) error {
 }
 
 // awake records a new Life for a node that is On and starts watching it.
-func (b *Backend) awake() *activator.Life {
-	life := activator.NewLife()
+func (b *Backend) awake() *tenant.Life {
+	life := tenant.NewLife()
 	b.mu.Lock()
 	b.life = life
 	b.mu.Unlock()
@@ -381,9 +391,9 @@ func (b *Backend) awake() *activator.Life {
 	return life
 }
 
-func (b *Backend) endLife(life *activator.Life) {
+func (b *Backend) endLife(life *tenant.Life) {
 	if life != nil {
-		life.End(activator.ErrSlept)
+		life.End(tenant.ErrSlept)
 	}
 	b.mu.Lock()
 	if b.life == life {

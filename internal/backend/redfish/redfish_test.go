@@ -13,10 +13,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 func TestConformance(t *testing.T) {
@@ -240,7 +240,7 @@ func TestThrottleBeyondBudgetFailsFast(t *testing.T) {
 	e.sim.Inject(redfishtest.Fault{Status: 429, RetryAfter: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	_, err := e.b.Wake(ctx, activator.Discard)
+	_, err := e.b.Wake(ctx, tenant.Discard)
 	var be *BMCError
 	if !errors.Is(err, ErrThrottled) || !errors.As(err, &be) || be.RetryAfter != time.Hour {
 		t.Fatalf("Wake = %v, want ErrThrottled carrying Retry-After 1h", err)
@@ -299,7 +299,7 @@ func TestIdleSleepIsGraceful(t *testing.T) {
 	}
 	select {
 	case <-life.Done():
-		if !errors.Is(life.Err(), activator.ErrSlept) {
+		if !errors.Is(life.Err(), tenant.ErrSlept) {
 			t.Fatalf("Life ended with %v, want ErrSlept", life.Err())
 		}
 	default:
@@ -363,7 +363,7 @@ func TestSleepNoneLeavesNodeOn(t *testing.T) {
 	if got := e.sim.PowerState("node-1"); got != "On" {
 		t.Fatalf("PowerState = %s, want On", got)
 	}
-	if !errors.Is(life.Err(), activator.ErrSlept) {
+	if !errors.Is(life.Err(), tenant.ErrSlept) {
 		t.Fatalf("Life = %v, want ended with ErrSlept", life.Err())
 	}
 	e.mustWake(t)
@@ -527,13 +527,13 @@ func TestNoGoroutineLeak(t *testing.T) {
 		b := be.(*Backend)
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
-		if _, err := b.Wake(ctx, activator.Discard); err != nil {
+		if _, err := b.Wake(ctx, tenant.Discard); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Sleep(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Wake(ctx, activator.Discard); err != nil {
+		if _, err := b.Wake(ctx, tenant.Discard); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Close(ctx); err != nil {
@@ -565,7 +565,7 @@ func TestRefusedButMootResetIsFine(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.PowerState = "Off" // as read a moment before the node came on
-	if err := e.b.powerOn(t.Context(), activator.Discard, st); err != nil {
+	if err := e.b.powerOn(t.Context(), tenant.Discard, st); err != nil {
 		t.Fatalf("powerOn = %v, want nil: the node is On", err)
 	}
 	e2 := newEnv(t, envConfig{})

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // ErrPoweredOff is the Life error of a node that powered off while awake, without the activator
@@ -22,7 +22,7 @@ type watcher struct {
 
 // startWatch starts polling PowerState every watch_interval; when the node is found Off the Life
 // ends with ErrPoweredOff. Read errors are logged and the poll goes on: a BMC hiccup is not a dead node.
-func (b *Backend) startWatch(life *activator.Life) {
+func (b *Backend) startWatch(life *tenant.Life) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
 	b.swapWatch(w)
@@ -32,7 +32,7 @@ func (b *Backend) startWatch(life *activator.Life) {
 	}()
 }
 
-func (b *Backend) watchLoop(ctx context.Context, life *activator.Life) {
+func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 	every := b.s.WatchInterval.D()
 	t := time.NewTicker(every)
 	defer t.Stop()

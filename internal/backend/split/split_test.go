@@ -6,14 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 type nopBackend struct{ name string }
 
-func (nopBackend) Wake(context.Context, activator.Tracker) (*activator.Life, error) {
-	return activator.NewLife(), nil
+func (nopBackend) Wake(context.Context, tenant.Tracker) (*tenant.Life, error) {
+	return tenant.NewLife(), nil
 }
 func (nopBackend) Sleep(context.Context) error { return nil }
 
@@ -25,7 +25,7 @@ type opener struct {
 	closed   int
 }
 
-func (o *opener) Open(r *registry.Route) (activator.Backend, error) {
+func (o *opener) Open(r *registry.Route) (tenant.Backend, error) {
 	o.opened = append(o.opened, r.Name)
 	if r.Name == "broken" {
 		return nil, errors.New("cannot open")
@@ -40,7 +40,7 @@ func (c checkingOpener) Close() error                                 { c.closed
 
 func TestDispatchOnBacking(t *testing.T) {
 	ex, un := &opener{name: "exec"}, &opener{name: "unit", checkErr: errors.New("cannot freeze")}
-	p := New(map[string]Opener{"exec": ex, "unit": checkingOpener{un}})
+	p := New(map[string]tenant.Opener{"exec": ex, "unit": checkingOpener{un}})
 	for _, tc := range []struct {
 		route, backing, want, wantErr string
 	}{

@@ -11,10 +11,10 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 
-	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
-// Phase names this backing adds to activator.PhaseStart.
+// Phase names this backing adds to tenant.PhaseStart.
 const (
 	PhaseState    = "state"    // sigstop and freeze modes: reading the unit's state (is it running, frozen?)
 	PhaseThaw     = "thaw"     // freeze mode: ThawUnit on a frozen unit
@@ -32,16 +32,16 @@ type Backend struct {
 	log         *slog.Logger
 	sleepBudget time.Duration // bounds the cleanup stop after a failed or canceled wake
 
-	mu      sync.Mutex      // guards the fields below
-	life    *activator.Life // the current awake period; nil while asleep
-	w       *watch          // life's watch on the bus; nil until its start job has finished
-	pending *startJob       // the start job of life, until it finishes or is aborted
+	mu      sync.Mutex   // guards the fields below
+	life    *tenant.Life // the current awake period; nil while asleep
+	w       *watch       // life's watch on the bus; nil until its start job has finished
+	pending *startJob    // the start job of life, until it finishes or is aborted
 }
 
 var (
-	_ activator.Backend = (*Backend)(nil)
-	_ activator.Adopter = (*Backend)(nil)
-	_ activator.Closer  = (*Backend)(nil)
+	_ tenant.Backend = (*Backend)(nil)
+	_ tenant.Adopter = (*Backend)(nil)
+	_ tenant.Closer  = (*Backend)(nil)
 )
 
 // Settings returns the route's settings.
@@ -65,7 +65,7 @@ func (b *Backend) Settings() Settings { return b.s }
 //
 // The returned Life ends with an *ExitError when the unit stops or is restarted behind the activator's
 // back, with ErrSlept when Sleep or Stop put it down.
-func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Life, error) {
+func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	if l := b.current(); l != nil {
 		return l, nil
 	}
@@ -90,7 +90,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 			return b.track(ctx)
 		}
 	}
-	t.Phase(activator.PhaseStart)
+	t.Phase(tenant.PhaseStart)
 	ch, l, err := b.queueJob(ctx, "start")
 	if err != nil {
 		if ctx.Err() != nil {
@@ -105,7 +105,7 @@ func (b *Backend) Wake(ctx context.Context, t activator.Tracker) (*activator.Lif
 		}
 		return nil, fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
 	}
-	life := activator.NewLife()
+	life := tenant.NewLife()
 	p := &startJob{life: life, done: make(chan struct{})}
 	// The job's remainder runs on a context detached from the wake's (which the activator cancels once
 	// the gate passes) but bounded by the same deadline.
@@ -128,7 +128,7 @@ func notLoaded(unit, loadState string) error {
 
 // startJob is a start job Wake has queued and not yet seen finish.
 type startJob struct {
-	life    *activator.Life
+	life    *tenant.Life
 	cancel  context.CancelFunc // ends the wait for the job
 	done    chan struct{}      // closed when finishStart has returned
 	aborted bool               // guarded by Backend.mu: Sleep, Stop or Close took over
@@ -192,7 +192,7 @@ func (b *Backend) settle(ctx context.Context) error {
 }
 
 // current returns the Life of the current awake period if it has not ended.
-func (b *Backend) current() *activator.Life {
+func (b *Backend) current() *tenant.Life {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.life != nil && b.life.Err() == nil {
@@ -232,7 +232,7 @@ func (b *Backend) signal(ctx context.Context, sig syscall.Signal) error {
 
 // resume makes an active unit serve again: SIGCONT (sigstop mode), thaw (freeze mode), nothing (stop
 // mode: an active unit we hold no Life for was started by someone else, or adopted).
-func (b *Backend) resume(ctx context.Context, st UnitState, t activator.Tracker) error {
+func (b *Backend) resume(ctx context.Context, st UnitState, t tenant.Tracker) error {
 	switch b.s.Sleep {
 	case SleepSIGSTOP:
 		t.Phase(PhaseContinue)
@@ -304,8 +304,8 @@ func (b *Backend) awaitJob(ctx context.Context, kind string, ch <-chan string, l
 }
 
 // track starts an awake period for a unit that is already active (resumed or adopted).
-func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
-	life := activator.NewLife()
+func (b *Backend) track(ctx context.Context) (*tenant.Life, error) {
+	life := tenant.NewLife()
 	w, err := b.watchLife(ctx, life)
 	if err != nil {
 		return nil, err
@@ -318,7 +318,7 @@ func (b *Backend) track(ctx context.Context) (*activator.Life, error) {
 
 // watchLife registers a watch that ends life when the unit stops, then confirms the unit is active
 // (so a death between the start and the registration is not missed) and records its invocation.
-func (b *Backend) watchLife(ctx context.Context, life *activator.Life) (*watch, error) {
+func (b *Backend) watchLife(ctx context.Context, life *tenant.Life) (*watch, error) {
 	w := b.bus.watch(b.s.Unit, life)
 	st, err := b.quickState(ctx)
 	if err == nil && !st.Active() {
@@ -358,7 +358,7 @@ func (b *Backend) cleanup(ctx context.Context, why string) {
 
 // end closes the current awake period: the watch goes first, so stopping the unit does not read as a
 // death behind the activator's back. A start job still pending is aborted first.
-func (b *Backend) end() *activator.Life {
+func (b *Backend) end() *tenant.Life {
 	b.mu.Lock()
 	p := b.pending
 	if p != nil {
@@ -401,7 +401,7 @@ func (b *Backend) Sleep(ctx context.Context) error {
 		err = b.stopUnit(ctx)
 	}
 	if life != nil {
-		life.End(activator.ErrSlept)
+		life.End(tenant.ErrSlept)
 	}
 	return err
 }
@@ -417,7 +417,7 @@ func (b *Backend) Stop(ctx context.Context) error {
 	}
 	err := b.stopUnit(ctx)
 	if life != nil {
-		life.End(activator.ErrSlept)
+		life.End(tenant.ErrSlept)
 	}
 	return err
 }
@@ -466,7 +466,7 @@ func (b *Backend) sigstop(ctx context.Context) error {
 // Adopt reports whether the unit is already awake and, if so, adopts it as it is (same MainPID, no
 // restart) and watches it. A frozen unit (freeze mode) counts as asleep; in sigstop mode an active
 // unit gets SIGCONT, since a previous activator may have left it stopped.
-func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
+func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, false, err
@@ -478,7 +478,7 @@ func (b *Backend) Adopt(ctx context.Context) (*activator.Life, bool, error) {
 		return nil, false, nil
 	}
 	if b.s.Sleep == SleepSIGSTOP {
-		if err := b.resume(ctx, st, activator.Discard); err != nil {
+		if err := b.resume(ctx, st, tenant.Discard); err != nil {
 			return nil, false, err
 		}
 	}

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/systemdtest"
+	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
 )
 
@@ -43,7 +43,7 @@ func firstByte(ctx context.Context, addr string) error {
 }
 
 // gate is the activator's health gate as the activator would run it for a route.
-func gate(ctx context.Context, r *registry.Route, life *activator.Life) error {
+func gate(ctx context.Context, r *registry.Route, life *tenant.Life) error {
 	return health.New(r.Upstream, r.Health).Wait(ctx, life.Done())
 }
 
@@ -74,7 +74,7 @@ func BenchmarkColdFirstByte(b *testing.B) {
 		bk := be.(*Backend)
 		b.Cleanup(func() { _ = bk.Stop(context.Background()) })
 		if sleep == SleepSIGSTOP { // start it once, then park it
-			life, err := bk.Wake(ctx, activator.Discard)
+			life, err := bk.Wake(ctx, tenant.Discard)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -88,7 +88,7 @@ func BenchmarkColdFirstByte(b *testing.B) {
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			wctx, cancel := context.WithTimeout(ctx, budget)
-			life, err := bk.Wake(wctx, activator.Discard)
+			life, err := bk.Wake(wctx, tenant.Discard)
 			if err == nil {
 				err = gate(wctx, r, life)
 			}

@@ -18,7 +18,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 
-	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Reconnection pacing after the bus drops (systemd restarted, daemon-reexec).
@@ -84,7 +84,7 @@ func (l *link) lost(err error) bool {
 // a new invocation), life is ended with an *ExitError.
 type watch struct {
 	unit string
-	life *activator.Life
+	life *tenant.Life
 
 	mu         sync.Mutex // guards invocation
 	invocation []byte     // the InvocationID the route woke; nil until known
@@ -356,7 +356,7 @@ func (b *bus) check(c *sddbus.Conn, unit string) {
 
 // watch registers interest in unit; the caller confirms the unit's state afterwards (check), so a
 // change between its last read and the registration is not missed.
-func (b *bus) watch(unit string, life *activator.Life) *watch {
+func (b *bus) watch(unit string, life *tenant.Life) *watch {
 	w := &watch{unit: unit, life: life}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -8,7 +8,7 @@
 // `systemctl stop` by an operator, a restart behind the activator's back) ends its Life: there is no
 // polling.
 //
-// Units outlive the activator: Backend implements activator.Adopter (an active unit is adopted as
+// Units outlive the activator: Backend implements tenant.Adopter (an active unit is adopted as
 // awake, keeping its MainPID) and its Close leaves the unit as it is.
 package unit
 
@@ -22,8 +22,8 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Options configure a Provider.
@@ -34,7 +34,19 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Provider opens unit Backends. It implements split.Opener, split.Checker and split.Closer, and is
+// The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
+// activator would silently stop finding the ability.
+var (
+	_ tenant.Opener       = (*Provider)(nil)
+	_ tenant.Checker      = (*Provider)(nil)
+	_ tenant.SharedCloser = (*Provider)(nil)
+	_ tenant.Backend      = (*Backend)(nil)
+	_ tenant.Stopper      = (*Backend)(nil)
+	_ tenant.Adopter      = (*Backend)(nil)
+	_ tenant.Closer       = (*Backend)(nil)
+)
+
+// Provider opens unit Backends. It checks routes against the host and holds the D-Bus connections, and is
 // safe for concurrent use.
 type Provider struct {
 	ctx    context.Context
@@ -81,7 +93,7 @@ func settingsOf(r *registry.Route) (*Settings, error) {
 }
 
 // Open returns the route's Backend. It does not touch the bus.
-func (p *Provider) Open(r *registry.Route) (activator.Backend, error) {
+func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, err := settingsOf(r)
 	if err != nil {
 		return nil, err

@@ -14,11 +14,11 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/systemdtest"
+	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
 )
 
@@ -115,7 +115,7 @@ func (f *fixture) subject() backendtest.Subject {
 	}
 }
 
-func (f *fixture) wake(t *testing.T) *activator.Life {
+func (f *fixture) wake(t *testing.T) *tenant.Life {
 	t.Helper()
 	return backendtest.Wake(t, f.subject())
 }
@@ -125,7 +125,7 @@ func (f *fixture) sleep(t *testing.T) {
 	backendtest.Sleep(t, f.subject())
 }
 
-func waitLife(t *testing.T, l *activator.Life) error {
+func waitLife(t *testing.T, l *tenant.Life) error {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -227,7 +227,7 @@ func TestStartFailure(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	// Wake returns once the job is queued; the job's failure then ends the Life.
-	life, err := f.b.Wake(ctx, activator.Discard)
+	life, err := f.b.Wake(ctx, tenant.Discard)
 	if err == nil {
 		err = waitLife(t, life)
 	}
@@ -277,7 +277,7 @@ func TestStopDuringStartJob(t *testing.T) {
 	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{Service: []string{"ExecStartPre=/bin/sleep 60"}})
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	life, err := f.b.Wake(ctx, activator.Discard)
+	life, err := f.b.Wake(ctx, tenant.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestStopDuringStartJob(t *testing.T) {
 	if err := f.b.Stop(ctx); err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
-	if err := waitLife(t, life); !errors.Is(err, activator.ErrSlept) {
+	if err := waitLife(t, life); !errors.Is(err, tenant.ErrSlept) {
 		t.Fatalf("Life ended with %v, want ErrSlept", err)
 	}
 	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
@@ -301,7 +301,7 @@ func TestExitsAfterStart(t *testing.T) {
 	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{Env: []string{"DEMOAPP_EXIT_CODE=3"}})
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	life, err := f.b.Wake(ctx, activator.Discard)
+	life, err := f.b.Wake(ctx, tenant.Discard)
 	if err == nil {
 		err = waitLife(t, life)
 	}
@@ -541,7 +541,7 @@ func TestReconnect(t *testing.T) {
 	// settled waits for Wake's start job to finish, so the cuts below hit a watched, running unit
 	// rather than a start job in flight (which a reconnect would issue again, starting the unit the
 	// test has just stopped).
-	settled := func(l *activator.Life) *activator.Life {
+	settled := func(l *tenant.Life) *tenant.Life {
 		if err := f.b.settle(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -626,7 +626,7 @@ func TestProviderClose(t *testing.T) {
 	f.b = b.(*Backend)
 	life := f.wake(t)
 	f.sleep(t)
-	if !errors.Is(life.Err(), activator.ErrSlept) {
+	if !errors.Is(life.Err(), tenant.ErrSlept) {
 		t.Fatalf("Life after Sleep: %v, want ErrSlept", life.Err())
 	}
 	if err := p.Close(); err != nil {
@@ -657,7 +657,7 @@ func proxiedFixture(t *testing.T, m *systemdtest.Manager, sleep SleepMode) (*fix
 	return f, proxy
 }
 
-// phaseNames is an activator.Tracker that records the names of the phases.
+// phaseNames is an tenant.Tracker that records the names of the phases.
 type phaseNames []string
 
 func (p *phaseNames) Phase(name string) { *p = append(*p, name) }

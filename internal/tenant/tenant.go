@@ -1,4 +1,9 @@
-package activator
+// Package tenant is the contract between the edge and the backings, in the spirit of
+// database/sql/driver: internal/activator consumes it, each internal/backend/* package implements it,
+// and neither side imports the other. It holds the Backend a route's tenant is driven through, its
+// optional abilities (found by type assertion), the Life that reports a woken tenant's end, the
+// Tracker a wake reports its phases to, and the Opener that builds a route's Backend.
+package tenant
 
 import (
 	"context"
@@ -60,10 +65,23 @@ type Stopper interface {
 	Stop(ctx context.Context) error
 }
 
-// Provider opens the Backend for a route. internal/backend/split implements it by dispatching on
-// Route.Backing.
-type Provider interface {
+// Opener opens the Backend for a route. Each backing implements it for its own routes, and
+// internal/backend/split implements it for all of them by dispatching on Route.Backing.
+type Opener interface {
 	Open(r *registry.Route) (Backend, error)
+}
+
+// Checker is an optional Opener ability: a live check of a route's settings against the host (e.g.
+// "this systemd cannot freeze units"), run by `activator check` and at load. It must not wake anything.
+type Checker interface {
+	Check(ctx context.Context, r *registry.Route) error
+}
+
+// SharedCloser is an optional Opener ability, for openers that hold resources their routes' Backends
+// share (the unit backing's D-Bus connections). Close is called once, when the activator shuts down,
+// after every route's Backend has been closed.
+type SharedCloser interface {
+	Close() error
 }
 
 // Tracker receives one wake's progress; the activator turns it into the wake record, logs and metrics.

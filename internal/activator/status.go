@@ -1,0 +1,69 @@
+package activator
+
+// What the admin API reports of an instance.
+
+import "time"
+
+// Status is a route's state as the admin API reports it.
+type Status struct {
+	Route       string      `json:"route"`
+	Backing     string      `json:"backing"`
+	Hosts       []string    `json:"hosts"`
+	PathPrefix  string      `json:"path_prefix,omitempty"`
+	Upstream    string      `json:"upstream"`
+	State       string      `json:"state"`
+	Since       time.Time   `json:"since"`
+	InFlight    int         `json:"in_flight"`
+	Held        int         `json:"held"`
+	Idle        string      `json:"idle"`
+	LastWake    *WakeRecord `json:"last_wake,omitempty"`
+	CurrentWake *WakeRecord `json:"current_wake,omitempty"`
+	LastError   string      `json:"last_error,omitempty"`
+	RetryAt     *time.Time  `json:"retry_at,omitempty"`
+	LastSleep   string      `json:"last_sleep_reason,omitempty"`
+	// LastSleepError is the last sleep's failure (the tenant may still run), until a sleep succeeds.
+	LastSleepError string `json:"last_sleep_error,omitempty"`
+}
+
+func (in *instance) status() Status {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s := Status{
+		Route: in.route.Name, Backing: in.route.Backing, Hosts: in.route.Hosts, PathPrefix: in.route.PathPrefix,
+		Upstream: in.route.Upstream.String(), State: in.state.String(), Since: in.since,
+		InFlight: in.inflight, Held: in.held, Idle: in.route.Idle.String(), LastSleep: in.lastSlp,
+	}
+	if in.lastRec != nil {
+		last := in.lastAtt.withRelease(*in.lastRec)
+		s.LastWake = &last
+	}
+	if in.state == Waking && in.wake != nil {
+		cur := in.wake.rec.snapshot()
+		s.CurrentWake = &cur
+	}
+	if in.lastErr != nil {
+		s.LastError = in.lastErr.Error()
+	}
+	if in.slpErr != nil {
+		s.LastSleepError = in.slpErr.Error()
+	}
+	if in.state == Failed {
+		u := in.until
+		s.RetryAt = &u
+	}
+	return s
+}
+
+// phaseAttr renders phases for a log line: "start=1.2ms health=3.4ms".
+func phaseAttr(ps []PhaseRecord) string {
+	var b []byte
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, p.Name...)
+		b = append(b, '=')
+		b = append(b, p.Duration.Round(10*time.Microsecond).String()...)
+	}
+	return string(b)
+}
