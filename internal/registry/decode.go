@@ -139,54 +139,69 @@ func check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			l.add("", prefix, n.Line, "want a mapping of keys, got %s", describe(n))
-			return nil
-		}
-		fields := yamlFields(t)
-		out := *n
-		out.Content = nil
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			ft, ok := fields[k.Value]
-			if !ok {
-				l.add("", join(prefix, k.Value), k.Line, "unknown key (known keys: %s)", strings.Join(sortedKeys(fields), ", "))
-				continue
-			}
-			if c := check(l, v, ft, join(prefix, k.Value)); c != nil {
-				out.Content = append(out.Content, k, c)
-			}
-		}
-		return &out
+		return checkStruct(l, n, t, prefix)
 	case reflect.Slice, reflect.Array:
-		if n.Kind != yaml.SequenceNode {
-			l.add("", prefix, n.Line, "want a list, got %s", describe(n))
-			return nil
-		}
-		out := *n
-		out.Content = nil
-		for i, c := range n.Content {
-			if c := check(l, c, t.Elem(), fmt.Sprintf("%s[%d]", prefix, i)); c != nil {
-				out.Content = append(out.Content, c)
-			}
-		}
-		return &out
+		return checkList(l, n, t, prefix)
 	case reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			l.add("", prefix, n.Line, "want a mapping, got %s", describe(n))
-			return nil
-		}
-		out := *n
-		out.Content = nil
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			if c := check(l, v, t.Elem(), join(prefix, k.Value)); c != nil {
-				out.Content = append(out.Content, k, c)
-			}
-		}
-		return &out
+		return checkMap(l, n, t, prefix)
 	}
 	return checkLeaf(l, n, t, prefix)
+}
+
+// checkStruct checks a mapping against the fields of struct type t: see check.
+func checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		l.add("", prefix, n.Line, "want a mapping of keys, got %s", describe(n))
+		return nil
+	}
+	fields := yamlFields(t)
+	out := *n
+	out.Content = nil
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		ft, ok := fields[k.Value]
+		if !ok {
+			l.add("", join(prefix, k.Value), k.Line, "unknown key (known keys: %s)", strings.Join(sortedKeys(fields), ", "))
+			continue
+		}
+		if c := check(l, v, ft, join(prefix, k.Value)); c != nil {
+			out.Content = append(out.Content, k, c)
+		}
+	}
+	return &out
+}
+
+// checkList checks a sequence against slice or array type t: see check.
+func checkList(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+	if n.Kind != yaml.SequenceNode {
+		l.add("", prefix, n.Line, "want a list, got %s", describe(n))
+		return nil
+	}
+	out := *n
+	out.Content = nil
+	for i, c := range n.Content {
+		if c := check(l, c, t.Elem(), fmt.Sprintf("%s[%d]", prefix, i)); c != nil {
+			out.Content = append(out.Content, c)
+		}
+	}
+	return &out
+}
+
+// checkMap checks a mapping against map type t: see check.
+func checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		l.add("", prefix, n.Line, "want a mapping, got %s", describe(n))
+		return nil
+	}
+	out := *n
+	out.Content = nil
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if c := check(l, v, t.Elem(), join(prefix, k.Value)); c != nil {
+			out.Content = append(out.Content, k, c)
+		}
+	}
+	return &out
 }
 
 // checkLeaf decodes n into a scratch value of type t and reports why it does not fit, under key.

@@ -3,8 +3,11 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -88,10 +91,7 @@ func LoadFile(path string, backings map[string]SettingsDecoder) (*Config, error)
 func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		var l errs
-		for _, e := range yamlErrors(err) {
-			l.list = append(l.list, e)
-		}
+		l := errs{list: yamlErrors(err)}
 		return nil, l.err()
 	}
 	// A problem in the top-level keys does not stop the routes from being checked: the operator gets
@@ -115,24 +115,14 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	names := map[string]int{}
 	hosts := map[string]string{}
 	for i := range fc.Routes {
-		r := loadRoute(&l, &fc.Routes[i], i, backings)
+		r, ok := loadRoute(&l, &fc.Routes[i], i, backings)
 		if r == nil {
 			continue
 		}
-		if prev, dup := names[r.Name]; dup {
-			l.add(r.Name, "name", KeyLine(&fc.Routes[i], "name"), "duplicate route name (also route #%d)", prev+1)
-			continue
+		checkUnique(&l, &fc.Routes[i], i, r, names, hosts)
+		if ok {
+			cfg.Routes = append(cfg.Routes, r)
 		}
-		names[r.Name] = i
-		for _, h := range r.Hosts {
-			k := h + r.PathPrefix
-			if other, dup := hosts[k]; dup {
-				l.add(r.Name, "hosts", KeyLine(&fc.Routes[i], "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
-				continue
-			}
-			hosts[k] = r.Name
-		}
-		cfg.Routes = append(cfg.Routes, r)
 	}
 	if len(l.list) > 0 {
 		return nil, l.err()
@@ -140,192 +130,331 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	return cfg, nil
 }
 
-// loadRoute decodes and validates one route, adding its problems to l. It returns nil when the route is
-// unusable.
-func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecoder) *Route {
+// loadRoute decodes and validates one route, adding every problem it has to l. It returns the route as
+// far as it decoded and whether it is usable (it has no problems), or nil when n is not even a mapping.
+func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecoder) (*Route, bool) {
 	if n.Kind != yaml.MappingNode {
 		l.add(fmt.Sprintf("#%d", idx+1), "", n.Line, "a route must be a mapping")
-		return nil
+		return nil, false
 	}
-	// Split the common keys from the backing's block so each is decoded strictly by its owner.
-	var name string
+	common, blocks := splitBlocks(n, backings)
+	c := &routeCheck{l: l, n: n, label: routeLabel(n, idx), start: len(l.list)}
+	if err := DecodeStrict(common, &c.rk); err != nil {
+		l.addErr(c.label, "", n.Line, err)
+	}
+	c.undecoded = errorKeys(l.list[c.start:])
+	c.r = &Route{Name: c.rk.Name, Backing: c.rk.Backing}
+	// One checker per section, each reporting every problem in it. The order is the order of the
+	// problems on a single line (a route written as one flow mapping).
+	c.checkName()
+	c.checkHosts()
+	c.checkUpstream()
+	c.checkBudgets()
+	c.checkHold()
+	c.checkBackoff()
+	c.checkHealth()
+	c.checkBacking(blocks, backings)
+	return c.r, len(l.list) == c.start
+}
+
+// block is a backing's settings block in a route: the mapping under the backing's name.
+type block struct {
+	node *yaml.Node
+	line int // the line of the block's key
+}
+
+// splitBlocks separates a route's common keys from its backings' settings blocks, so that each is
+// decoded strictly by its owner. A block is a key that names a backing of this build, or the route's own
+// backing even when this build lacks it: that is reported once, at backing, not again as an unknown key.
+func splitBlocks(n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+	own := ""
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "backing" {
+			own = n.Content[i+1].Value
+		}
+	}
+	if _, isCommon := yamlFields(reflect.TypeFor[routeKeys]())[own]; isCommon {
+		own = ""
+	}
 	common := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line}
-	blocks := map[string]*yaml.Node{}
-	blockLines := map[string]int{}
+	blocks := map[string]block{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		if k.Value == "name" {
-			name = v.Value
-		}
-		if _, ok := backings[k.Value]; ok || isKnownBacking(k.Value) {
-			blocks[k.Value] = v
-			blockLines[k.Value] = k.Line
+		if _, ok := backings[k.Value]; ok || (own != "" && k.Value == own) {
+			blocks[k.Value] = block{node: v, line: k.Line}
 			continue
 		}
 		common.Content = append(common.Content, k, v)
 	}
-	label := name
-	if label == "" {
-		label = fmt.Sprintf("#%d", idx+1)
-	}
-	// The route's keys that did decode are still checked, so one bad value does not hide the rest;
-	// checks of a key that already failed to decode are dropped at the end (a "5 seconds" wake_budget
-	// is reported once, not again as whatever its default then trips).
-	at := func(key string) int { return KeyLine(n, key) }
-	bad := len(l.list)
-	var rk routeKeys
-	if err := DecodeStrict(common, &rk); err != nil {
-		l.addErr(label, "", n.Line, err)
-	}
-	undecoded := badRoots(l.list[bad:])
-	decodeErrs := len(l.list)
-	r := &Route{Name: rk.Name, Backing: rk.Backing, PathPrefix: rk.PathPrefix}
-	switch {
-	case rk.Name == "":
-		l.add(label, "name", at("name"), "missing")
-	case !nameRE.MatchString(rk.Name):
-		l.add(label, "name", at("name"), "%q is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)", rk.Name)
-	}
+	return common, blocks
+}
 
-	// Hosts.
+// routeLabel names a route in its problems: by its name, or by its position when it has none.
+func routeLabel(n *yaml.Node, idx int) string {
+	name := ""
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "name" {
+			name = n.Content[i+1].Value
+		}
+	}
+	if name == "" {
+		return fmt.Sprintf("#%d", idx+1)
+	}
+	return name
+}
+
+// routeCheck is one route under validation: its decoded common keys, the Route being built from them,
+// and the keys that failed to decode. The keys that did decode are all checked, so one bad value hides
+// nothing else; a check that would read a key that failed to decode is skipped, as it would see a default
+// the operator never wrote (a "5 seconds" wake_budget is reported once, not again as whatever its
+// default then trips).
+type routeCheck struct {
+	l         *errs
+	n         *yaml.Node // the route's mapping
+	label     string
+	start     int             // len(l.list) before this route
+	undecoded map[string]bool // full keys that failed to decode: "hosts[1]", "health.timeout", "hold"
+	rk        routeKeys
+	r         *Route
+}
+
+func (c *routeCheck) add(key string, line int, format string, args ...any) {
+	c.l.add(c.label, key, line, format, args...)
+}
+
+// at returns the line of a dotted key of the route (see KeyLine).
+func (c *routeCheck) at(key string) int { return KeyLine(c.n, key) }
+
+// failed reports whether any of keys, or a section one of them sits in, failed to decode.
+func (c *routeCheck) failed(keys ...string) bool {
+	for _, k := range keys {
+		for i := range len(k) {
+			if (k[i] == '.' || k[i] == '[') && c.undecoded[k[:i]] {
+				return true
+			}
+		}
+		if c.undecoded[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// failedBelow reports whether key or anything below it ("hosts[0]") failed to decode.
+func (c *routeCheck) failedBelow(key string) bool {
+	for k := range c.undecoded {
+		if k == key || strings.HasPrefix(k, key+".") || strings.HasPrefix(k, key+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *routeCheck) checkName() {
+	switch name := c.rk.Name; {
+	case c.failed("name"):
+	case name == "":
+		c.add("name", c.at("name"), "missing")
+	case !nameRE.MatchString(name):
+		c.add("name", c.at("name"), "%q is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)", name)
+	}
+}
+
+// checkHosts checks host, every entry of hosts and path_prefix.
+func (c *routeCheck) checkHosts() {
 	type hostAt struct {
 		name, key string
 	}
 	var hs []hostAt
-	if rk.Host != "" {
-		hs = append(hs, hostAt{rk.Host, "host"})
+	if c.rk.Host != "" {
+		hs = append(hs, hostAt{c.rk.Host, "host"})
 	}
-	for i, h := range rk.Hosts {
-		hs = append(hs, hostAt{h, fmt.Sprintf("hosts[%d]", i)})
+	// Entries that failed to decode are missing from rk.Hosts: skip their positions to find each line.
+	pos := 0
+	for _, h := range c.rk.Hosts {
+		for c.undecoded[fmt.Sprintf("hosts[%d]", pos)] {
+			pos++
+		}
+		hs = append(hs, hostAt{h, fmt.Sprintf("hosts[%d]", pos)})
+		pos++
 	}
-	if len(hs) == 0 {
-		l.add(label, "hosts", at("hosts"), "missing: a route needs at least one host")
+	if len(hs) == 0 && !c.failedBelow("hosts") {
+		c.add("hosts", c.at("hosts"), "missing: a route needs at least one host")
 	}
 	seen := map[string]bool{}
 	for _, ha := range hs {
 		h := strings.ToLower(strings.TrimSpace(ha.name))
 		if err := checkHost(h); err != nil {
-			l.add(label, "hosts", at(ha.key), "%v", err)
+			c.add("hosts", c.at(ha.key), "%v", err)
 			continue
 		}
 		if seen[h] {
-			l.add(label, "hosts", at(ha.key), "host %q listed twice", h)
+			c.add("hosts", c.at(ha.key), "host %q listed twice", h)
 			continue
 		}
 		seen[h] = true
-		r.Hosts = append(r.Hosts, h)
+		c.r.Hosts = append(c.r.Hosts, h)
 	}
-	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
-		l.add(label, "path_prefix", at("path_prefix"), "%q must start with /", r.PathPrefix)
+	if p := c.rk.PathPrefix; p != "" && !strings.HasPrefix(p, "/") {
+		c.add("path_prefix", c.at("path_prefix"), "%q must start with /", p)
 	}
-	r.PathPrefix = strings.TrimSuffix(r.PathPrefix, "/")
+	c.r.PathPrefix = strings.TrimSuffix(c.rk.PathPrefix, "/")
+}
 
-	// Upstream.
-	if rk.Upstream == "" {
-		l.add(label, "upstream", at("upstream"), "missing: where does the woken tenant listen? (host:port or unix:/path)")
-	} else if u, err := ParseUpstream(rk.Upstream); err != nil {
-		l.add(label, "upstream", at("upstream"), "%v", err)
-	} else {
-		r.Upstream = u
+// checkUpstream checks upstream and max_upstream_conns.
+func (c *routeCheck) checkUpstream() {
+	switch u, err := ParseUpstream(c.rk.Upstream); {
+	case c.failed("upstream"):
+	case c.rk.Upstream == "":
+		c.add("upstream", c.at("upstream"), "missing: where does the woken tenant listen? (host:port or unix:/path)")
+	case err != nil:
+		c.add("upstream", c.at("upstream"), "%v", err)
+	default:
+		c.r.Upstream = u
 	}
+	c.r.MaxUpstreamConns = c.rk.MaxUpConns
+	if c.r.MaxUpstreamConns == 0 {
+		c.r.MaxUpstreamConns = DefaultMaxUpstreamConns
+	} else if c.r.MaxUpstreamConns < 0 {
+		c.add("max_upstream_conns", c.at("max_upstream_conns"), "must be positive, got %d", c.r.MaxUpstreamConns)
+	}
+}
 
-	// Timing.
-	r.WakeBudget = orDefault(rk.WakeBudget.D(), DefaultWakeBudget)
-	r.SleepBudget = orDefault(rk.SleepBudget.D(), DefaultSleepBudget)
-	r.Idle = DefaultIdle
-	if rk.Idle != nil {
-		r.Idle = rk.Idle.D()
+// checkBudgets applies wake_budget, sleep_budget and idle. Their values need no check beyond decoding,
+// which already rejects negative durations.
+func (c *routeCheck) checkBudgets() {
+	c.r.WakeBudget = orDefault(c.rk.WakeBudget.D(), DefaultWakeBudget)
+	c.r.SleepBudget = orDefault(c.rk.SleepBudget.D(), DefaultSleepBudget)
+	c.r.Idle = DefaultIdle
+	if c.rk.Idle != nil {
+		c.r.Idle = c.rk.Idle.D()
 	}
-	r.MaxUpstreamConns = rk.MaxUpConns
-	if r.MaxUpstreamConns == 0 {
-		r.MaxUpstreamConns = DefaultMaxUpstreamConns
-	} else if r.MaxUpstreamConns < 0 {
-		l.add(label, "max_upstream_conns", at("max_upstream_conns"), "must be positive, got %d", r.MaxUpstreamConns)
-	}
-	r.Hold.MaxRequests = rk.Hold.MaxRequests
-	if r.Hold.MaxRequests == 0 {
-		r.Hold.MaxRequests = DefaultMaxHeld
-	} else if r.Hold.MaxRequests < 0 {
-		l.add(label, "hold.max_requests", at("hold.max_requests"), "must be positive, got %d", r.Hold.MaxRequests)
+}
+
+// checkHold checks the hold block. It runs after checkBudgets, whose budgets make max_time's default.
+func (c *routeCheck) checkHold() {
+	c.r.Hold.MaxRequests = c.rk.Hold.MaxRequests
+	if c.r.Hold.MaxRequests == 0 {
+		c.r.Hold.MaxRequests = DefaultMaxHeld
+	} else if c.r.Hold.MaxRequests < 0 {
+		c.add("hold.max_requests", c.at("hold.max_requests"), "must be positive, got %d", c.r.Hold.MaxRequests)
 	}
 	// Default: long enough to see the wake fail with its cause (budget plus stopping the unhealthy
 	// tenant) rather than a bare 504 racing the wake deadline.
-	r.Hold.MaxTime = orDefault(rk.Hold.MaxTime.D(), r.WakeBudget+r.SleepBudget)
-	r.Backoff.Initial = orDefault(rk.Backoff.Initial.D(), DefaultBackoff)
-	r.Backoff.Max = orDefault(rk.Backoff.Max.D(), DefaultBackoffMax)
-	if r.Backoff.Max < r.Backoff.Initial {
-		l.add(label, "backoff.max", at("backoff.max"), "%v is shorter than backoff.initial %v", r.Backoff.Max, r.Backoff.Initial)
-	}
+	c.r.Hold.MaxTime = orDefault(c.rk.Hold.MaxTime.D(), c.r.WakeBudget+c.r.SleepBudget)
+}
 
-	// Health.
-	h := rk.Health
-	r.Health = Health{
-		Path:      h.Path,
+func (c *routeCheck) checkBackoff() {
+	b := &c.r.Backoff
+	b.Initial = orDefault(c.rk.Backoff.Initial.D(), DefaultBackoff)
+	b.Max = orDefault(c.rk.Backoff.Max.D(), DefaultBackoffMax)
+	if b.Max < b.Initial && !c.failed("backoff.initial", "backoff.max") {
+		c.add("backoff.max", c.at("backoff.max"), "%v is shorter than backoff.initial %v", b.Max, b.Initial)
+	}
+}
+
+// checkHealth checks the health block. It runs after checkBudgets: the health budget must fit in the
+// wake budget.
+func (c *routeCheck) checkHealth() {
+	hk := c.rk.Health
+	h := Health{
+		Path:      hk.Path,
 		MinStatus: 200,
 		MaxStatus: 399,
-		Interval:  orDefault(h.Interval.D(), DefaultInterval),
-		Timeout:   orDefault(h.Timeout.D(), DefaultProbeTimeout),
-		Passes:    h.Passes,
-		Budget:    h.Budget.D(),
+		Interval:  orDefault(hk.Interval.D(), DefaultInterval),
+		Timeout:   orDefault(hk.Timeout.D(), DefaultProbeTimeout),
+		Passes:    hk.Passes,
+		Budget:    hk.Budget.D(),
 	}
-	if r.Health.Path == "" {
-		r.Health.Path = "/"
-	} else if !strings.HasPrefix(r.Health.Path, "/") {
-		l.add(label, "health.path", at("health.path"), "%q must start with /", h.Path)
+	if h.Path == "" {
+		h.Path = "/"
+	} else if !strings.HasPrefix(h.Path, "/") {
+		c.add("health.path", c.at("health.path"), "%q must start with /", hk.Path)
 	}
-	if r.Health.Passes == 0 {
-		r.Health.Passes = 1
-	} else if r.Health.Passes < 0 {
-		l.add(label, "health.passes", at("health.passes"), "must be positive, got %d", h.Passes)
+	if h.Passes == 0 {
+		h.Passes = 1
+	} else if h.Passes < 0 {
+		c.add("health.passes", c.at("health.passes"), "must be positive, got %d", hk.Passes)
 	}
-	if h.Status != "" {
-		lo, hi, err := parseStatusRange(h.Status)
+	if hk.Status != "" {
+		lo, hi, err := parseStatusRange(hk.Status)
 		if err != nil {
-			l.add(label, "health.status", at("health.status"), "%v", err)
+			c.add("health.status", c.at("health.status"), "%v", err)
 		}
-		r.Health.MinStatus, r.Health.MaxStatus = lo, hi
+		h.MinStatus, h.MaxStatus = lo, hi
 	}
-	if r.Health.Budget > r.WakeBudget && !undecoded["wake_budget"] {
-		l.add(label, "health.budget", at("health.budget"), "%v exceeds wake_budget %v", r.Health.Budget, r.WakeBudget)
+	if h.Budget > c.r.WakeBudget && !c.failed("wake_budget", "health.budget") {
+		c.add("health.budget", c.at("health.budget"), "%v exceeds wake_budget %v", h.Budget, c.r.WakeBudget)
 	}
+	c.r.Health = h
+}
 
-	// Backing.
-	switch dec, ok := backings[rk.Backing]; {
-	case rk.Backing == "":
-		l.add(label, "backing", at("backing"), "missing (one of: %s)", strings.Join(backingNames(backings), ", "))
+// checkBacking checks backing and that the route has no other backing's block, then has the backing's
+// decoder check its own block. The decoder sees the route's common keys, so it runs only for a route
+// that has no other problem.
+func (c *routeCheck) checkBacking(blocks map[string]block, backings map[string]SettingsDecoder) {
+	name := c.rk.Backing
+	dec, ok := backings[name]
+	switch {
+	case c.failed("backing"):
+		return
+	case name == "":
+		c.add("backing", c.at("backing"), "missing (one of: %s)", backingNames(backings))
+		return
 	case !ok:
-		l.add(label, "backing", at("backing"), "%q is not available in this build (one of: %s)", rk.Backing, strings.Join(backingNames(backings), ", "))
-	default:
-		for k := range blocks {
-			if k != rk.Backing {
-				l.add(label, k, blockLines[k], "settings for backing %q, but the route's backing is %q", k, rk.Backing)
-			}
-		}
-		if len(l.list) == bad {
-			settings, err := dec(r, blocks[rk.Backing])
-			if err != nil {
-				line := blockLines[rk.Backing]
-				if line == 0 {
-					line = at("backing") // no block at all: point at the backing it is missing for
-				}
-				l.addErr(label, rk.Backing, line, err)
-			}
-			r.Settings = settings
+		c.add("backing", c.at("backing"), "%q is not available in this build (one of: %s)", name, backingNames(backings))
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(blocks)) {
+		if k != name {
+			c.add(k, blocks[k].line, "settings for backing %q, but the route's backing is %q", k, name)
 		}
 	}
-	if len(l.list) > bad {
-		if len(undecoded) > 0 {
-			kept := l.list[:decodeErrs]
-			for _, e := range l.list[decodeErrs:] {
-				if !undecoded[rootKey(e)] {
-					kept = append(kept, e)
-				}
-			}
-			l.list = kept
-		}
-		return nil
+	if len(c.l.list) > c.start {
+		return
 	}
-	return r
+	own := blocks[name]
+	settings, err := dec(c.r, own.node)
+	if err != nil {
+		line := own.line
+		if line == 0 {
+			line = c.at("backing") // no block at all: point at the backing it is missing for
+		}
+		c.l.addErr(c.label, name, line, err)
+	}
+	c.r.Settings = settings
+}
+
+// checkUnique reports r's name, and each of its hosts under its path prefix, when an earlier route has
+// it already, and records r's for the routes after it. A route with problems of its own takes part too,
+// so that fixing those does not reveal a duplicate only then.
+func checkUnique(l *errs, n *yaml.Node, idx int, r *Route, names map[string]int, hosts map[string]string) {
+	label := routeLabel(n, idx)
+	if prev, dup := names[r.Name]; dup {
+		l.add(label, "name", KeyLine(n, "name"), "duplicate route name (also route #%d)", prev+1)
+	} else if r.Name != "" {
+		names[r.Name] = idx
+	}
+	for _, h := range r.Hosts {
+		k := h + r.PathPrefix
+		if other, dup := hosts[k]; dup {
+			l.add(label, "hosts", KeyLine(n, "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
+			continue
+		}
+		hosts[k] = label
+	}
+}
+
+// errorKeys returns the key of each problem in list.
+func errorKeys(list []error) map[string]bool {
+	m := map[string]bool{}
+	for _, err := range list {
+		var e *Error
+		if errors.As(err, &e) && e.Key != "" {
+			m[e.Key] = true
+		}
+	}
+	return m
 }
 
 // badRoots returns the first segment of each problem's key ("health" for "health.interval", "hosts" for
@@ -396,24 +525,10 @@ func KeyLine(n *yaml.Node, key string) int {
 	return line
 }
 
-// isKnownBacking names the backings the project has, so that a settings block for one this build
-// lacks is reported as such rather than as an unknown key.
-func isKnownBacking(k string) bool {
-	switch k {
-	case "exec", "unit", "kvm", "redfish":
-		return true
-	}
-	return false
-}
-
-func backingNames(m map[string]SettingsDecoder) []string {
-	var out []string
-	for _, k := range []string{"exec", "unit", "kvm", "redfish"} {
-		if _, ok := m[k]; ok {
-			out = append(out, k)
-		}
-	}
-	return out
+// backingNames lists the backings this build offers, sorted so that error text does not vary from run
+// to run.
+func backingNames(backings map[string]SettingsDecoder) string {
+	return strings.Join(slices.Sorted(maps.Keys(backings)), ", ")
 }
 
 func checkHost(h string) error {

@@ -414,3 +414,205 @@ func TestLoadFile(t *testing.T) {
 		t.Errorf("Config.Route(nope) = %+v, want nil", r)
 	}
 }
+
+// oneRoute is a config with one route "a" whose first lines (2 to 5) are valid; extra adds its keys from
+// line 6 on, so a case can give each problem a line of its own.
+func oneRoute(extra ...string) string {
+	var b strings.Builder
+	b.WriteString("routes:\n  - name: a\n    backing: exec\n    upstream: 127.0.0.1:9001\n    exec: {argv: [/bin/a]}\n")
+	for _, e := range extra {
+		b.WriteString("    " + e + "\n")
+	}
+	return b.String()
+}
+
+// problems returns the Error() text of each problem Load reports for data.
+func problems(t *testing.T, data string, decoders map[string]registry.SettingsDecoder) []string {
+	t.Helper()
+	cfg, err := registry.Load([]byte(data), decoders)
+	if err != nil && cfg != nil {
+		t.Errorf("Load returned both a config and an error")
+	}
+	var got []string
+	for _, e := range registry.Errors(err) {
+		got = append(got, e.Error())
+	}
+	return got
+}
+
+// TestLoadSectionReportsEveryProblem: a problem in one key of a section (a value that does not decode,
+// an unknown key) does not hide the problems in the section's other keys, nor a broken route the
+// duplicates it shares with another.
+func TestLoadSectionReportsEveryProblem(t *testing.T) {
+	const (
+		notDuration = `is not a duration (use a unit, as in "1.5s" or "15m")`
+		upstreamMsg = `where does the woken tenant listen? (host:port or unix:/path)`
+	)
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{
+			name: "hold: negative max_time and max_requests",
+			yaml: oneRoute("hosts: [a.localhost]", "hold: {max_time: -5s, max_requests: -1}"),
+			want: []string{
+				`line 7: route "a": hold.max_time: duration "-5s" is negative`,
+				`line 7: route "a": hold.max_requests: must be positive, got -1`,
+			},
+		},
+		{
+			name: "hold: unknown key and negative max_requests",
+			yaml: oneRoute("hosts: [a.localhost]", "hold: {max: 5, max_requests: -1}"),
+			want: []string{
+				`line 7: route "a": hold.max: unknown key (known keys: max_requests, max_time)`,
+				`line 7: route "a": hold.max_requests: must be positive, got -1`,
+			},
+		},
+		{
+			name: "health: bad timeout and a budget over wake_budget",
+			yaml: oneRoute("hosts: [a.localhost]", "health: {timeout: soon, budget: 90s}"),
+			want: []string{
+				`line 7: route "a": health.timeout: "soon" ` + notDuration,
+				`line 7: route "a": health.budget: 1m30s exceeds wake_budget 1m0s`,
+			},
+		},
+		{
+			name: "health: unknown key and bad path, passes and status",
+			yaml: oneRoute("hosts: [a.localhost]", "health:", "  path: healthz", "  passes: -1", "  status: ok", "  intervall: 1s"),
+			want: []string{
+				`line 8: route "a": health.path: "healthz" must start with /`,
+				`line 9: route "a": health.passes: must be positive, got -1`,
+				`line 10: route "a": health.status: "ok" is not a status range such as "200-399" or "204"`,
+				`line 11: route "a": health.intervall: unknown key (known keys: budget, interval, passes, path, status, timeout)`,
+			},
+		},
+		{
+			name: "backoff: unknown key and max below initial",
+			yaml: oneRoute("hosts: [a.localhost]", "backoff: {initial: 10s, max: 5s, jitter: 1s}"),
+			want: []string{
+				`line 7: route "a": backoff.jitter: unknown key (known keys: initial, max)`,
+				`line 7: route "a": backoff.max: 5s is shorter than backoff.initial 10s`,
+			},
+		},
+		{
+			name: "hosts: one that does not decode, one with a port, one twice",
+			yaml: oneRoute("hosts:", "  - [a.localhost]", `  - "a:80"`, "  - b.localhost", "  - B.localhost"),
+			want: []string{
+				`line 7: route "a": hosts[0]: cannot unmarshal !!seq into string`,
+				`line 8: route "a": hosts: host "a:80": leave the port out; hosts match whatever port the edge listens on`,
+				`line 10: route "a": hosts: host "b.localhost" listed twice`,
+			},
+		},
+		{
+			name: "duplicate name of a route with another problem",
+			yaml: oneRoute("hosts: [a.localhost]") + "  - name: a\n    hosts: [b.localhost]\n    backing: exec\n    exec: {argv: [/bin/a]}\n",
+			want: []string{
+				`line 7: route "a": upstream: missing: ` + upstreamMsg,
+				`line 7: route "a": name: duplicate route name (also route #1)`,
+			},
+		},
+		{
+			name: "duplicate name and duplicate host",
+			yaml: oneRoute("hosts: [a.localhost]") + "  - name: a\n    hosts: [a.localhost]\n    backing: exec\n    upstream: 127.0.0.1:9002\n    exec: {argv: [/bin/a]}\n",
+			want: []string{
+				`line 7: route "a": name: duplicate route name (also route #1)`,
+				`line 8: route "a": hosts: host "a.localhost" with path prefix "" is already routed to "a"`,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := problems(t, tt.yaml, backings); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Load problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
+			}
+		})
+	}
+}
+
+// TestLoadReportsABadValueOnce: a value that does not decode is reported once, not again by the checks
+// that would read it (they would see a default the operator never wrote).
+func TestLoadReportsABadValueOnce(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{
+			name: "hosts is not a list",
+			yaml: oneRoute("hosts: a.localhost"),
+			want: []string{`line 6: route "a": hosts: want a list, got "a.localhost"`},
+		},
+		{
+			name: "no host decodes",
+			yaml: oneRoute("hosts: [[a.localhost]]"),
+			want: []string{`line 6: route "a": hosts[0]: cannot unmarshal !!seq into string`},
+		},
+		{
+			name: "bad wake_budget is not compared with health.budget",
+			yaml: oneRoute("hosts: [a.localhost]", "wake_budget: soon", "health: {budget: 90s}"),
+			want: []string{`line 7: route "a": wake_budget: "soon" is not a duration (use a unit, as in "1.5s" or "15m")`},
+		},
+		{
+			name: "bad backoff.initial is not compared with backoff.max",
+			yaml: oneRoute("hosts: [a.localhost]", "backoff: {initial: soon, max: 500ms}"),
+			want: []string{`line 7: route "a": backoff.initial: "soon" is not a duration (use a unit, as in "1.5s" or "15m")`},
+		},
+		{
+			name: "bad backoff.max is not compared with backoff.initial",
+			yaml: oneRoute("hosts: [a.localhost]", "backoff: {initial: 2m, max: [1m]}"),
+			want: []string{`line 7: route "a": backoff.max: want a duration such as "1.5s" or "15m"`},
+		},
+		{
+			name: "a health block that is not a mapping",
+			yaml: oneRoute("hosts: [a.localhost]", "health: /healthz"),
+			want: []string{`line 7: route "a": health: want a mapping of keys, got "/healthz"`},
+		},
+		{
+			name: "backing that does not decode",
+			yaml: oneRoute("hosts: [a.localhost]", "backing: [exec]"),
+			want: []string{`line 7: route "a": backing: cannot unmarshal !!seq into string`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := problems(t, tt.yaml, backings); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Load problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
+			}
+		})
+	}
+}
+
+// TestLoadBackingNames: the backings a build offers are the decoders it passes, listed sorted.
+func TestLoadBackingNames(t *testing.T) {
+	decode := func(*registry.Route, *yaml.Node) (any, error) { return struct{}{}, nil }
+	decoders := map[string]registry.SettingsDecoder{"zeta": decode, "exec": decodeExec, "alpha": decode}
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{
+			name: "missing",
+			yaml: "routes:\n  - name: a\n    hosts: [a.localhost]\n    upstream: 127.0.0.1:9001\n",
+			want: []string{`line 2: route "a": backing: missing (one of: alpha, exec, zeta)`},
+		},
+		{
+			name: "not in this build",
+			yaml: "routes:\n  - name: a\n    hosts: [a.localhost]\n    upstream: 127.0.0.1:9001\n    backing: kvm\n    kvm: {kernel: /boot/vmlinuz}\n",
+			want: []string{`line 5: route "a": backing: "kvm" is not available in this build (one of: alpha, exec, zeta)`},
+		},
+		{
+			name: "another backing's block",
+			yaml: oneRoute("hosts: [a.localhost]", "alpha: {}"),
+			want: []string{`line 7: route "a": alpha: settings for backing "alpha", but the route's backing is "exec"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := problems(t, tt.yaml, decoders); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Load problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
+			}
+		})
+	}
+}
