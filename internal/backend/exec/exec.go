@@ -6,9 +6,10 @@
 // SIGKILLed (the forking OS thread is kept alive for the child's whole life: see startLocked). Stop
 // signals go to the whole group, and when the child exits, whatever is left of its group is killed;
 // a grandchild that leaves the group (setsid, double fork) is beyond the backend's reach. Its stdout and
-// stderr are drained continuously (a chatty child never blocks), logged line by line at Info, and the
-// last 64 KiB kept: a child that exits on its own ends its Life with an *ExitError that quotes the end
-// of that output.
+// stderr are drained continuously (a chatty child never blocks), logged line by line at Info within a
+// rate limit (100 lines at once, then 20 a second; suppressed lines are counted and reported at Warn),
+// and the last 64 KiB kept whole: a child that exits on its own ends its Life with an *ExitError that
+// quotes the end of that output.
 //
 // The child inherits the activator's environment, minus LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES and
 // NOTIFY_SOCKET (meant for the activator itself), plus the listen mode's variables and the route's env.
@@ -50,8 +51,10 @@ var ErrClosed = errors.New("exec backend closed")
 
 // Options configure a Provider.
 type Options struct {
-	// Logger receives the backing's logs, including every line the children print (at Info, with keys
-	// route, stream, pid and line). Default: slog.Default().
+	// Logger receives the backing's logs, including the lines the children print (at Info, with keys
+	// route, stream, pid and line) up to a rate limit per child, and at Warn "tenant output
+	// rate-limited: suppressed N lines" (keys route, stream, pid and suppressed) for the lines beyond
+	// it. Default: slog.Default().
 	Logger *slog.Logger
 	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must
 	// link package shim, which every program importing this package does.

@@ -47,8 +47,15 @@ type fixture struct {
 }
 
 // newFixture decodes an exec block (YAML) for a demoapp child on up, opens the backend and registers
-// its Close. The child's argv is this test binary; env gets ACTIVATOR_DEMOAPP=1 and a unique tag.
+// its Close. The child's argv is this test binary; env gets ACTIVATOR_DEMOAPP=1 and a unique tag. The
+// backend logs warnings and errors to the test's output.
 func newFixture(t *testing.T, up registry.Upstream, block string) *fixture {
+	t.Helper()
+	return newFixtureLog(t, up, block, testLogger(t))
+}
+
+// newFixtureLog is newFixture with the backend logging to log.
+func newFixtureLog(t *testing.T, up registry.Upstream, block string, log *slog.Logger) *fixture {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -73,7 +80,7 @@ func newFixture(t *testing.T, up registry.Upstream, block string) *fixture {
 	st.Env["GORACE"] = "atexit_sleep_ms=0" // a -race child otherwise lingers a second at exit
 	st.Env["EXEC_TEST_TAG"] = tag
 	r.Settings = st
-	b, err := New(r, Options{Logger: testLogger(t)})
+	b, err := New(r, Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

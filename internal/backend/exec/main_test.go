@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/activator/activator/internal/demoapp"
@@ -21,7 +22,14 @@ const (
 	parentPortEnv = "EXEC_TEST_PARENT_PORT"
 )
 
+// floodEnv makes a demoapp child print that many lines, "flood 0" to "flood N-1", on stdout as fast as
+// it can before it starts (the output-flood test).
+const floodEnv = "EXEC_TEST_FLOOD"
+
 func TestMain(m *testing.M) {
+	if n, err := strconv.Atoi(os.Getenv(floodEnv)); err == nil && os.Getenv(demoapp.ChildEnv) == "1" {
+		flood(n)
+	}
 	demoapp.RunIfChild()
 	if mode := os.Getenv(parentEnv); mode != "" {
 		os.Exit(runParent(ListenMode(mode), os.Getenv(parentPortEnv)))
@@ -59,4 +67,23 @@ func runParent(mode ListenMode, port string) int {
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = b.Close(context.Background())
 	return 0
+}
+
+// flood prints floodLines(n) to stdout in one write: a tenant that writes as fast as the pipe takes it.
+func flood(n int) {
+	if _, err := os.Stdout.Write(floodLines(n)); err != nil {
+		fmt.Fprintln(os.Stderr, "flood:", err)
+		os.Exit(1)
+	}
+}
+
+// floodLines is "flood 0\nflood 1\n…flood n-1\n".
+func floodLines(n int) []byte {
+	var b []byte
+	for i := range n {
+		b = append(b, "flood "...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, '\n')
+	}
+	return b
 }

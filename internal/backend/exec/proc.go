@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"os"
 	osexec "os/exec"
 	"runtime"
@@ -33,6 +32,7 @@ type proc struct {
 	tid    int // the OS thread that forked the child and stays locked to its owner goroutine
 	life   *tenant.Life
 	out    tail
+	log    *outputLog    // logs the output, rate-limited; set before the drains start
 	marker []byte        // nil: no ready marker
 	ready  chan struct{} // closed when a line containing marker has been read
 	once   sync.Once     // closes ready
@@ -153,8 +153,8 @@ func (b *Backend) startLocked(sp spec) (*proc, error) {
 	return p, nil
 }
 
-// own starts cmd on a locked OS thread, reports the start on started, then drains the child's output,
-// reaps it and ends its Life.
+// own starts cmd on a locked OS thread, reports the start on started, then drains the child's output
+// (and reports what the log's rate limit left out), reaps it and ends its Life.
 func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR *os.File) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread() // only after the child is reaped: see startLocked
@@ -168,10 +168,13 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	p.pid = cmd.Process.Pid
 	started <- nil
 
+	p.log = newOutputLog(b.logger(), p.pid)
 	var readers sync.WaitGroup
-	readers.Add(2)
-	go func() { defer readers.Done(); b.drain(p, outR, "stdout") }()
-	go func() { defer readers.Done(); b.drain(p, errR, "stderr") }()
+	readers.Go(func() { p.drain(outR, "stdout") })
+	readers.Go(func() { p.drain(errR, "stderr") })
+	reporting, endOutput := context.WithCancel(context.Background())
+	reported := make(chan struct{})
+	go func() { defer close(reported); p.log.run(reporting) }()
 
 	// Observe the exit without reaping, so the pid (the process group's id) cannot be reused while
 	// stragglers in the group are killed.
@@ -200,6 +203,8 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	outR.Close() // unblocks readers still waiting
 	errR.Close()
 	<-drained
+	endOutput() // the final report of suppressed lines comes before the exit's
+	<-reported
 
 	p.exit = exitError(p.pid, cmd.ProcessState, p.out.Bytes())
 	p.mu.Lock()
@@ -216,10 +221,9 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 }
 
 // drain reads one of the child's streams until EOF (or until its read end is closed), keeping the
-// output, logging each line and watching for the ready marker.
-func (b *Backend) drain(p *proc, r io.Reader, stream string) {
+// output, watching for the ready marker and logging each line within p.log's rate limit.
+func (p *proc) drain(r io.Reader, stream string) {
 	br := bufio.NewReaderSize(r, 16<<10)
-	ctx := context.Background()
 	for {
 		line, err := br.ReadSlice('\n') // a line longer than the buffer comes in pieces
 		if len(line) > 0 {
@@ -227,9 +231,7 @@ func (b *Backend) drain(p *proc, r io.Reader, stream string) {
 			if p.marker != nil && bytes.Contains(line, p.marker) {
 				p.once.Do(func() { close(p.ready) })
 			}
-			if b.logger().Enabled(ctx, slog.LevelInfo) {
-				b.logger().Info("output", "stream", stream, "pid", p.pid, "line", string(bytes.TrimRight(line, "\r\n")))
-			}
+			p.log.line(stream, line)
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			return
