@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"regexp"
 	"slices"
@@ -51,6 +52,111 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes the duration back as a string.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// or returns the duration, or def when d is nil (its key was left out).
+func (d *Duration) or(def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.D()
+}
+
+// ByteSize is a number of bytes written in YAML as a whole number with an optional unit: "32KiB",
+// "32 KiB", "100MB" or "1048576". See ParseByteSize.
+type ByteSize int64
+
+// Units of ByteSize.
+const (
+	kiB = 1 << 10
+	miB = 1 << 20
+	giB = 1 << 30
+)
+
+// sizeUnits maps each unit ParseByteSize accepts, as written (case matters), to its bytes.
+var sizeUnits = map[string]int64{
+	"": 1, "B": 1,
+	"KB": 1e3, "MB": 1e6, "GB": 1e9,
+	"KiB": kiB, "MiB": miB, "GiB": giB,
+}
+
+var sizeRE = regexp.MustCompile(`^(-?)([0-9]+)(\.[0-9]*)?(?: ?([A-Za-z]+))?$`)
+
+// ParseByteSize parses a size: a whole, non-negative number of bytes, optionally followed by one of
+// the units B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), written as here and
+// with at most one space before it. Negative sizes, fractions, other units and sizes beyond an int64
+// are errors.
+func ParseByteSize(s string) (int64, error) {
+	m := sizeRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("%q is not a size (e.g. 32KiB, 1MiB, 1048576)", s)
+	}
+	neg, digits, frac, unit := m[1] != "", m[2], m[3] != "", m[4]
+	mult, ok := sizeUnits[unit]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("%q is not a size (e.g. 32KiB, 1MiB, 1048576)", s)
+	case neg:
+		return 0, fmt.Errorf("size %q is negative", s)
+	case frac:
+		return 0, fmt.Errorf("size %q is not a whole number (write 1536KiB, not 1.5MiB)", s)
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q is too large (at most %d bytes)", s, int64(math.MaxInt64))
+	}
+	return n * mult, nil
+}
+
+// Bytes returns the size as a number of bytes.
+func (b ByteSize) Bytes() int64 { return int64(b) }
+
+// String writes the size in the largest binary unit that holds it exactly ("32KiB", "1500B"), which
+// ParseByteSize reads back; zero is "0".
+func (b ByteSize) String() string {
+	switch {
+	case b == 0:
+		return "0"
+	case b%giB == 0:
+		return fmt.Sprintf("%dGiB", b/giB)
+	case b%miB == 0:
+		return fmt.Sprintf("%dMiB", b/miB)
+	case b%kiB == 0:
+		return fmt.Sprintf("%dKiB", b/kiB)
+	}
+	return fmt.Sprintf("%dB", int64(b))
+}
+
+// UnmarshalYAML accepts what ParseByteSize does.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: want a size such as \"32KiB\" or 1048576", n.Line)
+	}
+	v, err := ParseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+// MarshalYAML writes the size back as String does.
+func (b ByteSize) MarshalYAML() (any, error) { return b.String(), nil }
+
+// or returns the size in bytes, or def when b is nil (its key was left out).
+func (b *ByteSize) or(def int64) int64 {
+	if b == nil {
+		return def
+	}
+	return b.Bytes()
+}
+
+// valueOr returns *p, or def when p is nil (its key was left out).
+func valueOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
 
 // DecodeStrict decodes node into v (a pointer to a struct with yaml tags) and rejects keys the struct
 // does not declare, at any depth, and values that do not fit their field (a "5 seconds" duration, a word

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -30,13 +31,47 @@ const (
 	DefaultInterval         = time.Second
 	DefaultBackoff          = time.Second
 	DefaultBackoffMax       = time.Minute
+	DefaultMaxBody          = 100 * miB
+	DefaultFailFastAfter    = 3
+
+	DefaultShutdownGrace    = 30 * time.Second
+	DefaultHeaderTimeout    = 10 * time.Second
+	DefaultBodyTimeout      = 30 * time.Second
+	DefaultKeepAliveTimeout = 2 * time.Minute
+	DefaultMaxHeaderBytes   = 32 * kiB
+	// DefaultMaxHeldTotal is edge.max_held, across all routes; DefaultMaxHeld is one route's.
+	DefaultMaxHeldTotal = 20000
+	DefaultMaxHeldBytes = 256 * miB
+	DefaultBodyMemory   = 64 * kiB
+)
+
+// Bounds of the edge's sizes.
+const (
+	minHeaderBytes = 1 * kiB
+	maxHeaderBytes = 1 * miB
+	maxBodyMemory  = 16 * miB
 )
 
 // fileConfig is the file's top level, decoded strictly.
 type fileConfig struct {
-	Listen string      `yaml:"listen"`
-	Admin  string      `yaml:"admin"`
-	Routes []yaml.Node `yaml:"routes"`
+	Listen        string      `yaml:"listen"`
+	Admin         string      `yaml:"admin"`
+	ShutdownGrace *Duration   `yaml:"shutdown_grace"`
+	Edge          edgeKeys    `yaml:"edge"`
+	Routes        []yaml.Node `yaml:"routes"`
+}
+
+// edgeKeys is the edge: block. Every key is a pointer, nil when left out, so that a zero the operator
+// wrote is checked rather than taken for the default.
+type edgeKeys struct {
+	HeaderTimeout    *Duration `yaml:"header_timeout"`
+	BodyTimeout      *Duration `yaml:"body_timeout"`
+	KeepAliveTimeout *Duration `yaml:"keepalive_timeout"`
+	MaxHeaderBytes   *ByteSize `yaml:"max_header_bytes"`
+	MaxHeld          *int      `yaml:"max_held"`
+	MaxHeldBytes     *ByteSize `yaml:"max_held_bytes"`
+	BodyMemory       *ByteSize `yaml:"body_memory"`
+	BodyBufferDir    string    `yaml:"body_buffer_dir"`
 }
 
 // routeKeys is a route's common keys. The backing's settings sit beside them under the backing's name.
@@ -48,6 +83,8 @@ type routeKeys struct {
 	Backing     string    `yaml:"backing"`
 	Upstream    string    `yaml:"upstream"`
 	MaxUpConns  int       `yaml:"max_upstream_conns"`
+	Buffering   *bool     `yaml:"request_buffering"`
+	MaxBody     *ByteSize `yaml:"max_body"`
 	Health      healthKey `yaml:"health"`
 	Idle        *Duration `yaml:"idle"`
 	WakeBudget  Duration  `yaml:"wake_budget"`
@@ -69,6 +106,7 @@ type healthKey struct {
 	Timeout  Duration `yaml:"timeout"`
 	Passes   int      `yaml:"passes"`
 	Budget   Duration `yaml:"budget"`
+	FailFast *int     `yaml:"fail_fast_after"`
 }
 
 var (
@@ -109,6 +147,9 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if cfg.Admin == "" {
 		cfg.Admin = DefaultAdmin
 	}
+	top := topCheck{l: &l, doc: &doc}
+	cfg.ShutdownGrace = top.duration("shutdown_grace", fc.ShutdownGrace, DefaultShutdownGrace)
+	cfg.Edge = top.checkEdge(fc.Edge)
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
@@ -149,6 +190,7 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	c.checkName()
 	c.checkHosts()
 	c.checkUpstream()
+	c.checkBody()
 	c.checkBudgets()
 	c.checkHold()
 	c.checkBackoff()
@@ -320,6 +362,13 @@ func (c *routeCheck) checkUpstream() {
 	}
 }
 
+// checkBody applies request_buffering and max_body, whose values need no check beyond decoding (which
+// rejects a negative size; 0 means no limit).
+func (c *routeCheck) checkBody() {
+	c.r.RequestBuffering = valueOr(c.rk.Buffering, true)
+	c.r.MaxBody = c.rk.MaxBody.or(DefaultMaxBody)
+}
+
 // checkBudgets applies wake_budget, sleep_budget and idle. Their values need no check beyond decoding,
 // which already rejects negative durations.
 func (c *routeCheck) checkBudgets() {
@@ -376,6 +425,10 @@ func (c *routeCheck) checkHealth() {
 	} else if h.Passes < 0 {
 		c.add("health.passes", c.at("health.passes"), "must be positive, got %d", hk.Passes)
 	}
+	h.FailFastAfter = valueOr(hk.FailFast, DefaultFailFastAfter)
+	if h.FailFastAfter < 0 {
+		c.add("health.fail_fast_after", c.at("health.fail_fast_after"), "must not be negative, got %d (0 turns the rule off)", h.FailFastAfter)
+	}
 	if hk.Status != "" {
 		lo, hi, err := parseStatusRange(hk.Status)
 		if err != nil {
@@ -387,6 +440,57 @@ func (c *routeCheck) checkHealth() {
 		c.add("health.budget", c.at("health.budget"), "%v exceeds wake_budget %v", h.Budget, c.r.WakeBudget)
 	}
 	c.r.Health = h
+}
+
+// topCheck checks the top-level keys beside routes. A key that failed to decode is left nil, so it takes
+// its default and is not reported again.
+type topCheck struct {
+	l   *errs
+	doc *yaml.Node
+}
+
+func (c topCheck) add(key, format string, args ...any) {
+	c.l.add("", key, KeyLine(c.doc, key), format, args...)
+}
+
+// duration returns the duration at key, or def when the key is left out, and reports a zero one: a
+// timeout of 0 is not "none" here. Decoding already rejects negative durations.
+func (c topCheck) duration(key string, d *Duration, def time.Duration) time.Duration {
+	v := d.or(def)
+	if v <= 0 {
+		c.add(key, "must be positive, got %v (leave the key out for the default %v)", v, def)
+	}
+	return v
+}
+
+// checkEdge applies the edge block's defaults and reports every key out of its range.
+func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
+	e := EdgeLimits{
+		HeaderTimeout:    c.duration("edge.header_timeout", ek.HeaderTimeout, DefaultHeaderTimeout),
+		BodyTimeout:      c.duration("edge.body_timeout", ek.BodyTimeout, DefaultBodyTimeout),
+		KeepAliveTimeout: c.duration("edge.keepalive_timeout", ek.KeepAliveTimeout, DefaultKeepAliveTimeout),
+		MaxHeaderBytes:   ek.MaxHeaderBytes.or(DefaultMaxHeaderBytes),
+		MaxHeld:          valueOr(ek.MaxHeld, DefaultMaxHeldTotal),
+		MaxHeldBytes:     ek.MaxHeldBytes.or(DefaultMaxHeldBytes),
+		BodyMemory:       ek.BodyMemory.or(DefaultBodyMemory),
+		BodyBufferDir:    ek.BodyBufferDir,
+	}
+	if v := e.MaxHeaderBytes; v < minHeaderBytes || v > maxHeaderBytes {
+		c.add("edge.max_header_bytes", "must be between %v and %v, got %v", ByteSize(minHeaderBytes), ByteSize(maxHeaderBytes), ByteSize(v))
+	}
+	if e.MaxHeld <= 0 {
+		c.add("edge.max_held", "must be positive, got %d (leave the key out for the default %d)", e.MaxHeld, DefaultMaxHeldTotal)
+	}
+	if e.MaxHeldBytes <= 0 {
+		c.add("edge.max_held_bytes", "must be positive, got %v (leave the key out for the default %v)", ByteSize(e.MaxHeldBytes), ByteSize(DefaultMaxHeldBytes))
+	}
+	if e.BodyMemory > maxBodyMemory {
+		c.add("edge.body_memory", "must be at most %v, got %v (the rest of a body goes to body_buffer_dir)", ByteSize(maxBodyMemory), ByteSize(e.BodyMemory))
+	}
+	if d := e.BodyBufferDir; d != "" && !filepath.IsAbs(d) {
+		c.add("edge.body_buffer_dir", "%q is not an absolute path (leave the key out for the system's temporary directory)", d)
+	}
+	return e
 }
 
 // checkBacking checks backing and that the route has no other backing's block, then has the backing's

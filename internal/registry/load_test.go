@@ -287,8 +287,9 @@ func TestGoldenProblemsNameKeys(t *testing.T) {
 				if re.Key == "" || re.Line == 0 {
 					t.Errorf("%s: %v lacks a key or a line", in, e)
 				}
-				// A problem without a route is about a top-level key: one the file has, or a misspelt one.
-				if re.Route == "" && strings.ContainsAny(re.Key, ".[") {
+				// A problem without a route is about a top-level key: one the file has, or a misspelt one,
+				// or a key of the top-level edge block.
+				if re.Route == "" && strings.ContainsAny(re.Key, ".[") && !strings.HasPrefix(re.Key, "edge.") {
 					t.Errorf("%s: %v is about a route but names none", in, e)
 				}
 			}
@@ -484,7 +485,7 @@ func TestLoadSectionReportsEveryProblem(t *testing.T) {
 				`line 8: route "a": health.path: "healthz" must start with /`,
 				`line 9: route "a": health.passes: must be positive, got -1`,
 				`line 10: route "a": health.status: "ok" is not a status range such as "200-399" or "204"`,
-				`line 11: route "a": health.intervall: unknown key (known keys: budget, interval, passes, path, status, timeout)`,
+				`line 11: route "a": health.intervall: unknown key (known keys: budget, fail_fast_after, interval, passes, path, status, timeout)`,
 			},
 		},
 		{
@@ -614,5 +615,353 @@ func TestLoadBackingNames(t *testing.T) {
 				t.Errorf("Load problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
 			}
 		})
+	}
+}
+
+const (
+	kib = int64(1 << 10)
+	mib = int64(1 << 20)
+)
+
+// keyCase is one value of one key: valid, with the field it yields, or invalid, with its one problem.
+type keyCase struct {
+	value   string // written after "key: "; "" leaves the key out
+	want    any    // the field, when value is valid
+	problem string // the problem after "line N: [route "a": ]key: ", when it is not
+}
+
+// runKeyCase loads data and checks that it yields kc.want through get, or kc.problem alone, after prefix.
+func runKeyCase(t *testing.T, data string, kc keyCase, prefix string, get func(*registry.Config) any) {
+	t.Helper()
+	cfg, err := registry.Load([]byte(data), backings)
+	if kc.problem != "" {
+		var got []string
+		for _, e := range registry.Errors(err) {
+			got = append(got, e.Error())
+		}
+		if want := []string{prefix + kc.problem}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Load problems:\n got %q\nwant %q", got, want)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got := get(cfg); !reflect.DeepEqual(got, kc.want) {
+		t.Errorf("got %#v, want %#v", got, kc.want)
+	}
+}
+
+// topKey is a top-level key, "shutdown_grace" or "edge.NAME", with the field it sets and its cases.
+type topKey struct {
+	key   string
+	get   func(*registry.Config) any
+	cases []keyCase
+}
+
+// runTopKeys runs each case of each key with the key on line 1 (shutdown_grace) or line 2 (below
+// edge:), before one valid route.
+func runTopKeys(t *testing.T, keys []topKey) {
+	t.Helper()
+	for _, k := range keys {
+		for _, kc := range k.cases {
+			t.Run(k.key+"="+kc.value, func(t *testing.T) {
+				top, line := "", 1
+				if name, ok := strings.CutPrefix(k.key, "edge."); ok {
+					top, line = "edge:\n", 2
+					if kc.value != "" {
+						top += "  " + name + ": " + kc.value + "\n"
+					}
+				} else if kc.value != "" {
+					top = k.key + ": " + kc.value + "\n"
+				}
+				prefix := fmt.Sprintf("line %d: %s: ", line, k.key)
+				runKeyCase(t, top+oneRoute("hosts: [a.localhost]"), kc, prefix, k.get)
+			})
+		}
+	}
+}
+
+const (
+	notDuration = `is not a duration (use a unit, as in "1.5s" or "15m")`
+	notSize     = `is not a size (e.g. 32KiB, 1MiB, 1048576)`
+)
+
+// TestLoadTopDurations covers shutdown_grace and the edge's timeouts: the default, a valid value, and
+// each way a value can be wrong (0 among them: a zero timeout is not "none").
+func TestLoadTopDurations(t *testing.T) {
+	runTopKeys(t, []topKey{
+		{"shutdown_grace", func(c *registry.Config) any { return c.ShutdownGrace }, []keyCase{
+			{value: "", want: 30 * time.Second},
+			{value: "2m", want: 2 * time.Minute},
+			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 30s)"},
+			{value: "-1s", problem: `duration "-1s" is negative`},
+			{value: "30", problem: `"30" ` + notDuration},
+			{value: "[30s]", problem: `want a duration such as "1.5s" or "15m"`},
+		}},
+		{"edge.header_timeout", func(c *registry.Config) any { return c.Edge.HeaderTimeout }, []keyCase{
+			{value: "", want: 10 * time.Second},
+			{value: "2.5s", want: 2500 * time.Millisecond},
+			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 10s)"},
+			{value: "-5s", problem: `duration "-5s" is negative`},
+			{value: "ten", problem: `"ten" ` + notDuration},
+		}},
+		{"edge.body_timeout", func(c *registry.Config) any { return c.Edge.BodyTimeout }, []keyCase{
+			{value: "", want: 30 * time.Second},
+			{value: "1m", want: time.Minute},
+			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 30s)"},
+			{value: "5 seconds", problem: `"5 seconds" ` + notDuration},
+		}},
+		{"edge.keepalive_timeout", func(c *registry.Config) any { return c.Edge.KeepAliveTimeout }, []keyCase{
+			{value: "", want: 2 * time.Minute},
+			{value: "75s", want: 75 * time.Second},
+			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 2m0s)"},
+			{value: "{a: 1}", problem: `want a duration such as "1.5s" or "15m"`},
+		}},
+	})
+}
+
+// TestLoadEdgeLimits covers the edge's sizes, max_held and body_buffer_dir: the default, valid values
+// (the bounds among them), and each way a value can be wrong.
+func TestLoadEdgeLimits(t *testing.T) {
+	runTopKeys(t, []topKey{
+		{"edge.max_header_bytes", func(c *registry.Config) any { return c.Edge.MaxHeaderBytes }, []keyCase{
+			{value: "", want: 32 * kib},
+			{value: "1KiB", want: kib},
+			{value: "1MiB", want: mib},
+			{value: "8 KiB", want: 8 * kib},
+			{value: "16000", want: int64(16000)},
+			{value: "1023", problem: "must be between 1KiB and 1MiB, got 1023B"},
+			{value: "1025KiB", problem: "must be between 1KiB and 1MiB, got 1025KiB"},
+			{value: "0", problem: "must be between 1KiB and 1MiB, got 0"},
+			{value: "32kb", problem: `"32kb" ` + notSize},
+			{value: "-1KiB", problem: `size "-1KiB" is negative`},
+			{value: "1.5KiB", problem: `size "1.5KiB" is not a whole number (write 1536KiB, not 1.5MiB)`},
+			{value: "[32KiB]", problem: `want a size such as "32KiB" or 1048576`},
+		}},
+		{"edge.max_held", func(c *registry.Config) any { return c.Edge.MaxHeld }, []keyCase{
+			{value: "", want: 20000},
+			{value: "1", want: 1},
+			{value: "0", problem: "must be positive, got 0 (leave the key out for the default 20000)"},
+			{value: "-3", problem: "must be positive, got -3 (leave the key out for the default 20000)"},
+			{value: "many", problem: "cannot unmarshal !!str `many` into int"},
+		}},
+		{"edge.max_held_bytes", func(c *registry.Config) any { return c.Edge.MaxHeldBytes }, []keyCase{
+			{value: "", want: 256 * mib},
+			{value: "1GB", want: int64(1e9)},
+			{value: "0", problem: "must be positive, got 0 (leave the key out for the default 256MiB)"},
+			{value: "99999999999999999999", problem: `size "99999999999999999999" is too large (at most 9223372036854775807 bytes)`},
+		}},
+		{"edge.body_memory", func(c *registry.Config) any { return c.Edge.BodyMemory }, []keyCase{
+			{value: "", want: 64 * kib},
+			{value: "0", want: int64(0)},
+			{value: "16MiB", want: 16 * mib},
+			{value: "16777217", problem: "must be at most 16MiB, got 16777217B (the rest of a body goes to body_buffer_dir)"},
+			{value: "1GiB", problem: "must be at most 16MiB, got 1GiB (the rest of a body goes to body_buffer_dir)"},
+			{value: "64k", problem: `"64k" ` + notSize},
+		}},
+		{"edge.body_buffer_dir", func(c *registry.Config) any { return c.Edge.BodyBufferDir }, []keyCase{
+			{value: "", want: ""},
+			{value: "/nonexistent/bodies", want: "/nonexistent/bodies"}, // existence is a live check
+			{value: "tmp/bodies", problem: `"tmp/bodies" is not an absolute path (leave the key out for the system's temporary directory)`},
+			{value: "[/tmp]", problem: "cannot unmarshal !!seq into string"},
+		}},
+	})
+}
+
+// TestLoadRouteBodyKeys covers request_buffering, max_body and health.fail_fast_after.
+func TestLoadRouteBodyKeys(t *testing.T) {
+	route := func(c *registry.Config) *registry.Route { return c.Routes[0] }
+	keys := []struct {
+		key   string // a route's key, "health.NAME" for one in its health block
+		get   func(*registry.Config) any
+		cases []keyCase
+	}{
+		{"request_buffering", func(c *registry.Config) any { return route(c).RequestBuffering }, []keyCase{
+			{value: "", want: true},
+			{value: "false", want: false},
+			{value: "true", want: true},
+			{value: "sometimes", problem: "cannot unmarshal !!str `sometimes` into bool"},
+			{value: "1", problem: "cannot unmarshal !!int `1` into bool"},
+		}},
+		{"max_body", func(c *registry.Config) any { return route(c).MaxBody }, []keyCase{
+			{value: "", want: 100 * mib},
+			{value: "0", want: int64(0)},
+			{value: "10GB", want: int64(10e9)},
+			{value: "1048576", want: mib},
+			{value: "512 B", want: int64(512)},
+			{value: "-1", problem: `size "-1" is negative`},
+			{value: "1.5MiB", problem: `size "1.5MiB" is not a whole number (write 1536KiB, not 1.5MiB)`},
+			{value: "100mb", problem: `"100mb" is not a size (e.g. 32KiB, 1MiB, 1048576)`},
+			{value: "9223372036854775808", problem: `size "9223372036854775808" is too large (at most 9223372036854775807 bytes)`},
+			{value: "8589934592GiB", problem: `size "8589934592GiB" is too large (at most 9223372036854775807 bytes)`},
+			{value: "[1MiB]", problem: `want a size such as "32KiB" or 1048576`},
+		}},
+		{"health.fail_fast_after", func(c *registry.Config) any { return route(c).Health.FailFastAfter }, []keyCase{
+			{value: "", want: 3},
+			{value: "0", want: 0},
+			{value: "10", want: 10},
+			{value: "-1", problem: "must not be negative, got -1 (0 turns the rule off)"},
+			{value: "often", problem: "cannot unmarshal !!str `often` into int"},
+		}},
+	}
+	for _, k := range keys {
+		for _, kc := range k.cases {
+			t.Run(k.key+"="+kc.value, func(t *testing.T) {
+				// The key sits on line 7, after the route's hosts, or on line 8 below health: on line 7.
+				extra, line := []string{"hosts: [a.localhost]"}, 7
+				if name, ok := strings.CutPrefix(k.key, "health."); ok && kc.value != "" {
+					extra, line = append(extra, "health:", "  "+name+": "+kc.value), 8
+				} else if kc.value != "" {
+					extra = append(extra, k.key+": "+kc.value)
+				}
+				prefix := fmt.Sprintf(`line %d: route "a": %s: `, line, k.key)
+				runKeyCase(t, oneRoute(extra...), kc, prefix, k.get)
+			})
+		}
+	}
+}
+
+// TestLoadEdgeBlock: the edge block as a whole. Left out, empty or null, it takes every default; each of
+// its problems is reported, all at once, beside those of the routes.
+func TestLoadEdgeBlock(t *testing.T) {
+	defaults := registry.EdgeLimits{
+		HeaderTimeout:    10 * time.Second,
+		BodyTimeout:      30 * time.Second,
+		KeepAliveTimeout: 2 * time.Minute,
+		MaxHeaderBytes:   32 * kib,
+		MaxHeld:          20000,
+		MaxHeldBytes:     256 * mib,
+		BodyMemory:       64 * kib,
+	}
+	for _, top := range []string{"", "edge:\n", "edge: {}\n", "edge: ~\n"} {
+		cfg, err := registry.Load([]byte(top+oneRoute("hosts: [a.localhost]")), backings)
+		if err != nil {
+			t.Fatalf("Load with %q: %v", top, err)
+		}
+		if cfg.Edge != defaults {
+			t.Errorf("Load with %q: Edge = %+v, want %+v", top, cfg.Edge, defaults)
+		}
+	}
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{
+			name: "not a mapping",
+			yaml: "edge: strict\n" + oneRoute("hosts: [a.localhost]"),
+			want: []string{`line 1: edge: want a mapping of keys, got "strict"`},
+		},
+		{
+			name: "every key wrong, and a route's problem",
+			yaml: "edge:\n  header_timeout: 0\n  body_timeout: 5\n  max_header_bytes: 64MiB\n  max_held: -1\n" +
+				"  max_held_bytes: 1.5GiB\n  body_memory: 17MiB\n  body_buffer_dir: ./spool\n  keepalive: 1m\n" +
+				"routes:\n  - name: a\n    hosts: [a.localhost]\n    backing: exec\n    upstream: localhost\n    exec: {argv: [/bin/a]}\n",
+			want: []string{
+				`line 2: edge.header_timeout: must be positive, got 0s (leave the key out for the default 10s)`,
+				`line 3: edge.body_timeout: "5" is not a duration (use a unit, as in "1.5s" or "15m")`,
+				`line 4: edge.max_header_bytes: must be between 1KiB and 1MiB, got 64MiB`,
+				`line 5: edge.max_held: must be positive, got -1 (leave the key out for the default 20000)`,
+				`line 6: edge.max_held_bytes: size "1.5GiB" is not a whole number (write 1536KiB, not 1.5MiB)`,
+				`line 7: edge.body_memory: must be at most 16MiB, got 17MiB (the rest of a body goes to body_buffer_dir)`,
+				`line 8: edge.body_buffer_dir: "./spool" is not an absolute path (leave the key out for the system's temporary directory)`,
+				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, header_timeout, keepalive_timeout, max_header_bytes, max_held, max_held_bytes)`,
+				`line 14: route "a": upstream: upstream "localhost" is neither host:port nor a unix socket path`,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := problems(t, tt.yaml, backings); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Load problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
+			}
+		})
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr string
+	}{
+		{in: "0", want: 0},
+		{in: "1048576", want: 1048576},
+		{in: "007", want: 7},
+		{in: "1B", want: 1},
+		{in: "1KB", want: 1000},
+		{in: "1MB", want: 1000000},
+		{in: "1GB", want: 1000000000},
+		{in: "32KiB", want: 32 << 10},
+		{in: "32 KiB", want: 32 << 10},
+		{in: "1MiB", want: 1 << 20},
+		{in: "1GiB", want: 1 << 30},
+		{in: "9223372036854775807", want: 1<<63 - 1},
+		{in: "9223372036854775807B", want: 1<<63 - 1},
+		{in: "8589934591GiB", want: 8589934591 << 30},
+		{in: "9223372036854775KB", want: 9223372036854775000},
+		{in: "", wantErr: `"" ` + notSize},
+		{in: "KiB", wantErr: `"KiB" ` + notSize},
+		{in: "32kb", wantErr: `"32kb" ` + notSize},
+		{in: "32KIB", wantErr: `"32KIB" ` + notSize},
+		{in: "32 kib", wantErr: `"32 kib" ` + notSize},
+		{in: "32Ki", wantErr: `"32Ki" ` + notSize},
+		{in: "32TiB", wantErr: `"32TiB" ` + notSize},
+		{in: "32  KiB", wantErr: `"32  KiB" ` + notSize},
+		{in: " 32KiB", wantErr: `" 32KiB" ` + notSize},
+		{in: "32 ", wantErr: `"32 " ` + notSize},
+		{in: "+32", wantErr: `"+32" ` + notSize},
+		{in: "1e6", wantErr: `"1e6" ` + notSize},
+		{in: "0x10", wantErr: `"0x10" ` + notSize},
+		{in: "1,000", wantErr: `"1,000" ` + notSize},
+		{in: "-1", wantErr: `size "-1" is negative`},
+		{in: "-0", wantErr: `size "-0" is negative`},
+		{in: "-32 KiB", wantErr: `size "-32 KiB" is negative`},
+		{in: "1.5MiB", wantErr: `size "1.5MiB" is not a whole number (write 1536KiB, not 1.5MiB)`},
+		{in: "1.0", wantErr: `size "1.0" is not a whole number (write 1536KiB, not 1.5MiB)`},
+		{in: "2.", wantErr: `size "2." is not a whole number (write 1536KiB, not 1.5MiB)`},
+		{in: "9223372036854775808", wantErr: `size "9223372036854775808" is too large (at most 9223372036854775807 bytes)`},
+		{in: "99999999999999999999999", wantErr: `size "99999999999999999999999" is too large (at most 9223372036854775807 bytes)`},
+		{in: "8589934592GiB", wantErr: `size "8589934592GiB" is too large (at most 9223372036854775807 bytes)`},
+		{in: "9223372036854776KB", wantErr: `size "9223372036854776KB" is too large (at most 9223372036854775807 bytes)`},
+	}
+	for _, tt := range tests {
+		got, err := registry.ParseByteSize(tt.in)
+		gotErr := ""
+		if err != nil {
+			gotErr = err.Error()
+		}
+		if got != tt.want || gotErr != tt.wantErr {
+			t.Errorf("ParseByteSize(%q) = %d, %q; want %d, %q", tt.in, got, gotErr, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// TestByteSizeString: a size is written in the largest unit that holds it exactly, and reads back.
+func TestByteSizeString(t *testing.T) {
+	tests := []struct {
+		in   registry.ByteSize
+		want string
+	}{
+		{0, "0"},
+		{1, "1B"},
+		{1000, "1000B"},
+		{1024, "1KiB"},
+		{1536, "1536B"}, // 1.5KiB: not a whole number of KiB
+		{32 << 10, "32KiB"},
+		{3 << 20, "3MiB"},
+		{1 << 30, "1GiB"},
+		{5 << 40, "5120GiB"},
+		{1<<63 - 1, "9223372036854775807B"},
+	}
+	for _, tt := range tests {
+		got := tt.in.String()
+		if got != tt.want {
+			t.Errorf("ByteSize(%d).String() = %q, want %q", int64(tt.in), got, tt.want)
+		}
+		if back, err := registry.ParseByteSize(got); err != nil || back != int64(tt.in) {
+			t.Errorf("ParseByteSize(%q) = %d, %v; want %d back", got, back, err, int64(tt.in))
+		}
 	}
 }

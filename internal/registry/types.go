@@ -21,8 +21,40 @@ type Config struct {
 	Listen string
 	// Admin is the admin API's address (default 127.0.0.1:9090).
 	Admin string
+	// ShutdownGrace bounds a shutdown on SIGTERM as a whole: answering held requests, draining in-flight
+	// ones and putting tenants to sleep (default 30s, always positive).
+	ShutdownGrace time.Duration
+	// Edge is the edge's limits on its clients, shared by all routes.
+	Edge EdgeLimits
 	// Routes in file order.
 	Routes []*Route
+}
+
+// EdgeLimits bounds what clients may cost the edge: time per connection, and memory across all routes.
+// Load fills in every default, so no field is zero unless zero is a valid setting.
+type EdgeLimits struct {
+	// HeaderTimeout is how long a client may take to send a request's header (default 10s).
+	HeaderTimeout time.Duration
+	// BodyTimeout is the longest a request body may go without a byte before the request gets 408
+	// (default 30s).
+	BodyTimeout time.Duration
+	// KeepAliveTimeout is how long an idle keep-alive connection stays open (default 2m).
+	KeepAliveTimeout time.Duration
+	// MaxHeaderBytes is the largest request header accepted; a larger one gets 431 (default 32KiB,
+	// between 1KiB and 1MiB).
+	MaxHeaderBytes int64
+	// MaxHeld is the most requests held at once across all routes; beyond it a request gets 503 at once
+	// (default 20000). Each route's Hold.MaxRequests applies as well.
+	MaxHeld int
+	// MaxHeldBytes is the most memory held requests may keep across all routes, counting headers and
+	// in-memory bodies; beyond it a request gets 503 at once (default 256MiB).
+	MaxHeldBytes int64
+	// BodyMemory is how much of one buffered request body is kept in memory; the rest goes to a
+	// temporary file in BodyBufferDir (default 64KiB, at most 16MiB; 0 sends every body to a file).
+	BodyMemory int64
+	// BodyBufferDir is the directory of those temporary files: an absolute path, or "" for
+	// os.TempDir() at run time. Load does not check that it exists.
+	BodyBufferDir string
 }
 
 // Route returns the route with the given name, or nil.
@@ -45,7 +77,13 @@ type Route struct {
 	// MaxUpstreamConns bounds the requests proxied to the upstream at once (one connection each);
 	// more wait for one to finish, in arrival order.
 	MaxUpstreamConns int
-	Health           Health
+	// RequestBuffering has a request's whole body read before the request takes an upstream slot, so a
+	// slow upload cannot hold one (default true). False streams bodies, for streaming uploads.
+	RequestBuffering bool
+	// MaxBody is the largest request body accepted, buffered or not; a larger one gets 413 (default
+	// 100MiB; 0 means no limit).
+	MaxBody int64
+	Health  Health
 	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
 	Idle time.Duration
 	// WakeBudget bounds a whole wake: backend start plus health gate.
@@ -113,6 +151,10 @@ type Health struct {
 	Interval  time.Duration // the longest pause between probes (default 1s); probing starts at a few ms
 	Timeout   time.Duration // one probe's limit (default 2s)
 	Passes    int           // consecutive passes required (default 1)
+	// FailFastAfter ends a wake at once when this many consecutive failing probes are answered with
+	// the same 4xx status other than 408, 425 and 429: a health path that can never pass (default 3;
+	// 0 turns the rule off).
+	FailFastAfter int
 	// Budget bounds the health phase alone; 0 means whatever is left of the wake budget.
 	Budget time.Duration
 }
