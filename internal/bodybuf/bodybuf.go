@@ -1,0 +1,403 @@
+// Package bodybuf reads a request's whole body before the request goes on, as nginx does with
+// proxy_request_buffering on: into memory up to a per-request limit, past it into an unlinked
+// temporary file. It owns that read, its limits (size, idle time) and the replay of what was read;
+// it knows nothing of routes, holds or upstreams.
+//
+// It exists because an unbuffered body is read while the request is proxied: a client uploading at
+// one byte a second then keeps one of the tenant's upstream slots for as long as it likes, and a few
+// such clients block a route. Read first, a slow upload costs the edge a goroutine and, past
+// Options.Memory, a file descriptor; the upstream slot is taken once the whole body is here, and only
+// for as long as the tenant takes to read it from memory or disk.
+//
+// Read is for server requests: it relies on what net/http guarantees of them (ContentLength 0 means
+// no body; the server closes r.Body after the handler). The package starts no goroutines.
+package bodybuf
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// Sentinels callers branch on (the edge answers 413 and 408). Their messages, and the details Read
+// adds to them, name no socket address or path and may be shown to the client.
+var (
+	// ErrTooLarge: the body is, or is declared to be, longer than Options.Max.
+	ErrTooLarge = errors.New("request body too large")
+	// ErrIdle: no byte of the body arrived for Options.Idle.
+	ErrIdle = errors.New("request body timed out")
+)
+
+// Options say how Read buffers one body. The zero value keeps nothing in memory, spills every body
+// into os.TempDir(), accepts any length and waits without bound for each byte. Negative numbers
+// count as 0.
+type Options struct {
+	// Memory is the longest body kept in memory. A longer body goes wholly into a file and, while it
+	// waits, holds no memory (nginx's client_body_buffer_size). 0 sends every body to a file.
+	Memory int64
+	// Dir is the directory of spill files; "" is os.TempDir().
+	Dir string
+	// Max is the longest body accepted; 0 is no limit. A longer one is ErrTooLarge.
+	Max int64
+	// Idle is the longest wait for the next byte of the body; then ErrIdle. 0 is no bound.
+	Idle time.Duration
+}
+
+// Read reads r.Body to its end per o and returns a Body that replays it, of exactly the length read.
+// It sets no field of r: the caller swaps in the Body and its length (see the example), and owns it:
+// it must Close it. The Body holds no reference to r.
+//
+// A request without a body (r.Body nil or http.NoBody, or ContentLength 0) gives a nil *Body and a
+// nil error, at once and without allocating; so does a body that turns out empty (a chunked body
+// with no data). A nil *Body is a valid empty body.
+//
+// A body of at most o.Memory bytes is kept in one []byte, allocated once at its declared length or
+// grown as a chunked body arrives. A longer one is written to a file made by os.CreateTemp in o.Dir
+// (mode 0600, named activator-body-*) and unlinked at once where the OS allows it (Unix), so nothing
+// is left behind even if the process dies; elsewhere Close removes it.
+//
+// o.Idle is enforced with http.ResponseController.SetReadDeadline, set to now+Idle before each read
+// of r.Body and cleared (zero) once the body is read; so a trickle that never pauses for Idle is
+// accepted however long it takes. HTTP/1 and HTTP/2 (on the stream) support it. When w does not (an
+// httptest.ResponseRecorder, a wrapper without Unwrap, a nil w), the body is read without an idle
+// bound. Clearing also lifts any http.Server.ReadTimeout for the rest of the request.
+//
+// Errors:
+//   - ErrTooLarge, wrapped, when r.ContentLength exceeds o.Max, before any byte is read (no 100
+//     Continue is sent), or as soon as byte o.Max+1 of a chunked body arrives;
+//   - ErrIdle, wrapped, when a read times out;
+//   - otherwise the read error (a client that hung up, a malformed chunk) or the spill file's error,
+//     wrapped. Their text may name socket addresses and paths: it is for the log, not the client.
+//
+// Read does not close r.Body; the server does after the handler. On success it is at its end
+// already. On an error, closing it would make net/http read up to 256 KiB more of it first, from a
+// client that may never send them. Instead, on HTTP/1, Read sets "Connection: close" on w's header,
+// as http.MaxBytesReader does, so the server sends the answer without first reading the rest of the
+// body, then closes the connection. With o.Idle set, it leaves a read deadline of at most o.Idle in
+// place, so what the server still reads after the handler is bounded too.
+func Read(w http.ResponseWriter, r *http.Request, o Options) (*Body, error) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, nil
+	}
+	rd := reader{src: r.Body, idle: o.Idle, max: -1}
+	if o.Idle > 0 {
+		rd.rc, rd.bounded = *http.NewResponseController(w), true // a copy: the pointer would escape
+	}
+	if o.Max > 0 {
+		rd.max = o.Max
+	}
+	var b *Body
+	var err error
+	if rd.max >= 0 && r.ContentLength > rd.max {
+		err = fmt.Errorf("%w: %d bytes declared, at most %d accepted", ErrTooLarge, r.ContentLength, rd.max)
+		_ = rd.setDeadline() // bounds what the server reads of the body after the handler
+	} else {
+		b, err = rd.readAll(r.ContentLength, max(o.Memory, 0), o.Dir)
+	}
+	if err != nil {
+		if r.ProtoMajor == 1 && w != nil {
+			w.Header().Set("Connection", "close")
+		}
+		return nil, err
+	}
+	if rd.bounded {
+		// An error here means the connection is gone, which the answer's write will report.
+		_ = rd.rc.SetReadDeadline(time.Time{})
+	}
+	return b, nil
+}
+
+// reader reads the request body for Read, with its idle deadline and its length limit.
+type reader struct {
+	src     io.Reader
+	rc      http.ResponseController
+	bounded bool // whether rc bounds reads by idle (Idle set, and w can set read deadlines)
+	idle    time.Duration
+	max     int64 // most bytes accepted; < 0: any number
+	n       int64 // bytes read so far
+}
+
+// readAll reads the body to its end: into memory while it fits in memory bytes, then into a spill
+// file in dir. declared is r.ContentLength (-1: unknown).
+func (rd *reader) readAll(declared, memory int64, dir string) (*Body, error) {
+	var mem []byte
+	if declared > 0 && declared <= memory {
+		mem = make([]byte, 0, declared)
+	}
+	var (
+		sp   *spill
+		pbuf *[]byte // pooled; taken at the first read that does not go straight into mem
+		buf  []byte
+	)
+	defer func() {
+		if pbuf != nil {
+			buffers.put(pbuf)
+		}
+	}()
+	for {
+		if sp == nil && len(mem) < cap(mem) {
+			n, err := rd.read(mem[len(mem):cap(mem)])
+			mem = mem[:len(mem)+n]
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if pbuf == nil {
+			pbuf = buffers.get()
+			buf = *pbuf
+		}
+		n, err := rd.read(buf)
+		if err != nil && err != io.EOF {
+			sp.discard()
+			return nil, err
+		}
+		switch {
+		case n == 0:
+		case sp == nil && int64(len(mem)+n) <= memory:
+			mem = appendGrow(mem, buf[:n], memory)
+		default:
+			if sp == nil {
+				var serr error
+				if sp, serr = newSpill(dir); serr != nil {
+					return nil, serr
+				}
+				if serr := sp.write(mem); serr != nil {
+					return nil, serr
+				}
+				mem = nil
+			}
+			if serr := sp.write(buf[:n]); serr != nil {
+				return nil, serr
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+	}
+	switch {
+	case rd.n == 0:
+		return nil, nil
+	case sp != nil:
+		return &Body{n: rd.n, f: sp.f, name: sp.name}, nil
+	default:
+		return &Body{n: rd.n, inMemory: int64(cap(mem)), mem: mem}, nil
+	}
+}
+
+// read reads once from the body into p, bounded by the idle deadline and by max+1 bytes in all. It
+// returns io.EOF unwrapped, and every other error wrapped, after the sentinel that classifies it.
+func (rd *reader) read(p []byte) (int, error) {
+	if left := rd.max + 1 - rd.n; rd.max >= 0 && int64(len(p)) > left {
+		p = p[:left]
+	}
+	if err := rd.setDeadline(); err != nil {
+		return 0, fmt.Errorf("bodybuf: setting the body's read deadline: %w", err)
+	}
+	n, err := rd.src.Read(p)
+	rd.n += int64(n)
+	switch {
+	case rd.max >= 0 && rd.n > rd.max:
+		return 0, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, rd.max)
+	case err == nil, err == io.EOF:
+		return n, err
+	case isTimeout(err):
+		if rd.bounded {
+			return 0, fmt.Errorf("%w: no byte for %v", ErrIdle, rd.idle)
+		}
+		return 0, fmt.Errorf("%w: read deadline exceeded", ErrIdle)
+	default:
+		return 0, fmt.Errorf("bodybuf: reading the request body: %w", err)
+	}
+}
+
+// setDeadline sets the read deadline to now+idle when there is an idle bound. A w that cannot set
+// read deadlines turns the bound off for the rest of the body.
+func (rd *reader) setDeadline() error {
+	if !rd.bounded {
+		return nil
+	}
+	err := rd.rc.SetReadDeadline(time.Now().Add(rd.idle))
+	if errors.Is(err, http.ErrNotSupported) {
+		rd.bounded = false
+		return nil
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// appendGrow appends p to mem, growing it at least twofold (from 512 bytes) but never past limit,
+// which len(mem)+len(p) does not exceed.
+func appendGrow(mem, p []byte, limit int64) []byte {
+	if len(p) <= cap(mem)-len(mem) {
+		return append(mem, p...)
+	}
+	c := int64(max(2*cap(mem), len(mem)+len(p), 512))
+	grown := make([]byte, len(mem), min(c, limit))
+	copy(grown, mem)
+	return append(grown, p...)
+}
+
+// spill is a body's file while Read writes it.
+type spill struct {
+	f    *os.File
+	name string // the path Close must remove; "" once unlinked
+}
+
+func newSpill(dir string) (*spill, error) {
+	f, err := os.CreateTemp(dir, "activator-body-*")
+	if err != nil {
+		return nil, fmt.Errorf("bodybuf: creating the spill file: %w", err)
+	}
+	sp := &spill{f: f, name: f.Name()}
+	// Unix lets an open file be unlinked: its space is freed when the last descriptor closes, even
+	// if the process dies. Where removal fails (Windows), Close removes it by name.
+	if os.Remove(sp.name) == nil {
+		sp.name = ""
+	}
+	return sp, nil
+}
+
+// write appends p to the file, discarding the file on error.
+func (sp *spill) write(p []byte) error {
+	if _, err := sp.f.Write(p); err != nil {
+		sp.discard()
+		return fmt.Errorf("bodybuf: writing the spill file: %w", err)
+	}
+	return nil
+}
+
+// discard closes and removes the file; on a nil spill it does nothing.
+func (sp *spill) discard() {
+	if sp == nil {
+		return
+	}
+	sp.f.Close()
+	if sp.name != "" {
+		os.Remove(sp.name)
+	}
+}
+
+// Body replays a body that Read read completely: an io.ReadCloser of exactly Len bytes.
+//
+// Close may be called concurrently with Read (http.Transport does so) and more than once; Read after
+// Close returns http.ErrBodyReadAfterClose. A nil *Body is an empty body: Len 0, Read io.EOF, Close
+// nil. A Body replays once: there is no rewind.
+type Body struct {
+	n        int64 // length of the body
+	inMemory int64 // bytes of memory held for it: cap(mem) as Read left it
+
+	mu     sync.Mutex // guards the fields below
+	mem    []byte     // the body when kept in memory
+	f      *os.File   // the body when spilled, read with ReadAt from offset 0
+	name   string     // path Close must remove; "" when the file was unlinked at creation
+	off    int64      // bytes replayed so far
+	closed bool
+}
+
+// Len is the body's exact length, for r.ContentLength. It does not change on Close.
+func (b *Body) Len() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.n
+}
+
+// InMemory is how many bytes of memory hold the body, for the caller's accounting of held memory:
+// the capacity of its buffer (Len for a body of declared length, between Len and Options.Memory for a
+// chunked one), or 0 for a spilled body. It does not change on Close, so the caller can add it when
+// it starts holding the request and subtract the same value when it is done.
+func (b *Body) InMemory() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.inMemory
+}
+
+// Read replays the body.
+func (b *Body) Read(p []byte) (int, error) {
+	if b == nil {
+		return 0, io.EOF
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return 0, http.ErrBodyReadAfterClose
+	case b.off >= b.n:
+		return 0, io.EOF
+	case b.f == nil:
+		n := copy(p, b.mem[b.off:])
+		b.off += int64(n)
+		return n, nil
+	}
+	if rest := b.n - b.off; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := b.f.ReadAt(p, b.off)
+	b.off += int64(n)
+	if err == io.EOF {
+		// The file is shorter than what was written to it: nothing but a failing disk does that.
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return n, fmt.Errorf("bodybuf: reading the spill file: %w", err)
+	}
+	return n, nil
+}
+
+// Close releases the body: its memory, or its spill file (closed, and removed if it had a name
+// still). A second Close returns nil.
+func (b *Body) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.mem = nil
+	if b.f == nil {
+		return nil
+	}
+	err := b.f.Close()
+	if b.name != "" {
+		err = errors.Join(err, os.Remove(b.name))
+	}
+	if err != nil {
+		return fmt.Errorf("bodybuf: closing the spill file: %w", err)
+	}
+	return nil
+}
+
+// bufferPool lends Read its 32 KiB buffers for chunked bodies and spill files. It holds pointers, so
+// that a put allocates nothing.
+type bufferPool struct{ p sync.Pool }
+
+func (bp *bufferPool) get() *[]byte {
+	if v := bp.p.Get(); v != nil {
+		return v.(*[]byte)
+	}
+	buf := make([]byte, 32<<10)
+	return &buf
+}
+
+func (bp *bufferPool) put(buf *[]byte) { bp.p.Put(buf) }
+
+// buffers is shared by every Read: a sync.Pool is safe for concurrent use, and the buffer one
+// request returns serves the next.
+var buffers = &bufferPool{}
