@@ -87,10 +87,6 @@ func runCold(ctx context.Context, e *env) error {
 		}
 		return v
 	}
-	// The app alone, exec'd by the harness in every round: its own exec → listening, which the issue
-	// subtracts from the first byte. (main()→listening, which the app reports, leaves out its exec and
-	// Go start-up, most of a cold start.)
-	var alone []float64
 	samples := make([][]coldSample, len(modes))
 	failed := make([]int, len(modes))
 	firstErr := make([]string, len(modes))
@@ -101,11 +97,13 @@ func runCold(ctx context.Context, e *env) error {
 		}
 	}
 	for i := 0; i < e.opts.coldSamples; i++ {
+		// The app alone, exec'd by the harness in every round: its own exec → listening, which the
+		// issue subtracts from the first byte. (main()→listening, which the app reports, leaves out
+		// its exec and Go start-up, most of a cold start.)
 		a, err := coldAppAlone(ctx, e)
 		if err != nil {
 			return fmt.Errorf("the app alone: %w", err)
 		}
-		alone = append(alone, a)
 		for j, m := range modes {
 			if ctx.Err() != nil {
 				return ctx.Err()

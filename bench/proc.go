@@ -90,9 +90,7 @@ type procSpec struct {
 
 // startProc starts spec. The process is put in its own process group so Stop also reaches its
 // children (nginx workers, an exec tenant of the activator that outlived it).
-func startProc(spec procSpec) (*proc, error) { return startProcWith(spec, nil) }
-
-func startProcWith(spec procSpec, files []*os.File) (*proc, error) {
+func startProc(spec procSpec) (*proc, error) {
 	argv := spec.argv
 	if spec.cpus != "" {
 		argv = append([]string{"taskset", "-c", spec.cpus}, argv...)
@@ -103,7 +101,6 @@ func startProcWith(spec procSpec, files []*os.File) (*proc, error) {
 	t := &tail{}
 	cmd.Stdout, cmd.Stderr = t, t
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.ExtraFiles = files
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.name, err)
 	}
@@ -212,7 +209,12 @@ func exchange(c net.Conn, path, host string) (fbResult, error) {
 
 // exchangeWith is exchange, calling written (when not nil) once the request is on the wire.
 func exchangeWith(c net.Conn, path, host string, written func()) (fbResult, error) {
-	req := "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n"
+	return exchangeHeader(c, path, host, "", written)
+}
+
+// exchangeHeader is exchangeWith, sending header (complete lines, each ending in CRLF) after Host.
+func exchangeHeader(c net.Conn, path, host, header string, written func()) (fbResult, error) {
+	req := "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\n" + header + "Connection: close\r\n\r\n"
 	var r fbResult
 	r.sent = time.Now()
 	_, err := c.Write([]byte(req))
@@ -347,16 +349,6 @@ func getJSON(ctx context.Context, addr, path string, v any) error {
 		return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, b)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
-}
-
-// exchangeNotify is exchange, closing sent once the request has been written.
-func exchangeNotify(c net.Conn, path, host string, sent chan<- struct{}) (fbResult, error) {
-	return exchangeWith(c, path, host, func() { close(sent) })
-}
-
-// startProcFiles is startProc with extra inherited files (fd 3 onwards).
-func startProcFiles(spec procSpec, files ...*os.File) (*proc, error) {
-	return startProcWith(spec, files)
 }
 
 // dialCtx dials addr over TCP.

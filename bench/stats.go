@@ -63,12 +63,3 @@ func percentile(vs []float64, p float64) float64 {
 	i = max(0, min(i, len(s)-1))
 	return s[i]
 }
-
-// MarshalJSON-friendly NaN handling: encoding/json rejects NaN, so Stat values are cleaned before
-// writing (see report.go).
-func finite(v float64) any {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return nil
-	}
-	return v
-}

@@ -20,7 +20,7 @@ func newTickSource() (tickSource, error) {
 	if err != nil {
 		return nil, os.NewSyscallError("timerfd_create", err)
 	}
-	return &timerfd{fd: fd, f: os.NewFile(uintptr(fd), "health-ticks")}, nil
+	return &timerfd{fd: fd, f: os.NewFile(uintptr(fd), "health-pacer")}, nil
 }
 
 func (t *timerfd) set(period time.Duration) error {
@@ -39,4 +39,5 @@ func (t *timerfd) wait() error {
 	return err
 }
 
-func (t *timerfd) close() { _ = t.f.Close() }
+// close releases the timerfd; a wait in progress returns an error.
+func (t *timerfd) close() error { return t.f.Close() }

@@ -225,11 +225,6 @@ func (m *Manager) Dial(ctx context.Context) (*sddbus.Conn, error) {
 // Conn is the harness's own connection to the manager (closed on cleanup).
 func (m *Manager) Conn() *sddbus.Conn { return m.conn }
 
-// Env is the environment that points systemctl --user and systemd-run --user at this manager.
-func (m *Manager) Env() []string {
-	return append(os.Environ(), "XDG_RUNTIME_DIR="+m.RuntimeDir, "XDG_CONFIG_HOME="+m.ConfigHome)
-}
-
 // WriteUnit writes a unit file into UnitDir and reloads the manager.
 func (m *Manager) WriteUnit(t testing.TB, name, text string) {
 	t.Helper()
