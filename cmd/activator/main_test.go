@@ -30,6 +30,7 @@ import (
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/exec/shim"
 	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -120,6 +121,7 @@ type harness struct {
 	rec      *recorder
 	log      *slog.Logger
 	bk       *backings
+	pacer    *health.Pacer
 	srv      *activator.Server
 	edge     *http.Server
 	edgeAddr string
@@ -144,32 +146,38 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		cancel()
 		t.Fatalf("config rejected: %v\n%s", err, config)
 	}
+	pacer := health.NewPacer()
 	opts := activator.Options{
-		Opener: bk.provider,
-		Logger:   log,
-		Metrics:  activator.NewMetrics(prometheus.NewRegistry()),
+		Opener:  bk.provider,
+		Logger:  log,
+		Metrics: activator.NewMetrics(prometheus.NewRegistry()),
+		Pacer:   pacer,
 	}
 	for _, tw := range tweaks {
 		tw(&opts)
 	}
 	srv := activator.New(opts)
 	if err := srv.Apply(cfg); err != nil {
+		_ = pacer.Close()
 		cancel()
 		t.Fatalf("Apply: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		_ = pacer.Close()
 		cancel()
 		t.Fatal(err)
 	}
 	h := &harness{
-		t:   t,
-		rec: rec,
-		log: log,
-		bk:  bk,
-		srv: srv,
+		t:     t,
+		rec:   rec,
+		log:   log,
+		bk:    bk,
+		pacer: pacer,
+		srv:   srv,
 		edge: &http.Server{
-			Handler:           edgeRouter(srv),
+			Handler:           srv,
 			ReadHeaderTimeout: 10 * time.Second,
 			Protocols:         edgeProtocols(),
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -213,6 +221,9 @@ func (h *harness) shutdown() {
 		h.client.CloseIdleConnections()
 		if err := <-h.served; err != nil {
 			h.t.Errorf("edge serve: %v", err)
+		}
+		if err := h.pacer.Close(); err != nil {
+			h.t.Errorf("pacer close: %v", err)
 		}
 		h.cancel()
 	})

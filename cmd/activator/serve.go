@@ -25,10 +25,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/split"
+	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -104,10 +104,19 @@ func serve(o serveOptions) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// One Pacer for every route's health gate; closed on return, after srv.Shutdown has joined the
+	// gates.
+	pacer := health.NewPacer()
+	defer func() {
+		if err := pacer.Close(); err != nil {
+			log.Warn("health pacer close", "err", err)
+		}
+	}()
 	srv := activator.New(activator.Options{
-		Opener: bk.provider,
-		Logger:   log,
-		Metrics:  activator.NewMetrics(reg),
+		Opener:  bk.provider,
+		Logger:  log,
+		Metrics: activator.NewMetrics(reg),
+		Pacer:   pacer,
 	})
 	if err := srv.Apply(cfg); err != nil {
 		log.Error("cannot start routes", "err", err)
@@ -122,7 +131,9 @@ func serve(o serveOptions) int {
 		return 1
 	}
 	edge := &http.Server{
-		Handler:           edgeRouter(srv),
+		// No router in front of the activator, which routes by Host and path prefix itself: one would
+		// decide nothing and cost every held request a route context and a deeper parked stack.
+		Handler:           srv,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
@@ -202,12 +213,6 @@ func edgeProtocols() *http.Protocols {
 	return &p
 }
 
-// edgeRouter is the edge's handler: the activator itself, which routes by Host and path prefix. It
-// used to be a chi router with one catch-all route in front of it; that router decided nothing, and
-// cost every request a route context and a tree walk, and every held request a deeper stack (so the
-// runtime could not shrink the parked goroutine's stack from 8 to 4 KiB). chi serves the admin API.
-func edgeRouter(srv *activator.Server) http.Handler { return srv }
-
 // listeners returns the edge and admin listeners: passed in by systemd socket activation
 // (FileDescriptorName=edge / admin, see units/activator.socket) when present, bound here otherwise.
 func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, err error) {
@@ -260,9 +265,9 @@ func watchdog(ctx context.Context) error {
 	}
 }
 
-// reloader reloads on SIGHUP and when the config file changes. A burst of triggers (an editor's
-// write+rename, SIGHUP during a file event) coalesces into one reload through singleflight. A bad new
-// config is rejected with all its errors logged and the old one stays in force.
+// reloader reloads on SIGHUP and when the config file changes (see reloadLoop for how bursts of
+// triggers coalesce). A bad new config is rejected with all its errors logged and the old one stays in
+// force.
 func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv *activator.Server) error {
 	if o.configPath == "" {
 		<-ctx.Done()
@@ -285,65 +290,110 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 			events = w.Events
 		}
 	}
-	var sf singleflight.Group
 	reload := func(trigger string) {
-		_, _, _ = sf.Do("reload", func() (any, error) {
-			cfg, err := o.load(bk.decoders)
-			if err != nil {
-				errs := registry.Errors(err)
-				log.Error("config reload rejected; the old config stays in force", "trigger", trigger, "problems", len(errs))
-				for _, e := range errs {
-					log.Error("config problem", "file", o.configPath, "err", e)
-				}
-				return nil, err
+		cfg, err := o.load(bk.decoders)
+		if err != nil {
+			errs := registry.Errors(err)
+			log.Error("config reload rejected; the old config stays in force", "trigger", trigger, "problems", len(errs))
+			for _, e := range errs {
+				log.Error("config problem", "file", o.configPath, "err", e)
 			}
-			liveCheck(ctx, log, bk.provider, cfg)
-			if err := srv.Apply(cfg); err != nil {
-				log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
-				return nil, err
-			}
-			releaseLoadGarbage()
-			log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
-			return nil, nil
-		})
+			return
+		}
+		liveCheck(ctx, log, bk.provider, cfg)
+		if err := srv.Apply(cfg); err != nil {
+			log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
+			return
+		}
+		releaseLoadGarbage()
+		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
 	}
-	base := filepath.Base(o.configPath)
-	var debounce <-chan time.Time
+	l := &reloadLoop{
+		hup:    hup,
+		events: events,
+		file:   filepath.Base(o.configPath),
+		settle: func() <-chan time.Time { return time.After(settleTime) },
+		reload: reload,
+	}
+	l.run(ctx)
+	return nil
+}
+
+// settleTime is how long the config file must go without events before it is reloaded: editors
+// write in several steps.
+const settleTime = 100 * time.Millisecond
+
+// reloadLoop turns reload triggers into reloads, one at a time. A SIGHUP reloads at once; an event on
+// the config file (re)starts the settle window, and the reload runs when it ends. Just before each
+// reload, every trigger already pending (a SIGHUP, file events, an open settle window) is dropped: the
+// reload reads the file as it is by then, so it covers them. A burst (an editor's write+rename, a
+// SIGHUP sent while the file changes) thus costs one reload; a trigger that arrives once a reload has
+// begun causes one more.
+type reloadLoop struct {
+	hup    <-chan os.Signal
+	events <-chan fsnotify.Event   // nil when the file is not watched
+	file   string                  // the config file's base name; events on other files are ignored
+	settle func() <-chan time.Time // opens a settle window: the channel receives when it ends
+	reload func(trigger string)    // one reload; the loop waits for it
+}
+
+// run reloads until ctx ends.
+func (l *reloadLoop) run(ctx context.Context) {
+	var settled <-chan time.Time // the open settle window; nil when none is
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-hup:
-			reload("SIGHUP")
-		case ev, ok := <-events:
+			return
+		case <-l.hup:
+			settled = nil
+			l.drain()
+			l.reload("SIGHUP")
+		case ev, ok := <-l.events:
 			if !ok {
-				events = nil
+				l.events = nil
 				continue
 			}
-			if filepath.Base(ev.Name) == base && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
-				// Wait for the writer to finish: editors write in several steps.
-				debounce = time.After(100 * time.Millisecond)
+			if l.touches(ev) {
+				settled = l.settle()
 			}
-		case <-debounce:
-			debounce = nil
-			reload("file change")
+		case <-settled:
+			settled = nil
+			l.drain()
+			l.reload("file change")
 		}
 	}
 }
 
+// drain drops the triggers already pending.
+func (l *reloadLoop) drain() {
+	for {
+		select {
+		case <-l.hup:
+		case _, ok := <-l.events:
+			if !ok {
+				l.events = nil
+			}
+		default:
+			return
+		}
+	}
+}
+
+// touches reports whether ev may have changed the config file.
+func (l *reloadLoop) touches(ev fsnotify.Event) bool {
+	return filepath.Base(ev.Name) == l.file && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
+}
+
 // liveCheck runs each backing's host checks (e.g. "this systemd cannot freeze units") and logs what
 // fails; the route still loads, and its wakes will fail with the same message.
-func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, cfg *registry.Config) int {
-	bad := 0
+func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, cfg *registry.Config) {
 	for _, r := range cfg.Routes {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := p.Check(cctx, r); err != nil {
 			log.Error("route check failed", "route", r.Name, "err", err)
-			bad++
 		}
 		cancel()
 	}
-	return bad
 }
 
 func printConfigErrors(w io.Writer, path string, err error) {

@@ -97,7 +97,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			rel, err := in.acquire(ctx, "request")
+			rel, err := in.acquire(ctx, triggerRequest)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -109,7 +109,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.SetParallelism(8) // 16 goroutines on 2 CPUs
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				rel, err := in.acquire(ctx, "request")
+				rel, err := in.acquire(ctx, triggerRequest)
 				if err != nil {
 					b.Error(err)
 					return
@@ -133,7 +133,7 @@ func BenchmarkHoldRelease(b *testing.B) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rel, err := in.acquire(ctx, "request")
+			rel, err := in.acquire(ctx, triggerRequest)
 			if err != nil {
 				b.Error(err)
 				return

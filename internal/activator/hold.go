@@ -8,21 +8,11 @@ import (
 	"time"
 )
 
-// holdMetrics returns the route's hold gauge and histogram, resolved on the first hold (most routes
-// of a large config never hold a request, and each series costs memory).
-func (in *instance) holdMetrics() *holdMetrics {
-	if h := in.holdM.Load(); h != nil {
-		return h
-	}
-	in.holdM.CompareAndSwap(nil, in.metrics.holdFor(in.route.Name))
-	return in.holdM.Load()
-}
-
 // acquire returns once the instance is awake and counts the caller as in flight; release must be
 // called when the response is complete. It starts a wake when the instance is asleep, joins the wake in
 // progress, waits out a stop in progress, and gives up with the caller's ctx, the hold limit or the hold
 // timeout.
-func (in *instance) acquire(ctx context.Context, trigger string) (release func(), err error) {
+func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), err error) {
 	var (
 		timer     *time.Timer // the hold limit; nil until the request is first held
 		heldSince time.Time
@@ -32,24 +22,15 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 	defer func() {
 		if timer != nil {
 			timer.Stop()
-			in.holdMetrics().end(in.now().Sub(heldSince))
+			in.series.holdEnd(in.now().Sub(heldSince))
 		}
 	}()
-	holding := false // counted in in.held from the previous turn; settled under the lock below
 	for {
 		in.mu.Lock()
-		if holding {
-			in.held--
-			holding = false
+		if timer != nil {
+			in.held-- // counted as held by the previous turn, which started the timer
 		}
-		if in.closed {
-			in.mu.Unlock()
-			return nil, ErrClosed
-		}
-		var wait <-chan struct{}
-		var att *attempt
-		switch in.state {
-		case Awake:
+		if in.state == Awake && !in.closed {
 			in.inflight++
 			in.idleGen++ // disarm the idle timer
 			if in.idle != nil {
@@ -57,42 +38,15 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 			}
 			in.mu.Unlock()
 			return in.releaseFn, nil
-		case Failed:
-			if left := in.until.Sub(in.now()); left > 0 {
-				e := &BackoffError{Route: in.route.Name, RetryAfter: left, Last: in.lastErr}
-				in.mu.Unlock()
-				return nil, e
-			}
-			fallthrough
-		case Asleep:
-			if in.held >= in.route.Hold.MaxRequests {
-				in.mu.Unlock()
-				return nil, ErrHoldFull
-			}
-			att = in.beginWakeLocked(trigger)
-			att.waiters++
-			wait = att.done
-		case Waking:
-			if in.held >= in.route.Hold.MaxRequests {
-				in.mu.Unlock()
-				return nil, ErrHoldFull
-			}
-			att = in.wake
-			att.waiters++
-			wait = att.done
-			if timer == nil {
-				att.rec.joined()
-				in.metrics.joinedWake(in.route.Name)
-			}
-		case Stopping:
-			wait = in.stopDone
 		}
-		in.held++
+		wait, att, err := in.holdLocked(trig, timer == nil)
 		in.mu.Unlock()
-
+		if err != nil {
+			return nil, err
+		}
 		if timer == nil {
 			heldSince = in.now()
-			in.holdMetrics().begin()
+			in.series.holdBegin()
 			timer = time.NewTimer(in.route.Hold.MaxTime)
 		}
 		select {
@@ -114,8 +68,41 @@ func (in *instance) acquire(ctx context.Context, trigger string) (release func()
 				return in.releaseFn, nil
 			}
 		}
-		holding = true
 	}
+}
+
+// holdLocked counts a request that found the instance not awake as held, and returns what it waits on:
+// the wake it starts (asleep, or failed with the backoff over) or joins (waking; first is the request's
+// first turn, which counts as joining the wake), or the stop in progress (att nil). It returns an error
+// instead when the instance is closed, backing off, or holding its maximum.
+func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, att *attempt, err error) {
+	if in.closed {
+		return nil, nil, ErrClosed
+	}
+	switch in.state {
+	case Stopping:
+		in.held++
+		return in.stopDone, nil, nil
+	case Failed:
+		if left := in.until.Sub(in.now()); left > 0 {
+			return nil, nil, &BackoffError{Route: in.route.Name, RetryAfter: left, Last: in.lastErr}
+		}
+	}
+	if in.held >= in.route.Hold.MaxRequests {
+		return nil, nil, ErrHoldFull
+	}
+	if in.state == Waking {
+		att = in.wake
+		if first {
+			att.rec.joined()
+			in.series.joinedWake()
+		}
+	} else {
+		att = in.beginWakeLocked(trig)
+	}
+	att.waiters++
+	in.held++
+	return att.done, att, nil
 }
 
 // admit waits for one of the route's upstream slots; done gives it back. A herd released at once

@@ -3,13 +3,14 @@ package activator
 import (
 	"context"
 	"log/slog"
-	"net/http/httputil"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/upstream"
 )
 
 // State is an instance's lifecycle state.
@@ -25,56 +26,71 @@ const (
 	Failed
 )
 
-func (s State) String() string { return allStates[s] }
+func (s State) String() string {
+	switch s {
+	case Asleep:
+		return "asleep"
+	case Waking:
+		return "waking"
+	case Awake:
+		return "awake"
+	case Stopping:
+		return "stopping"
+	case Failed:
+		return "failed"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
 
 // Sleep reasons, as in activator_sleeps_total{reason}.
 const (
-	ReasonIdle     = "idle"
-	ReasonAdmin    = "admin"
-	ReasonExited   = "exited"
-	ReasonReload   = "reload"
-	ReasonShutdown = "shutdown"
+	ReasonIdle   = "idle"
+	ReasonAdmin  = "admin"
+	ReasonExited = "exited"
+	ReasonReload = "reload"
 )
 
 // instance is one route's tenant as the activator sees it. It owns the state machine, the single wake,
-// the in-flight count and the idle clock. Its goroutines (wake, sleep, life watch) are joined by close.
+// the in-flight count, the idle clock and the route's metric series. Its goroutines (wake, sleep, life
+// watch, retirement) are joined by shutdown.
 //
-// What only a woken route needs — its reverse proxy, health gate and route-scoped logger — is built on
-// first use: with 10,000 configured routes, most of which never wake, building them up front was a
-// third of the activator's heap.
+// What only a woken route needs (its upstream client, health gate and route-scoped logger) is built on
+// first use, because most routes of a large config never wake.
 type instance struct {
-	route   *registry.Route
-	backend tenant.Backend
-	newGate func() Gate
-	prober  Gate // built by the first wake; used only by runWake, which never runs twice at once
-	// proxy is built on the first request and kept for the instance's life, so its connection pool
-	// survives reloads.
-	proxy atomic.Pointer[httputil.ReverseProxy]
+	// Set by newInstance (after, by Apply before the instance starts) and never written again.
+	route     *registry.Route
+	backend   tenant.Backend
+	newGate   func() Gate
+	baseLog   *slog.Logger
+	series    *instanceMetrics // the route's series, held until the instance retires; nil records nothing
+	count     func(code int)   // activator_requests_total for this route
+	releaseFn func()           // in.release bound once: a method value made per request is an allocation
+	root      context.Context  // the server's lifetime; wakes and sleeps derive from it, never from a request
+	now       func() time.Time
 	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
 	// all. Requests past it wait here, in arrival order, before the proxy builds anything for them.
 	slots chan struct{}
-	count func(code int) // activator_requests_total for this route
-	// releaseFn is in.release, bound once: a method value made per request is an allocation per
-	// request.
-	releaseFn func()
-	holdM     atomic.Pointer[holdMetrics] // see holdMetrics
-	baseLog   *slog.Logger
-	logOnce   sync.Once
-	log       *slog.Logger // baseLog with the route's attributes; use logger()
-	metrics   *Metrics
-	root      context.Context // the server's lifetime; wakes and sleeps derive from it, never from a request
-	now       func() time.Time
 	// after, when set, is closed once the instance this one replaced has finished retiring: a changed
 	// route must not wake its tenant while the old instance may still run it.
-	after <-chan struct{}
+	after   <-chan struct{}
+	retired chan struct{} // closed once the instance has retired (see retire)
+
+	// Built on first use, each by its own synchronisation.
+	logOnce sync.Once
+	log     *slog.Logger // baseLog with the route's attributes; use logger()
+	// up is the upstream client, built on first use and kept for the instance's life (see client).
+	up atomic.Pointer[upstream.Client]
+
+	// Used only by the wake goroutine, of which there is at most one at a time.
+	prober Gate // built by the first wake
 
 	wg sync.WaitGroup // joins every goroutine the instance starts
 
 	mu       sync.Mutex // guards the fields below
 	state    State
+	since    time.Time     // when state last changed
 	wake     *attempt      // the wake in progress (Waking) or the last one
 	stopDone chan struct{} // closed when the sleep in progress (Stopping) ends
-	life     *tenant.Life  // the awake tenant's life
 	lifeGen  uint64        // incremented on every state change away from Awake; stale watchers check it
 	awakeEnd chan struct{} // closed when the instance leaves Awake: stops that period's life watcher
 	inflight int           // requests being proxied
@@ -88,28 +104,28 @@ type instance struct {
 	lastAtt  *attempt    // lastRec's attempt, for its release figures
 	lastSlp  string      // reason of the last sleep
 	slpErr   *SleepError // the last sleep's failure; nil once a sleep succeeds
-	since    time.Time   // when state last changed
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
-	retired  chan struct{}
 }
 
+// newInstance returns route r's instance, asleep. It holds the route's metric series from now on (see
+// Metrics.open) and lets go of them once it has retired or shut down.
 func newInstance(root context.Context, r *registry.Route, b tenant.Backend, log *slog.Logger, m *Metrics, now func() time.Time, newGate func() Gate) *instance {
+	series := m.open(r.Name)
 	in := &instance{
 		route:   r,
 		backend: b,
 		newGate: newGate,
-		slots:   make(chan struct{}, upstreamConns(r)),
-		count:   m.requestCounter(r.Name),
 		baseLog: log,
-		metrics: m,
+		series:  series,
+		count:   series.requestCounter(),
 		root:    root,
 		now:     now,
-		since:   now(),
+		slots:   make(chan struct{}, upstreamConns(r)),
 		retired: make(chan struct{}),
+		since:   now(),
 	}
 	in.releaseFn = in.release
-	m.setState(r.Name, "", Asleep.String())
 	return in
 }
 
@@ -131,7 +147,7 @@ func (in *instance) setStateLocked(s State) {
 	if s == Awake && in.state != Awake {
 		in.awakeEnd = make(chan struct{})
 	}
-	in.metrics.setState(in.route.Name, in.state.String(), s.String())
+	in.series.setState(s)
 	in.state = s
 	in.since = in.now()
 }

@@ -145,7 +145,7 @@ func TestHerdWakesOnce(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rel, err := in.acquire(context.Background(), "request")
+				rel, err := in.acquire(context.Background(), triggerRequest)
 				if err != nil {
 					errs <- err
 					return
@@ -184,7 +184,7 @@ func TestFailedWakeAnswersAllThenBacksOff(t *testing.T) {
 		errs := make(chan error, 10)
 		for i := 0; i < 10; i++ {
 			go func() {
-				_, err := in.acquire(context.Background(), "request")
+				_, err := in.acquire(context.Background(), triggerRequest)
 				errs <- err
 			}()
 		}
@@ -199,7 +199,7 @@ func TestFailedWakeAnswersAllThenBacksOff(t *testing.T) {
 		}
 		// During the backoff: refused at once with the time left, and no new wake.
 		time.Sleep(2 * time.Second)
-		_, err := in.acquire(context.Background(), "request")
+		_, err := in.acquire(context.Background(), triggerRequest)
 		var be *BackoffError
 		if !errors.As(err, &be) || be.RetryAfter != 3*time.Second {
 			t.Fatalf("err = %v, want BackoffError with 3s left", err)
@@ -210,7 +210,7 @@ func TestFailedWakeAnswersAllThenBacksOff(t *testing.T) {
 		// After the backoff the next request wakes again.
 		time.Sleep(3 * time.Second)
 		b.set(func(f *fakeBackend) { f.wakeErr = nil; f.wakeGate = nil })
-		rel, err := in.acquire(context.Background(), "request")
+		rel, err := in.acquire(context.Background(), triggerRequest)
 		if err != nil {
 			t.Fatalf("acquire after backoff: %v", err)
 		}
@@ -225,7 +225,7 @@ func TestUnhealthyTenantIsStopped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		_, in := newTestServer(t, b, passGate{err: errors.New("health gate did not pass")})
-		_, err := in.acquire(context.Background(), "request")
+		_, err := in.acquire(context.Background(), triggerRequest)
 		var we *WakeError
 		if !errors.As(err, &we) || we.Phase != tenant.PhaseHealth {
 			t.Fatalf("err = %v, want WakeError in phase health", err)
@@ -251,7 +251,7 @@ func TestIdleSleepAndRequestDuringStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		_, in := newTestServer(t, b, passGate{})
-		rel, err := in.acquire(context.Background(), "request")
+		rel, err := in.acquire(context.Background(), triggerRequest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +289,7 @@ func TestClientHangUpDoesNotCancelWake(t *testing.T) {
 		_, in := newTestServer(t, b, passGate{})
 		ctx, cancel := context.WithCancel(context.Background())
 		first := make(chan error, 1)
-		go func() { _, err := in.acquire(ctx, "request"); first <- err }()
+		go func() { _, err := in.acquire(ctx, triggerRequest); first <- err }()
 		second := request(in)
 		synctest.Wait()
 		cancel()
@@ -307,7 +307,7 @@ func TestTenantExitNoticed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		_, in := newTestServer(t, b, passGate{})
-		rel, err := in.acquire(context.Background(), "request")
+		rel, err := in.acquire(context.Background(), triggerRequest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +319,7 @@ func TestTenantExitNoticed(t *testing.T) {
 		if st := in.status(); st.State != "asleep" || st.LastSleep != ReasonExited {
 			t.Fatalf("status = %s/%s, want asleep/exited", st.State, st.LastSleep)
 		}
-		rel, err = in.acquire(context.Background(), "request")
+		rel, err = in.acquire(context.Background(), triggerRequest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,10 +338,10 @@ func TestHoldLimits(t *testing.T) {
 		})
 		errs := make(chan error, 2)
 		for i := 0; i < 2; i++ {
-			go func() { _, err := in.acquire(context.Background(), "request"); errs <- err }()
+			go func() { _, err := in.acquire(context.Background(), triggerRequest); errs <- err }()
 		}
 		synctest.Wait()
-		if _, err := in.acquire(context.Background(), "request"); !errors.Is(err, ErrHoldFull) {
+		if _, err := in.acquire(context.Background(), triggerRequest); !errors.Is(err, ErrHoldFull) {
 			t.Fatalf("third request: %v, want ErrHoldFull", err)
 		}
 		time.Sleep(10 * time.Second)
@@ -383,7 +383,7 @@ func TestReloadKeepsHeldRequests(t *testing.T) {
 			t.Fatalf("sleeps = %d, want 1 (old instance put its tenant to sleep)", b.sleeps.Load())
 		}
 		// The new instance wakes the tenant for the next request.
-		rel, err := s.instance("app").acquire(context.Background(), "request")
+		rel, err := s.instance("app").acquire(context.Background(), triggerRequest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -485,7 +485,7 @@ func TestUnhealthyTenantIsStoppedNotParked(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Shutdown(context.Background())
-		if _, err := s.instance("app").acquire(context.Background(), "request"); err == nil {
+		if _, err := s.instance("app").acquire(context.Background(), triggerRequest); err == nil {
 			t.Fatal("acquire succeeded through a failing gate")
 		}
 		if got, slept := b.stops.Load(), b.sleeps.Load(); got != 1 || slept != 1 {
@@ -502,7 +502,7 @@ func (p stopperProvider) Open(*registry.Route) (tenant.Backend, error) { return 
 func request(in *instance) <-chan error {
 	got := make(chan error, 1)
 	go func() {
-		rel, err := in.acquire(context.Background(), "request")
+		rel, err := in.acquire(context.Background(), triggerRequest)
 		if err == nil {
 			rel()
 		}

@@ -1,8 +1,8 @@
 package activator
 
 import (
-	"strconv"
-	"sync"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,21 +11,23 @@ import (
 // Metrics is the activator's narrow recorder. Every label value comes from configured route names,
 // backing names and fixed vocabularies (results, phases, states, reasons), never from request data, so
 // cardinality is bounded by the config. A nil *Metrics records nothing.
+//
+// A route's series belong to its instances (routeseries.go): the first instance of a route name
+// creates them, an instance that replaces it on a reload shares them, and the last of them to retire
+// deletes them. The series whose labels are fixed (the route's alone, or with a state, reason or
+// result) exist from the start, at 0. The histograms and activator_requests_total appear at their
+// first observation.
 type Metrics struct {
 	wakeDuration  *prometheus.HistogramVec
 	phaseDuration *prometheus.HistogramVec
-	wakes         *prometheus.CounterVec
-	joined        *prometheus.CounterVec
-	held          *prometheus.GaugeVec
 	holdDuration  *prometheus.HistogramVec
 	requests      *prometheus.CounterVec
-	state         *prometheus.GaugeVec
-	sleeps        *prometheus.CounterVec
-	sleepFailures *prometheus.CounterVec
+	unknown       func(code int) // activator_requests_total{route="_unknown"}
+	routes        *routeSet
 }
 
-// States, in the order exported by activator_instance_state.
-var allStates = []string{"asleep", "waking", "awake", "stopping", "failed"}
+// unknownRoute is the route label of requests whose Host matched no route.
+const unknownRoute = "_unknown"
 
 // NewMetrics creates the activator's metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -38,135 +40,122 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "activator_wake_phase_duration_seconds", Help: "Duration of each phase of a wake.", Buckets: wakeBuckets,
 		}, []string{"route", "phase"}),
-		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "activator_wakes_total", Help: "Wakes by result.",
-		}, []string{"route", "result"}),
-		joined: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "activator_wake_joined_requests_total", Help: "Requests that joined a wake already in progress instead of starting one.",
-		}, []string{"route"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "activator_held_requests", Help: "Requests currently held while their route wakes.",
-		}, []string{"route"}),
 		holdDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "activator_hold_duration_seconds", Help: "How long requests were held before being released or answered.", Buckets: wakeBuckets,
 		}, []string{"route"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts).",
 		}, []string{"route", "code"}),
-		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "activator_instance_state", Help: "1 for the state each route's instance is in, 0 for the others.",
-		}, []string{"route", "state"}),
-		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "activator_sleeps_total", Help: "Times a route went to sleep, by reason (idle, admin, exited, reload, gate_failed).",
-		}, []string{"route", "reason"}),
-		sleepFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "activator_sleep_failures_total", Help: "Sleeps whose backing failed: the tenant may still run.",
-		}, []string{"route"}),
+		routes: newRouteSet(),
 	}
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.wakes, m.joined, m.held, m.holdDuration, m.requests, m.state, m.sleeps, m.sleepFailures)
+	m.unknown = newRouteMetrics(m, unknownRoute).countFn
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.routes)
 	return m
 }
 
-func (m *Metrics) wakeDone(rec WakeRecord) {
-	if m == nil {
-		return
-	}
-	m.wakeDuration.WithLabelValues(rec.Route, rec.Backing, rec.Result).Observe(rec.Duration.Seconds())
-	m.wakes.WithLabelValues(rec.Route, rec.Result).Inc()
-	for _, p := range rec.Phases {
-		m.phaseDuration.WithLabelValues(rec.Route, p.Name).Observe(p.Duration.Seconds())
-	}
-}
-
-func (m *Metrics) joinedWake(route string) {
-	if m != nil {
-		m.joined.WithLabelValues(route).Inc()
-	}
-}
-
-// holdMetrics are one route's hold gauge and histogram, resolved once: a herd of 10,000 released at
-// once otherwise hashes the route label 20,000 times while the last of them wait to leave the hold.
-type holdMetrics struct {
-	held prometheus.Gauge
-	dur  prometheus.Observer
-}
-
-// holdFor returns route's hold metrics; nil records nothing.
-func (m *Metrics) holdFor(route string) *holdMetrics {
-	if m == nil {
-		return nil
-	}
-	return &holdMetrics{held: m.held.WithLabelValues(route), dur: m.holdDuration.WithLabelValues(route)}
-}
-
-func (h *holdMetrics) begin() {
-	if h != nil {
-		h.held.Inc()
-	}
-}
-
-func (h *holdMetrics) end(d time.Duration) {
-	if h != nil {
-		h.held.Dec()
-		h.dur.Observe(d.Seconds())
-	}
-}
-
-// requestCounter returns the per-code request counter for one route. Counters are cached per code so
-// the hot path skips label hashing; the route's curried vector is made on the first request, since
-// most of many configured routes may never see one.
+// requestCounter returns the request counter of a name that no instance owns: "_unknown", for requests
+// whose Host matched no route, made once. Its series are never deleted.
 func (m *Metrics) requestCounter(route string) func(code int) {
-	if m == nil {
+	switch {
+	case m == nil:
+		return func(int) {}
+	case route == unknownRoute:
+		return m.unknown
+	}
+	return newRouteMetrics(m, route).countFn
+}
+
+// instanceMetrics is one instance's hold on its route's series: it adds to the route's counters, and
+// its state is the one exported while it is the route's newest instance. A nil one records nothing.
+type instanceMetrics struct {
+	rm *routeMetrics
+	st atomic.Int32 // the instance's State
+}
+
+func (im *instanceMetrics) setState(s State) {
+	if im != nil {
+		im.st.Store(int32(s))
+	}
+}
+
+// requestCounter returns the route's activator_requests_total counter by status code.
+func (im *instanceMetrics) requestCounter() func(code int) {
+	if im == nil {
 		return func(int) {}
 	}
-	var (
-		once  sync.Once
-		cv    *prometheus.CounterVec
-		cache sync.Map // int -> prometheus.Counter
-	)
-	return func(code int) {
-		if c, ok := cache.Load(code); ok {
-			c.(prometheus.Counter).Inc()
-			return
+	return im.rm.countFn
+}
+
+// release lets go of the route's series (see Metrics.release).
+func (im *instanceMetrics) release() {
+	if im != nil {
+		im.rm.m.release(im)
+	}
+}
+
+func (im *instanceMetrics) joinedWake() {
+	if im != nil {
+		im.rm.joined.Add(1)
+	}
+}
+
+// holdBegin and holdEnd count one held request into and out of the hold. A herd of 10,000 goes through
+// them twice each, so neither hashes a label.
+func (im *instanceMetrics) holdBegin() {
+	if im != nil {
+		im.rm.held.Add(1)
+	}
+}
+
+func (im *instanceMetrics) holdEnd(d time.Duration) {
+	if im == nil {
+		return
+	}
+	rm := im.rm
+	rm.held.Add(-1)
+	o := rm.holdDur.Load()
+	if o == nil {
+		rm.lazily(func() {
+			h := rm.m.holdDuration.WithLabelValues(rm.route)
+			rm.holdDur.CompareAndSwap(nil, &h)
+		})
+		if o = rm.holdDur.Load(); o == nil {
+			return // the route's series are gone
 		}
-		once.Do(func() { cv = m.requests.MustCurryWith(prometheus.Labels{"route": route}) })
-		c := cv.WithLabelValues(strconv.Itoa(code))
-		cache.Store(code, c)
-		c.Inc()
 	}
+	(*o).Observe(d.Seconds())
 }
 
-func (m *Metrics) setState(route, from, to string) {
-	if m == nil {
+func (im *instanceMetrics) wakeDone(rec WakeRecord) {
+	if im == nil {
 		return
 	}
-	// Only the current state has a series (value 1): five series per route cost a third of the heap
-	// with 10,000 routes. Query with activator_instance_state{state="awake"} == 1, or sum by (state).
-	if from != "" && from != to {
-		m.state.DeleteLabelValues(route, from)
+	rm := im.rm
+	results := wakeResults()
+	if i := slices.Index(results[:], rec.Result); i >= 0 {
+		rm.wakes[i].Add(1)
 	}
-	m.state.WithLabelValues(route, to).Set(1)
+	rm.lazily(func() {
+		rm.m.wakeDuration.WithLabelValues(rm.route, rec.Backing, rec.Result).Observe(rec.Duration.Seconds())
+		for _, p := range rec.Phases {
+			rm.m.phaseDuration.WithLabelValues(rm.route, p.Name).Observe(p.Duration.Seconds())
+		}
+	})
 }
 
-func (m *Metrics) slept(route, reason string) {
-	if m != nil {
-		m.sleeps.WithLabelValues(route, reason).Inc()
-	}
-}
-
-func (m *Metrics) sleepFailed(route string) {
-	if m != nil {
-		m.sleepFailures.WithLabelValues(route).Inc()
-	}
-}
-
-// forget drops a removed route's series so a reload does not leave stale gauges behind.
-func (m *Metrics) forget(route string) {
-	if m == nil {
+// slept counts a sleep; reason is one of the Reason constants.
+func (im *instanceMetrics) slept(reason string) {
+	if im == nil {
 		return
 	}
-	l := prometheus.Labels{"route": route}
-	m.state.DeletePartialMatch(l)
-	m.held.DeletePartialMatch(l)
-	m.requests.DeletePartialMatch(l)
+	reasons := sleepReasons()
+	if i := slices.Index(reasons[:], reason); i >= 0 {
+		im.rm.sleeps[i].Add(1)
+	}
+}
+
+func (im *instanceMetrics) sleepFailed() {
+	if im != nil {
+		im.rm.sleepFailures.Add(1)
+	}
 }

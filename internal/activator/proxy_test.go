@@ -1,97 +1,20 @@
 package activator
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
+	"time"
 
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 )
-
-// TestFastTransportDialLimit: a burst of requests on a transport with no connections yet dials at most
-// maxDials at once and never opens more than its cap; requests that find no token take connections
-// handed back by the others. The dialer's Control hook holds every dial until maxDials are in flight,
-// so a 33rd concurrent dial would be seen.
-func TestFastTransportDialLimit(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var accepted sync.Map
-	upstream := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-		ConnState: func(c net.Conn, s http.ConnState) {
-			if s == http.StateNew {
-				accepted.Store(c.RemoteAddr().String(), true)
-			}
-		},
-	}
-	go upstream.Serve(ln)
-	t.Cleanup(func() { upstream.Close() })
-
-	const conns, requests = 64, 300
-	tr := newFastTransport("tcp", ln.Addr().String(), conns, http.DefaultTransport)
-	var (
-		mu       sync.Mutex
-		inFlight int
-		maxSeen  int
-		full     = make(chan struct{})
-		fullOnce sync.Once
-		release  = make(chan struct{})
-	)
-	tr.dialer.Control = func(string, string, syscall.RawConn) error {
-		mu.Lock()
-		inFlight++
-		maxSeen = max(maxSeen, inFlight)
-		if inFlight == maxDials {
-			fullOnce.Do(func() { close(full) }) // later dials, after the release, may reach it again
-		}
-		mu.Unlock()
-		<-release
-		mu.Lock()
-		inFlight--
-		mu.Unlock()
-		return nil
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, requests)
-	for range requests {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				errs <- err
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}()
-	}
-	<-full
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("request: %v", err)
-	}
-	if maxSeen > maxDials {
-		t.Errorf("%d dials in flight at once, want at most %d", maxSeen, maxDials)
-	}
-	n := 0
-	accepted.Range(func(any, any) bool { n++; return true })
-	if n > conns {
-		t.Errorf("%d upstream connections opened, want at most %d", n, conns)
-	}
-	t.Logf("%d requests over %d connections", requests, n)
-}
 
 // TestFirstRequestUsesGateConnection: with the real health gate, the first request after a wake goes
 // out on the connection the gate's passing probe used (ConnGate): the tenant accepts one connection
@@ -129,5 +52,60 @@ func TestFirstRequestUsesGateConnection(t *testing.T) {
 	probe, req := strings.Fields(remotes[0]), strings.Fields(remotes[1])
 	if probe[0] != "/healthz" || req[0] != "/first" || probe[1] != req[1] {
 		t.Fatalf("upstream saw %v, want /healthz then /first on one connection", remotes)
+	}
+}
+
+// TestUpstreamClosedWhenTenantGoes: once the tenant sleeps, dies on its own, or its route is
+// removed, the route's idle upstream connection is closed at once (dropUpstream), not left to its
+// idle timeout: a socket to a dead tenant would sit in CLOSE-WAIT until then.
+func TestUpstreamClosedWhenTenantGoes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gone func(t *testing.T, s *Server, in *instance, b *fakeBackend)
+	}{
+		{"sleep", func(t *testing.T, _ *Server, in *instance, _ *fakeBackend) {
+			if err := in.sleepNow(context.Background(), ReasonAdmin); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"exit", func(_ *testing.T, _ *Server, _ *instance, b *fakeBackend) {
+			b.mu.Lock()
+			b.life.End(errors.New("exited with code 1"))
+			b.mu.Unlock()
+		}},
+		{"route removed", func(t *testing.T, s *Server, _ *instance, _ *fakeBackend) {
+			if err := s.Apply(&registry.Config{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			closed := make(chan struct{}, 1)
+			upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, "ok")
+			}))
+			upstream.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+				if st == http.StateClosed {
+					closed <- struct{}{}
+				}
+			}
+			upstream.Start()
+			t.Cleanup(upstream.Close)
+			b := &fakeBackend{}
+			s, in := newTestServer(t, b, passGate{}, func(r *registry.Route) {
+				r.Upstream.Address = upstream.Listener.Addr().String()
+			})
+			w := httptest.NewRecorder()
+			s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
+			if w.Code != http.StatusOK {
+				t.Fatalf("request: %d %q", w.Code, w.Body)
+			}
+			tc.gone(t, s, in, b)
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second): // far beyond the wait it takes; the idle timeout is 90 s
+				t.Fatal("the upstream connection was still open 10 s after the tenant went")
+			}
+		})
 	}
 }

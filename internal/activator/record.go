@@ -3,8 +3,6 @@ package activator
 import (
 	"sync"
 	"time"
-
-	"github.com/activator/activator/internal/tenant"
 )
 
 // WakeRecord explains one wake: what triggered it, each phase and how long it took, the decisions the
@@ -12,12 +10,12 @@ import (
 type WakeRecord struct {
 	Route       string        `json:"route"`
 	Backing     string        `json:"backing"`
-	Trigger     string        `json:"trigger"` // "request", "admin", "adopt"
+	Trigger     string        `json:"trigger"` // a trigger: "request", "admin", "adopt"
 	Started     time.Time     `json:"started"`
 	Duration    time.Duration `json:"duration_ns"`
 	Phases      []PhaseRecord `json:"phases"`
 	Notes       []string      `json:"notes,omitempty"`
-	Result      string        `json:"result"` // "ok", "failed", "adopted", "in_progress"
+	Result      string        `json:"result"` // a Result constant
 	Error       string        `json:"error,omitempty"`
 	FailedPhase string        `json:"failed_phase,omitempty"`
 	Joined      int           `json:"joined_requests"` // requests that joined this wake after it began
@@ -36,10 +34,20 @@ type PhaseRecord struct {
 
 // Result values.
 const (
-	ResultOK      = "ok"
-	ResultFailed  = "failed"
-	ResultAdopted = "adopted"
-	ResultRunning = "in_progress"
+	ResultOK          = "ok"
+	ResultFailed      = "failed"
+	ResultAdopted     = "adopted"      // an adopt found the tenant running and took it as awake
+	ResultAdoptAsleep = "adopt_asleep" // an adopt found no tenant running (or could not tell)
+	ResultRunning     = "in_progress"
+)
+
+// trigger is what started a wake, as WakeRecord.Trigger names it.
+type trigger string
+
+const (
+	triggerRequest trigger = "request" // a request found the route asleep
+	triggerAdmin   trigger = "admin"   // the admin API
+	triggerAdopt   trigger = "adopt"   // a new instance asks the backend for a tenant already running
 )
 
 // tracker is the Tracker the activator hands to a backend: it builds a WakeRecord. The admin API reads
@@ -55,9 +63,9 @@ type tracker struct {
 	provisional bool
 }
 
-func newTracker(route, backing, trigger string, now func() time.Time) *tracker {
+func newTracker(route, backing string, trig trigger, now func() time.Time) *tracker {
 	t := &tracker{now: now}
-	t.rec = WakeRecord{Route: route, Backing: backing, Trigger: trigger, Started: now(), Result: ResultRunning}
+	t.rec = WakeRecord{Route: route, Backing: backing, Trigger: string(trig), Started: now(), Result: ResultRunning}
 	return t
 }
 
@@ -70,17 +78,30 @@ func (t *tracker) Phase(name string) {
 		t.rec.Phases[len(t.rec.Phases)-1].Name = name
 		return
 	}
-	t.closePhaseLocked()
-	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name})
-	t.phaseStart = t.now()
+	t.nextLocked(name)
 }
 
 // begin starts the activator's generic phase, which the backend's first Phase call renames.
 func (t *tracker) begin(name string) {
-	t.Phase(name)
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nextLocked(name)
 	t.provisional = true
-	t.mu.Unlock()
+}
+
+// then ends the phase in progress and starts name. Unlike Phase it never renames begin's phase, which
+// keeps its name when the backend named none of its own: the activator calls it once the backend is done.
+func (t *tracker) then(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.provisional = false
+	t.nextLocked(name)
+}
+
+func (t *tracker) nextLocked(name string) {
+	t.closePhaseLocked()
+	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name})
+	t.phaseStart = t.now()
 }
 
 // Note implements Tracker.
@@ -98,16 +119,6 @@ func (t *tracker) closePhaseLocked() {
 		}
 		t.rec.Phases[n-1].Duration = d
 	}
-}
-
-// currentPhase returns the name of the phase in progress.
-func (t *tracker) currentPhase() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if n := len(t.rec.Phases); n > 0 {
-		return t.rec.Phases[n-1].Name
-	}
-	return tenant.PhaseStart
 }
 
 func (t *tracker) joined() {

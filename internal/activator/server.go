@@ -33,7 +33,11 @@ type Options struct {
 	Metrics *Metrics // nil records nothing
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
-	// NewGate builds a route's health gate (tests); default health.New.
+	// Pacer times the default health gates' fast pauses (health.Pacer). The caller owns it: it
+	// outlives the Server, and the caller closes it after Shutdown has returned. nil: the gates pause
+	// on timers, up to a millisecond late in an idle process.
+	Pacer *health.Pacer
+	// NewGate builds a route's health gate (tests); default health.New with Pacer.
 	NewGate func(r *registry.Route) Gate
 }
 
@@ -60,7 +64,9 @@ func New(opts Options) *Server {
 		opts.Now = time.Now
 	}
 	if opts.NewGate == nil {
-		opts.NewGate = func(r *registry.Route) Gate { return health.New(r.Upstream, r.Health) }
+		opts.NewGate = func(r *registry.Route) Gate {
+			return health.New(r.Upstream, r.Health, health.WithPacer(opts.Pacer))
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -92,7 +98,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		b, err := s.opts.Opener.Open(r)
 		if err != nil {
 			for _, in := range opened {
-				in.closeBackend()
+				in.teardown()
 			}
 			return err
 		}
@@ -106,9 +112,8 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	for name, old := range s.instances {
 		if next[name] != old {
 			s.retiring = append(s.retiring, old)
-			old.retire()
+			old.retire() // it deletes the route's metric series once it has retired, unless next[name] holds them
 			if next[name] == nil {
-				s.opts.Metrics.forget(name)
 				s.log.Info("route removed", "route", name)
 			} else {
 				s.log.Info("route changed", "route", name)
@@ -177,25 +182,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { rt.count(sw.statusCode()) }()
-	release, err := rt.in.acquire(r.Context(), "request")
+	release, err := rt.in.acquire(r.Context(), triggerRequest)
 	if err != nil {
-		if r.Context().Err() != nil {
-			sw.code = 499 // client went away while held; nobody sees this but the metrics
-			return
-		}
-		writeError(sw, r, err)
+		sw.fail(r, err)
 		return
 	}
 	defer release()
 	done, err := rt.in.admit(r.Context())
 	if err != nil {
-		sw.code = 499 // client went away while waiting for an upstream connection
+		sw.fail(r, err) // admit fails only when the client went away
 		return
 	}
 	defer done()
-	if !rt.in.forward(sw, r) {
-		rt.in.reverseProxy().ServeHTTP(sw, r)
-	}
+	rt.in.client().Serve(sw, r)
 }
 
 // Wake wakes the named route and waits for the result (admin API).
@@ -262,6 +261,17 @@ func (w *statusWriter) Flush() {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// fail answers r with err (writeError), unless the client went away (r's context ended): then nobody
+// is there to read an answer, and only the metrics see one, 499. It is the edge's one "client went
+// away" check, for the hold, the upstream slot and the upstream exchange alike.
+func (w *statusWriter) fail(r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		w.code = 499
+		return
+	}
+	writeError(w, r, err)
+}
 
 func (w *statusWriter) statusCode() int {
 	if w.code == 0 {

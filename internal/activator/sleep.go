@@ -46,17 +46,20 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 	err := in.backend.Sleep(ctx)
 	cancel()
+	// While Stopping nothing is proxied and no wake starts, so no connection a wake's gate handed over
+	// is dropped.
+	in.dropUpstream()
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.lastSlp = reason
-	in.metrics.slept(in.route.Name, reason)
+	in.series.slept(reason)
 	in.slpErr = nil
 	if err != nil {
 		// The instance is marked asleep all the same: the next request wakes it, and a backing's
 		// wake takes a tenant it finds still running as it is (a unit still active, a node still
 		// on). The failure stays in the status and the admin sleep's answer until a sleep succeeds.
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
-		in.metrics.sleepFailed(in.route.Name)
+		in.series.sleepFailed()
 		in.logger().Error("sleep failed; the tenant may still run", "reason", reason, "err", err)
 	} else {
 		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start))
@@ -105,8 +108,9 @@ func (in *instance) sleepNow(ctx context.Context, reason string) error {
 	}
 }
 
-// retire marks the instance as removed: it sleeps (reason) as soon as no request is in flight or held,
-// then closes. retired is closed when that is done.
+// retire marks the instance as removed or replaced: it sleeps (ReasonReload) as soon as no request is
+// in flight or held, then closes its backend and its upstream connections and lets go of the route's
+// metric series. retired is closed when that is done.
 func (in *instance) retire() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -126,7 +130,7 @@ func (in *instance) maybeRetireLocked() {
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
-			in.closeBackend()
+			in.teardown()
 			close(in.retired)
 		}()
 	}
@@ -146,8 +150,17 @@ func (in *instance) shutdown() {
 	in.mu.Unlock()
 	in.wg.Wait()
 	if !wasClosed {
-		in.closeBackend()
+		in.teardown()
 	}
+}
+
+// teardown lets go of what the instance holds: its backend, its upstream connections and its route's
+// metric series. It runs once: after the instance's last sleep, when it has retired or at shutdown, or
+// when Apply gives up on a config before the instance started.
+func (in *instance) teardown() {
+	in.closeBackend()
+	in.dropUpstream()
+	in.series.release()
 }
 
 func (in *instance) closeBackend() {

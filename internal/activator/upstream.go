@@ -1,41 +1,64 @@
 package activator
 
-// The instance's side of its upstream: the proxy it builds once and the connections it hands over.
+// The instance's side of its upstream: the client it builds once, the connections it hands over, and
+// the idle ones it drops when the tenant is gone.
 
 import (
 	"net"
-	"net/http/httputil"
+	"net/http"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/upstream"
 )
 
-// reverseProxy returns the route's proxy, building it on first use.
-func (in *instance) reverseProxy() *httputil.ReverseProxy {
-	if p := in.proxy.Load(); p != nil {
-		return p
+// upstreamConns is the route's max_upstream_conns: the requests it proxies at once. The instance
+// admits requests to the proxy up to it (see instance.admit); the upstream client is capped at it too,
+// as a backstop.
+//
+// Why a cap at all: a herd released at once would otherwise open one upstream connection per held
+// request, and 10,000 held requests would become 10,000 dials to a tenant that has just started, and
+// as many file descriptors (on top of the 10,000 client sockets). The cost: more concurrent
+// long-lived requests (SSE streams, WebSockets) than the cap queue until one ends.
+func upstreamConns(r *registry.Route) int {
+	if r.MaxUpstreamConns > 0 {
+		return r.MaxUpstreamConns
 	}
-	in.proxy.CompareAndSwap(nil, newProxy(in.route))
-	return in.proxy.Load()
+	return registry.DefaultMaxUpstreamConns
 }
 
-// fast returns the route's fast transport (building the proxy on first use), or nil if the proxy
-// has none.
-func (in *instance) fast() *fastTransport {
-	if lt, ok := in.reverseProxy().Transport.(*lazyTransport); ok {
-		if ft, ok := lt.transport().(*fastTransport); ok {
-			return ft
-		}
+// client returns the route's upstream client, building it on first use: most routes of a large
+// config never wake, and need none. It is kept for the instance's life, so its connection pool
+// survives reloads.
+func (in *instance) client() *upstream.Client {
+	if c := in.up.Load(); c != nil {
+		return c
 	}
-	return nil
+	in.up.CompareAndSwap(nil, upstream.New(upstream.Options{
+		Network:      in.route.Upstream.Network,
+		Address:      in.route.Upstream.Address,
+		MaxConns:     upstreamConns(in.route),
+		ErrorHandler: in.upstreamFailed,
+	}))
+	return in.up.Load()
 }
 
-// adoptUpstream gives the route's proxy an open connection to the tenant (see ConnGate).
-func (in *instance) adoptUpstream(c net.Conn) {
-	if ft := in.fast(); ft != nil {
-		ft.adopt(c)
-		return
+// upstreamFailed answers a request whose upstream exchange failed, on either path of the client.
+func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+	sw, ok := w.(*statusWriter)
+	if !ok {
+		sw = &statusWriter{ResponseWriter: w} // only a test calls the client with another writer
 	}
-	c.Close()
+	sw.fail(r, &UpstreamError{Route: in.route.Name, Err: err})
 }
+
+// adoptUpstream gives the route's upstream client an open connection to the tenant (see ConnGate).
+func (in *instance) adoptUpstream(c net.Conn) { in.client().Adopt(c) }
 
 // dropUpstream closes the route's idle upstream connections and stops their reaper: called when the
-// tenant sleeps, dies on its own, or the instance retires, so no socket to a dead tenant lingers.
-func (in *instance) dropUpstream() {}
+// tenant sleeps, dies on its own, or the instance retires, so no socket to a dead tenant lingers. It
+// builds nothing: a route that never proxied has nothing to drop.
+func (in *instance) dropUpstream() {
+	if c := in.up.Load(); c != nil {
+		c.CloseIdle()
+	}
+}

@@ -25,9 +25,9 @@ type attempt struct {
 	released    atomic.Int64
 	lastRelease atomic.Int64
 	// waiters counts the requests held on this attempt (guarded by instance.mu). When the wake
-	// succeeds, runWake moves them from held to in flight in one step and sets handedOver before it
-	// closes done, so a released request goes straight to the proxy without taking instance.mu again:
-	// 10,000 requests re-locking one mutex after a herd's release was most of the release's spread.
+	// succeeds, publishLocked moves them from held to in flight in one step and sets handedOver before
+	// it closes done, so a released request goes straight to the proxy without taking instance.mu
+	// again: a herd released at once would otherwise queue on that one mutex.
 	waiters    int
 	handedOver bool
 }
@@ -77,155 +77,209 @@ func (in *instance) start() {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.beginWakeLocked("adopt")
+	in.beginWakeLocked(triggerAdopt)
 }
 
 // beginWakeLocked moves to Waking and starts the wake goroutine.
-func (in *instance) beginWakeLocked(trigger string) *attempt {
-	att := &attempt{done: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trigger, in.now)}
+func (in *instance) beginWakeLocked(trig trigger) *attempt {
+	att := &attempt{done: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trig, in.now)}
 	in.wake = att
 	in.setStateLocked(Waking)
 	in.wg.Add(1)
-	go in.runWake(att, trigger == "adopt")
+	go in.runWake(att, trig)
 	return att
 }
 
-// runWake performs one wake: backend start, then the health gate, on a context detached from every
-// request and bounded by the wake budget. All waiters are released together by closing att.done.
-func (in *instance) runWake(att *attempt, adopt bool) {
+// runWake performs one wake, in two steps: wakeAndGate without the lock, then publishLocked, which
+// releases every waiter together by closing att.done.
+func (in *instance) runWake(att *attempt, trig trigger) {
 	defer in.wg.Done()
-	rec := att.rec
+	out := in.wakeAndGate(att.rec, trig)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.publishLocked(att, out)
+	in.maybeRetireLocked()
+}
+
+// wakeOutcome is what the unlocked part of a wake found, for publishLocked to apply.
+type wakeOutcome struct {
+	life  *tenant.Life // the tenant's life, when awake
+	awake bool         // false when an adopt found no tenant running
+	err   error
+	rec   WakeRecord // the finished record
+}
+
+// phaseAdopt is the phase of a wake that asks the backend for a tenant already running.
+const phaseAdopt = "adopt"
+
+// wakeAndGate starts (or adopts) the tenant and waits for its health gate, on a context detached from
+// every request and bounded by the wake budget. A tenant it started that never passes the gate is
+// stopped before it returns. It runs without the lock; only the wake goroutine uses in.prober.
+func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
-
-	var (
-		life  *tenant.Life
-		err   error
-		awake = true
-	)
 	if in.after != nil {
 		select {
 		case <-in.after:
 		case <-ctx.Done():
 		}
 	}
-	if adopt {
-		rec.Phase("adopt")
-		life, awake, err = in.backend.(tenant.Adopter).Adopt(ctx)
-		if err != nil {
-			in.logger().Warn("adopt failed; treating the tenant as asleep", "err", err)
-			awake, err = false, nil
+	out := wakeOutcome{awake: true}
+	if trig == triggerAdopt {
+		out.life, out.awake = in.adopt(ctx, rec)
+	} else {
+		out.life, out.err = in.startTenant(ctx, rec)
+	}
+	if out.err == nil && out.awake {
+		out.err = in.gate(ctx, rec, out.life)
+		if out.err != nil && trig != triggerAdopt {
+			in.stopUnhealthy(rec)
+		}
+	}
+	out.rec = rec.finish(wakeResult(trig, out.awake, out.err), out.err)
+	return out
+}
+
+// adopt asks the backend for a tenant that is already running. A failed adopt is logged and taken as
+// "nothing running": the next request wakes the tenant the ordinary way.
+func (in *instance) adopt(ctx context.Context, rec *tracker) (life *tenant.Life, awake bool) {
+	rec.Phase(phaseAdopt)
+	life, awake, err := in.backend.(tenant.Adopter).Adopt(ctx)
+	if err != nil {
+		in.logger().Warn("adopt failed; treating the tenant as asleep", "err", err)
+		return nil, false
+	}
+	return life, awake
+}
+
+// startTenant wakes the tenant through the backend, which names its own phases.
+func (in *instance) startTenant(ctx context.Context, rec *tracker) (*tenant.Life, error) {
+	rec.begin(tenant.PhaseStart)
+	life, err := in.backend.Wake(ctx, rec)
+	if err == nil && life == nil {
+		err = errors.New("backend returned no Life")
+	}
+	return life, err
+}
+
+// gate waits for the health gate, within the route's health budget. The connection of the probe that
+// passed, if the tenant kept it, goes to the route's proxy (see ConnGate).
+func (in *instance) gate(ctx context.Context, rec *tracker, life *tenant.Life) error {
+	rec.then(tenant.PhaseHealth)
+	if b := in.route.Health.Budget; b > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b)
+		defer cancel()
+	}
+	if in.prober == nil {
+		in.prober = in.newGate()
+	}
+	var err error
+	if cg, ok := in.prober.(ConnGate); ok {
+		var c net.Conn
+		if c, err = cg.WaitConn(ctx, life.Done()); c != nil {
+			in.adoptUpstream(c)
 		}
 	} else {
-		rec.begin(tenant.PhaseStart)
-		life, err = in.backend.Wake(ctx, rec)
-		if err == nil && life == nil {
-			err = errors.New("backend returned no Life")
-		}
+		err = in.prober.Wait(ctx, life.Done())
 	}
-	if err == nil && awake {
-		rec.mu.Lock()
-		rec.provisional = false
-		rec.mu.Unlock()
-		rec.Phase(tenant.PhaseHealth)
-		hctx := ctx
-		if b := in.route.Health.Budget; b > 0 {
-			var hcancel context.CancelFunc
-			hctx, hcancel = context.WithTimeout(ctx, b)
-			defer hcancel()
-		}
-		if in.prober == nil {
-			in.prober = in.newGate()
-		}
-		if cg, ok := in.prober.(ConnGate); ok {
-			var c net.Conn
-			if c, err = cg.WaitConn(hctx, life.Done()); c != nil {
-				in.adoptUpstream(c)
-			}
-		} else {
-			err = in.prober.Wait(hctx, life.Done())
-		}
-		if errors.Is(err, health.ErrGone) {
-			err = fmt.Errorf("%w: %w", err, life.Err())
-		}
-		if err != nil && !adopt {
-			// The tenant started but never turned healthy: it must not keep running behind our back.
-			// The stop is a phase of its own, so the record shows how long the gate took (at most
-			// its budget) apart from how long the tenant took to stop.
-			rec.failed()
-			rec.Phase(tenant.PhaseStop)
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
-			stop := in.backend.Sleep
-			if st, ok := in.backend.(tenant.Stopper); ok {
-				stop = st.Stop
-			}
-			if serr := stop(sctx); serr != nil {
-				rec.Note("stopping the unhealthy tenant failed: " + serr.Error())
-			}
-			scancel()
-		}
+	if errors.Is(err, health.ErrGone) {
+		err = fmt.Errorf("%w: %w", err, life.Err())
 	}
+	return err
+}
 
-	result := ResultOK
+// stopUnhealthy stops a tenant that started but never turned healthy: it must not keep running behind
+// our back. The stop is a phase of its own, so the record shows how long the gate took (at most its
+// budget) apart from how long the tenant took to stop.
+func (in *instance) stopUnhealthy(rec *tracker) {
+	rec.failed()
+	rec.Phase(tenant.PhaseStop)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
+	defer cancel()
+	stop := in.backend.Sleep
+	if st, ok := in.backend.(tenant.Stopper); ok {
+		stop = st.Stop
+	}
+	if err := stop(ctx); err != nil {
+		rec.Note("stopping the unhealthy tenant failed: " + err.Error())
+	}
+	in.dropUpstream()
+}
+
+// wakeResult is the Result of a wake that trig started and that ended with err.
+func wakeResult(trig trigger, awake bool, err error) string {
 	switch {
 	case err != nil:
-		result = ResultFailed
-	case adopt && awake:
-		result = ResultAdopted
-	case adopt:
-		result = "adopt_asleep"
+		return ResultFailed
+	case trig != triggerAdopt:
+		return ResultOK
+	case awake:
+		return ResultAdopted
 	}
-	final := rec.finish(result, err)
+	return ResultAdoptAsleep
+}
 
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.lastRec, in.lastAtt = &final, att
+// publishLocked applies a wake's outcome: Failed with a backoff, Asleep (an adopt that found nothing),
+// or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
+func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
+	in.lastRec, in.lastAtt = &out.rec, att
 	switch {
-	case err != nil:
-		in.fails++
-		backoff := in.route.Backoff.Initial << min(in.fails-1, 20)
-		if backoff > in.route.Backoff.Max || backoff <= 0 {
-			backoff = in.route.Backoff.Max
-		}
-		we := &WakeError{Route: in.route.Name, Phase: final.FailedPhase, Err: err, RetryAfter: backoff}
-		in.lastErr = we
-		att.err = we
-		in.until = in.now().Add(backoff)
-		in.setStateLocked(Failed)
-		in.logger().Warn("wake failed", "trigger", final.Trigger, "phase", final.FailedPhase, "duration", final.Duration,
-			"phases", phaseAttr(final.Phases), "retry_in", backoff, "err", err)
-		in.metrics.wakeDone(final)
-	case !awake:
+	case out.err != nil:
+		in.failLocked(att, out)
+		close(att.done)
+	case !out.awake:
 		in.setStateLocked(Asleep)
+		close(att.done)
 	default:
-		in.fails = 0
-		in.lastErr = nil
-		in.life = life
-		in.setStateLocked(Awake)
-		// The requests held on this wake are in flight from now on; they leave without the lock.
-		in.held -= att.waiters
-		in.inflight += att.waiters
-		att.handedOver = true
-		gen := in.lifeGen
-		in.wg.Add(1)
-		go in.watch(life, gen, in.awakeEnd)
-		if in.inflight == 0 && in.held == 0 {
-			// Waiters, if any, will acquire and release; with none the idle clock starts now.
-			in.armIdleLocked()
-		}
-	}
-	close(att.done)
-	// The held requests are on their way; the log line and the metrics are not in their path.
-	if err == nil && awake {
-		if final.Result == ResultOK {
-			in.logger().Info("woke", "trigger", final.Trigger, "duration", final.Duration, "phases", phaseAttr(final.Phases),
-				"joined", final.Joined, "notes", final.Notes)
-			in.metrics.wakeDone(final)
+		in.awakeLocked(att, out.life)
+		close(att.done)
+		// The held requests are on their way; the log line and the metrics are not in their path.
+		if out.rec.Result == ResultOK {
+			in.logger().Info("woke", "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
+				"joined", out.rec.Joined, "notes", out.rec.Notes)
+			in.series.wakeDone(out.rec)
 		} else {
 			in.logger().Info("adopted a running tenant")
 		}
 	}
-	in.maybeRetireLocked()
+}
+
+// failLocked moves to Failed after a failed wake and sets the backoff, doubled on each consecutive
+// failure up to backoff.max, that att's waiters and later requests see.
+func (in *instance) failLocked(att *attempt, out wakeOutcome) {
+	in.fails++
+	backoff := in.route.Backoff.Initial << min(in.fails-1, 20)
+	if backoff > in.route.Backoff.Max || backoff <= 0 {
+		backoff = in.route.Backoff.Max
+	}
+	rec := out.rec
+	we := &WakeError{Route: in.route.Name, Phase: rec.FailedPhase, Err: out.err, RetryAfter: backoff}
+	in.lastErr = we
+	att.err = we
+	in.until = in.now().Add(backoff)
+	in.setStateLocked(Failed)
+	in.logger().Warn("wake failed", "trigger", rec.Trigger, "phase", rec.FailedPhase, "duration", rec.Duration,
+		"phases", phaseAttr(rec.Phases), "retry_in", backoff, "err", out.err)
+	in.series.wakeDone(rec)
+}
+
+// awakeLocked moves to Awake with the tenant's life: att's waiters are in flight from now on (they leave
+// without the lock), a watcher notices the tenant dying on its own, and with no waiters the idle clock
+// starts.
+func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
+	in.fails = 0
+	in.lastErr = nil
+	in.setStateLocked(Awake)
+	in.held -= att.waiters
+	in.inflight += att.waiters
+	att.handedOver = true
+	in.wg.Add(1)
+	go in.watch(life, in.lifeGen, in.awakeEnd)
+	if in.inflight == 0 && in.held == 0 {
+		// Waiters, if any, will acquire and release; with none the idle clock starts now.
+		in.armIdleLocked()
+	}
 }
 
 // watch notices a tenant that stops on its own while awake.
@@ -244,8 +298,10 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 		return // we put it to sleep ourselves
 	}
 	in.logger().Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
+	// Before the state changes: a wake after it must keep the connection its gate hands over.
+	in.dropUpstream()
 	in.lastSlp = ReasonExited
-	in.metrics.slept(in.route.Name, ReasonExited)
+	in.series.slept(ReasonExited)
 	in.setStateLocked(Asleep)
 }
 
@@ -257,13 +313,13 @@ func (in *instance) kick() {
 		return
 	}
 	if in.state == Asleep || (in.state == Failed && !in.now().Before(in.until)) {
-		in.beginWakeLocked("admin")
+		in.beginWakeLocked(triggerAdmin)
 	}
 }
 
 // wakeNow wakes the instance without a request (admin API) and waits for the result.
 func (in *instance) wakeNow(ctx context.Context) error {
-	release, err := in.acquire(ctx, "admin")
+	release, err := in.acquire(ctx, triggerAdmin)
 	if err != nil {
 		return err
 	}

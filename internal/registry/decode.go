@@ -72,11 +72,25 @@ const (
 	giB = 1 << 30
 )
 
-// sizeUnits maps each unit ParseByteSize accepts, as written (case matters), to its bytes.
-var sizeUnits = map[string]int64{
-	"": 1, "B": 1,
-	"KB": 1e3, "MB": 1e6, "GB": 1e9,
-	"KiB": kiB, "MiB": miB, "GiB": giB,
+// sizeUnit maps each unit ParseByteSize accepts, as written (case matters), to its bytes.
+func sizeUnit(unit string) (int64, bool) {
+	switch unit {
+	case "", "B":
+		return 1, true
+	case "KB":
+		return 1e3, true
+	case "MB":
+		return 1e6, true
+	case "GB":
+		return 1e9, true
+	case "KiB":
+		return kiB, true
+	case "MiB":
+		return miB, true
+	case "GiB":
+		return giB, true
+	}
+	return 0, false
 }
 
 var sizeRE = regexp.MustCompile(`^(-?)([0-9]+)(\.[0-9]*)?(?: ?([A-Za-z]+))?$`)
@@ -91,7 +105,7 @@ func ParseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size (e.g. 32KiB, 1MiB, 1048576)", s)
 	}
 	neg, digits, frac, unit := m[1] != "", m[2], m[3] != "", m[4]
-	mult, ok := sizeUnits[unit]
+	mult, ok := sizeUnit(unit)
 	switch {
 	case !ok:
 		return 0, fmt.Errorf("%q is not a size (e.g. 32KiB, 1MiB, 1048576)", s)

@@ -358,13 +358,14 @@ func (b *Backend) specLocked() (spec, error) {
 // "a.b" or "my-var"). Otherwise, or without /bin/sh, package shim does it.
 const shellShim = `export LISTEN_PID=$$; exec "$0" "$@"`
 
-// binSh is /bin/sh if it exists, else "".
-var binSh = sync.OnceValue(func() string {
+// binSh is /bin/sh if it exists, else "". It is asked at every spawn (one stat, about a microsecond),
+// not cached in a package variable.
+func binSh() string {
 	if fi, err := os.Stat("/bin/sh"); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
 		return "/bin/sh"
 	}
 	return ""
-})
+}
 
 // shellSafeEnv reports whether every name in env is a POSIX shell name ([A-Za-z_][A-Za-z0-9_]*), which a
 // shell passes on to what it execs.

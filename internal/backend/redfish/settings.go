@@ -22,11 +22,11 @@ const (
 	DefaultWatchInterval = 30 * time.Second
 )
 
-// DefaultResetOrder is the Reset types tried, in order, to power a node on.
-var DefaultResetOrder = []string{"On", "ForceOn", "PushPowerButton"}
+// DefaultResetOrder returns the Reset types tried, in order, to power a node on.
+func DefaultResetOrder() []string { return []string{"On", "ForceOn", "PushPowerButton"} }
 
-// powerOnResets are the Reset types reset_order may name: those that power an Off system on.
-var powerOnResets = []string{"On", "ForceOn", "PushPowerButton"}
+// powerOnReset reports whether reset_order may name rt: a Reset type that powers an Off system on.
+func powerOnReset(rt string) bool { return rt == "On" || rt == "ForceOn" || rt == "PushPowerButton" }
 
 // Auth modes.
 const (
@@ -168,11 +168,11 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 
 	// Reset order.
 	if len(s.ResetOrder) == 0 {
-		s.ResetOrder = slices.Clone(DefaultResetOrder)
+		s.ResetOrder = DefaultResetOrder()
 	}
 	for i, rt := range s.ResetOrder {
-		if !slices.Contains(powerOnResets, rt) {
-			bad(fmt.Sprintf("reset_order[%d]", i), "%q is not a power-on Reset type (one of: %s)", rt, strings.Join(powerOnResets, ", "))
+		if !powerOnReset(rt) {
+			bad(fmt.Sprintf("reset_order[%d]", i), "%q is not a power-on Reset type (one of: %s)", rt, strings.Join(DefaultResetOrder(), ", "))
 		} else if slices.Index(s.ResetOrder, rt) != i {
 			bad(fmt.Sprintf("reset_order[%d]", i), "%q listed twice", rt)
 		}

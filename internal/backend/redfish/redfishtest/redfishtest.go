@@ -40,9 +40,11 @@ const (
 	PoweringOff = "PoweringOff"
 )
 
-// DefaultResetTypes is what a system allows when its ResetTypes is empty: the list a typical BMC
+// DefaultResetTypes returns what a system allows when its ResetTypes is empty: the list a typical BMC
 // advertises in ResetType@Redfish.AllowableValues.
-var DefaultResetTypes = []string{"On", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRestart", "Nmi", "ForceOn", "PushPowerButton"}
+func DefaultResetTypes() []string {
+	return []string{"On", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRestart", "Nmi", "ForceOn", "PushPowerButton"}
+}
 
 const (
 	rootPath     = "/redfish/v1/"
@@ -177,7 +179,7 @@ func New(opts Options) (*Server, error) {
 			c.Name = c.ID
 		}
 		if len(c.ResetTypes) == 0 {
-			c.ResetTypes = DefaultResetTypes
+			c.ResetTypes = DefaultResetTypes()
 		}
 		if c.PowerState == "" {
 			c.PowerState = Off

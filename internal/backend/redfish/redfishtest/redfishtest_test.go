@@ -86,7 +86,7 @@ func TestGofishCannotTell(t *testing.T) {
 				t.Fatalf("systems = %+v", systems)
 			}
 			types, err := systems[0].GetSupportedResetTypes()
-			if err != nil || len(types) != len(DefaultResetTypes) {
+			if err != nil || len(types) != len(DefaultResetTypes()) {
 				t.Fatalf("reset types = %v, %v", types, err)
 			}
 			if _, err := systems[0].Reset(schemas.OnResetType); err != nil {

@@ -1,0 +1,142 @@
+package activator
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+)
+
+// namedOpener opens each route's own fake backend.
+type namedOpener map[string]*fakeBackend
+
+func (o namedOpener) Open(r *registry.Route) (tenant.Backend, error) { return o[r.Name], nil }
+
+// failingRoutes are FuzzAdmin's routes whose backing fails: a wake of "broken" fails (503), a sleep of
+// "stuck" fails (502). "app" never fails.
+var failingRoutes = map[string]bool{"broken": true, "stuck": true}
+
+// adminRouteRE is a path the admin API routes to a route by name, as chi matches it: on the raw path
+// when the URL has one.
+var adminRouteRE = regexp.MustCompile(`^/routes/([^/]+)(/wake|/sleep)?$`)
+
+// FuzzAdmin sends any request (method, target, header lines separated by "\n", body) that net/http
+// can parse to the admin API of a Server with three routes, asleep or (with awake) with "app" and
+// "stuck" awake. The handler must not panic; no answer is a 5xx but a 502 or 503 for a route whose
+// backing failed; an answer labelled JSON is valid JSON; and a request for a route by a name no route
+// has gets 404 with a JSON error naming it.
+func FuzzAdmin(f *testing.F) {
+	f.Fuzz(func(t *testing.T, awake bool, method, target, header string, body []byte) {
+		if len(method)+len(target)+len(header)+len(body) > 1024 {
+			t.Skip("longer than any input this needs, and slow to minimize")
+		}
+		req, err := fuzzRequest(method, target, header, body)
+		if err != nil {
+			t.Skip("not a request net/http would hand a handler")
+		}
+		reg := prometheus.NewRegistry()
+		s := New(Options{
+			Opener: namedOpener{
+				"app":    {},
+				"broken": {wakeErr: errors.New("exited with code 1")},
+				"stuck":  {sleepErr: errors.New("systemd: job failed")},
+			},
+			Logger:  slog.New(slog.DiscardHandler),
+			Metrics: NewMetrics(reg),
+			NewGate: func(*registry.Route) Gate { return passGate{} },
+		})
+		t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+		cfg := &registry.Config{}
+		for _, name := range []string{"app", "broken", "stuck"} {
+			cfg.Routes = append(cfg.Routes, testRoute(name))
+		}
+		if err := s.Apply(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if awake {
+			for _, name := range []string{"app", "stuck"} {
+				if err := s.Wake(context.Background(), name); err != nil {
+					t.Fatalf("wake %s: %v", name, err)
+				}
+			}
+		}
+
+		rec := httptest.NewRecorder()
+		s.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})).ServeHTTP(rec, req)
+		code, got := rec.Code, rec.Body.Bytes()
+		what := req.Method + " " + req.RequestURI
+
+		isJSON := strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json")
+		var answer struct {
+			Error  string
+			Status struct{ Route string }
+		}
+		if isJSON {
+			if err := json.Unmarshal(got, &answer); err != nil && !json.Valid(got) {
+				t.Fatalf("%s: %d answer labelled JSON is not: %v\n%s", what, code, err, got)
+			}
+		}
+		switch {
+		case code == http.StatusBadGateway || code == http.StatusServiceUnavailable:
+			if !failingRoutes[answer.Status.Route] {
+				t.Errorf("%s: %d, but no backing failed (route %q): %s", what, code, answer.Status.Route, got)
+			}
+		case code >= 500:
+			t.Errorf("%s: %d: %s", what, code, got)
+		}
+
+		path := req.URL.RawPath
+		if path == "" {
+			path = req.URL.Path
+		}
+		m := adminRouteRE.FindStringSubmatch(path)
+		if m == nil {
+			return
+		}
+		verb := http.MethodPost // wake and sleep
+		if m[2] == "" {
+			verb = http.MethodGet
+		}
+		if req.Method != verb {
+			return
+		}
+		if name := m[1]; s.instance(name) == nil {
+			want := "no such route: " + string([]rune(name)) // JSON writes each invalid byte as U+FFFD
+			if code != http.StatusNotFound || !isJSON || answer.Error != want {
+				t.Errorf("%s: %d %q, want 404 with error %q", what, code, got, want)
+			}
+		} else if code == http.StatusNotFound {
+			t.Errorf("%s: 404 for route %q, which exists: %s", what, name, got)
+		}
+	})
+}
+
+// fuzzRequest parses the request FuzzAdmin sends, as net/http's server would read it off the wire.
+func fuzzRequest(method, target, header string, body []byte) (*http.Request, error) {
+	var b strings.Builder
+	b.WriteString(method + " " + target + " HTTP/1.1\r\nHost: admin.test\r\n")
+	for line := range strings.SplitSeq(header, "\n") {
+		if line != "" {
+			b.WriteString(line + "\r\n")
+		}
+	}
+	if len(body) > 0 {
+		b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")
+	}
+	b.WriteString("\r\n")
+	b.Write(body)
+	return http.ReadRequest(bufio.NewReader(strings.NewReader(b.String())))
+}

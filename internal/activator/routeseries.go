@@ -1,0 +1,262 @@
+package activator
+
+// A route's metric series: created with the route's first instance, shared by the instances that
+// replace it on reloads, deleted by the last of them once it has retired. Whoever creates a series
+// deletes it.
+
+import (
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// The label values a route has a counter for from the start: activator_sleeps_total by reason and
+// activator_wakes_total by result.
+const (
+	numSleepReasons = 4
+	numWakeResults  = 2
+)
+
+func sleepReasons() [numSleepReasons]string {
+	return [...]string{ReasonIdle, ReasonAdmin, ReasonExited, ReasonReload}
+}
+
+func wakeResults() [numWakeResults]string { return [...]string{ResultOK, ResultFailed} }
+
+// routeMetrics are one route's series, shared by the route's instances (see Metrics.open).
+type routeMetrics struct {
+	m       *Metrics
+	route   string
+	countFn func(code int) // count, bound once
+
+	held          atomic.Int64
+	joined        atomic.Uint64
+	sleepFailures atomic.Uint64
+	sleeps        [numSleepReasons]atomic.Uint64
+	wakes         [numWakeResults]atomic.Uint64
+
+	codes   sync.Map                            // int -> prometheus.Counter: activator_requests_total by code
+	holdDur atomic.Pointer[prometheus.Observer] // activator_hold_duration_seconds, resolved at the first hold
+
+	holders []*instanceMetrics // guarded by routeSet.mu; in the order opened, the newest last
+
+	lazyMu sync.Mutex // guards the fields below; held while the route's series in the vectors are made or deleted
+	lazy   bool       // the route has series in the vectors: deleting its series looks for them
+	gone   bool       // the route's series were deleted: make no more
+}
+
+func newRouteMetrics(m *Metrics, route string) *routeMetrics {
+	rm := &routeMetrics{m: m, route: route}
+	rm.countFn = rm.count
+	return rm
+}
+
+// count counts a request answered with code. Each code's counter is resolved once, so the hot path
+// skips label hashing.
+func (rm *routeMetrics) count(code int) {
+	if c, ok := rm.codes.Load(code); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	rm.lazily(func() {
+		c := rm.m.requests.WithLabelValues(rm.route, strconv.Itoa(code))
+		rm.codes.Store(code, c)
+		c.Inc()
+	})
+}
+
+// lazily runs fn, which makes or updates the route's series in the histogram and request vectors,
+// unless the route's series were deleted (a request that a retired instance answered 503).
+func (rm *routeMetrics) lazily(fn func()) {
+	rm.lazyMu.Lock()
+	defer rm.lazyMu.Unlock()
+	if !rm.gone {
+		rm.lazy = true
+		fn()
+	}
+}
+
+// open gives a new instance of route its hold on the route's series, creating them (every counter and
+// gauge at 0) if the route has none yet. The instance is the route's newest, so its state is the one
+// exported from now on. The instance calls release exactly once, when it has retired or shut down; a
+// nil Metrics returns nil, which records nothing.
+func (m *Metrics) open(route string) *instanceMetrics {
+	if m == nil {
+		return nil
+	}
+	s := m.routes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rm := s.byName[route]
+	if rm == nil {
+		rm = newRouteMetrics(m, route)
+		s.byName[route] = rm
+	}
+	im := &instanceMetrics{rm: rm}
+	rm.holders = append(rm.holders, im)
+	return im
+}
+
+// release lets go of im's hold on its route's series; the last holder deletes them. While an older
+// instance still holds them (a changed route, then removed), its state is the one exported.
+func (m *Metrics) release(im *instanceMetrics) {
+	s := m.routes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rm := im.rm
+	if i := slices.Index(rm.holders, im); i >= 0 {
+		rm.holders = slices.Delete(rm.holders, i, i+1)
+	}
+	if len(rm.holders) > 0 {
+		return
+	}
+	delete(s.byName, rm.route)
+	rm.lazyMu.Lock()
+	defer rm.lazyMu.Unlock()
+	rm.gone = true
+	if rm.lazy {
+		l := prometheus.Labels{"route": rm.route}
+		m.wakeDuration.DeletePartialMatch(l)
+		m.phaseDuration.DeletePartialMatch(l)
+		m.holdDuration.DeletePartialMatch(l)
+		m.requests.DeletePartialMatch(l)
+	}
+}
+
+// routeSet is every live route's routeMetrics, and the Collector that exports their counters and
+// gauges. Between scrapes those are plain atomics, a word per series where a client_golang child costs
+// a few hundred bytes: a route has ten such series from the start, and a config may have 10,000
+// routes.
+type routeSet struct {
+	wakes, joined, held, state, sleeps, sleepFailures *prometheus.Desc
+	// The label pairs of the fixed label values, made once and shared, read-only, by every scrape.
+	routeLabel  string
+	statePairs  [Failed + 1]*dto.LabelPair
+	reasonPairs [numSleepReasons]*dto.LabelPair
+	resultPairs [numWakeResults]*dto.LabelPair
+
+	mu     sync.Mutex // guards byName and every routeMetrics' holders
+	byName map[string]*routeMetrics
+}
+
+func newRouteSet() *routeSet {
+	s := &routeSet{
+		wakes: prometheus.NewDesc("activator_wakes_total", "Wakes by result.",
+			[]string{"route", "result"}, nil),
+		joined: prometheus.NewDesc("activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.",
+			[]string{"route"}, nil),
+		held: prometheus.NewDesc("activator_held_requests", "Requests currently held while their route wakes.",
+			[]string{"route"}, nil),
+		state: prometheus.NewDesc("activator_instance_state", "1 for the state each route's instance is in; the other states have no series.",
+			[]string{"route", "state"}, nil),
+		sleeps: prometheus.NewDesc("activator_sleeps_total", "Times a route went to sleep, by reason (idle, admin, exited, reload).",
+			[]string{"route", "reason"}, nil),
+		sleepFailures: prometheus.NewDesc("activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.",
+			[]string{"route"}, nil),
+		routeLabel: "route",
+		byName:     map[string]*routeMetrics{},
+	}
+	for st := range s.statePairs {
+		s.statePairs[st] = labelPair("state", State(st).String())
+	}
+	for i, r := range sleepReasons() {
+		s.reasonPairs[i] = labelPair("reason", r)
+	}
+	for i, r := range wakeResults() {
+		s.resultPairs[i] = labelPair("result", r)
+	}
+	return s
+}
+
+func labelPair(name, value string) *dto.LabelPair { return &dto.LabelPair{Name: &name, Value: &value} }
+
+// Describe implements prometheus.Collector.
+func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{s.wakes, s.joined, s.held, s.state, s.sleeps, s.sleepFailures} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: every route's series, with the state of its newest
+// instance.
+func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
+	type row struct {
+		rm    *routeMetrics
+		state State
+	}
+	s.mu.Lock()
+	rows := make([]row, 0, len(s.byName))
+	for _, rm := range s.byName {
+		rows = append(rows, row{rm, State(rm.holders[len(rm.holders)-1].st.Load())})
+	}
+	s.mu.Unlock()
+	for _, r := range rows {
+		sc := s.scrape(r.rm, r.state)
+		for i := range sc.samples {
+			ch <- &sc.samples[i]
+		}
+	}
+}
+
+// numRouteSamples is how many series a route has in routeSet: state, held, joined, sleep failures,
+// sleeps by reason, wakes by result.
+const numRouteSamples = 4 + numSleepReasons + numWakeResults
+
+// routeScrape is one route's series in one scrape, made in one allocation.
+type routeScrape struct {
+	samples [numRouteSamples]routeSample
+	route   dto.LabelPair
+	labels  [2 * numRouteSamples]*dto.LabelPair // the samples' label lists, sorted by name
+}
+
+// scrape reads rm's series. Their label lists are sorted by name, as the registry requires: "reason"
+// and "result" sort before "route", "state" after it.
+func (s *routeSet) scrape(rm *routeMetrics, state State) *routeScrape {
+	sc := &routeScrape{}
+	sc.route.Name, sc.route.Value = &s.routeLabel, &rm.route
+	n := 0
+	add := func(d *prometheus.Desc, gauge bool, v float64, pairs ...*dto.LabelPair) {
+		i := n / 2
+		labels := sc.labels[n : n : n+2]
+		labels = append(labels, pairs...)
+		sc.samples[i] = routeSample{desc: d, labels: labels, gauge: gauge, value: v}
+		n += 2
+	}
+	add(s.state, true, 1, &sc.route, s.statePairs[state])
+	add(s.held, true, float64(rm.held.Load()), &sc.route)
+	add(s.joined, false, float64(rm.joined.Load()), &sc.route)
+	add(s.sleepFailures, false, float64(rm.sleepFailures.Load()), &sc.route)
+	for i := range rm.sleeps {
+		add(s.sleeps, false, float64(rm.sleeps[i].Load()), s.reasonPairs[i], &sc.route)
+	}
+	for i := range rm.wakes {
+		add(s.wakes, false, float64(rm.wakes[i].Load()), s.resultPairs[i], &sc.route)
+	}
+	return sc
+}
+
+// routeSample is one series of a route, as one scrape hands it to the registry.
+type routeSample struct {
+	desc   *prometheus.Desc
+	labels []*dto.LabelPair
+	gauge  bool
+	value  float64
+}
+
+// Desc implements prometheus.Metric.
+func (s *routeSample) Desc() *prometheus.Desc { return s.desc }
+
+// Write implements prometheus.Metric.
+func (s *routeSample) Write(m *dto.Metric) error {
+	m.Label = s.labels
+	if s.gauge {
+		m.Gauge = &dto.Gauge{Value: &s.value}
+	} else {
+		m.Counter = &dto.Counter{Value: &s.value}
+	}
+	return nil
+}
