@@ -32,7 +32,7 @@ Transfer/sec:     10.20MB
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := wrkResult{RPS: 75841.31, P50: 195, P99: 1450, Requests: 379215, Errors: 18}
+	want := wrkResult{RPS: 75841.31, P50: 195, P99: 1450, Requests: 379215, Errors: 18, Timeouts: 3}
 	if r != want {
 		t.Errorf("parseWrk = %+v, want %+v", r, want)
 	}

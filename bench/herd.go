@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -81,9 +82,9 @@ func runHerd(ctx context.Context, e *env) error {
 	runs := map[int][]HerdRow{}
 	for i := 0; i < e.opts.herdRuns; i++ {
 		for _, n := range e.opts.herd {
-			row, err := herdOnce(ctx, e, n, i+1)
+			row, err := herdOnce(ctx, e, herdSpec{n: n, run: i + 1})
 			if err != nil {
-				return fmt.Errorf("N=%d, run %d: %w", n, i+1, err)
+				return fmt.Errorf("%d requests, run %d: %w", n, i+1, err)
 			}
 			runs[n] = append(runs[n], row)
 			e.log.Info("herd", "n", n, "run", i+1, "answered", row.Answered, "spawns", row.Spawns, "release_ms", row.ReleaseMs, "kib_per_held", row.PerHeldKiB)
@@ -131,6 +132,7 @@ func medianHerd(rows []HerdRow) HerdRow {
 		out.Answered = min(out.Answered, r.Answered)
 		out.Released = min(out.Released, r.Released)
 		out.Failed = max(out.Failed, r.Failed)
+		out.Refused = max(out.Refused, r.Refused)
 		out.HeldMax = min(out.HeldMax, r.HeldMax)
 		if out.FirstFailure == "" {
 			out.FirstFailure = r.FirstFailure
@@ -139,9 +141,29 @@ func medianHerd(rows []HerdRow) HerdRow {
 	return out
 }
 
-func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
+// herdSpec is one herd: n concurrent GET /pid, run-th of its kind, each request with an X-Pad header
+// of pad bytes (none when 0).
+type herdSpec struct {
+	n, run, pad int
+}
+
+// header is the request header lines the herd adds to each GET /pid.
+func (h herdSpec) header() string {
+	if h.pad == 0 {
+		return ""
+	}
+	return "X-Pad: " + strings.Repeat("p", h.pad) + "\r\n"
+}
+
+// requestBytes is the size of one herd request (all of it header: GET has no body).
+func (h herdSpec) requestBytes() int {
+	return len("GET /pid HTTP/1.1\r\nHost: herd.localhost\r\n" + h.header() + "Connection: close\r\n\r\n")
+}
+
+func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
+	n := h.n
 	row := HerdRow{N: n}
-	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d-run%d", n, run))
+	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d-pad%d-run%d", n, h.pad, h.run))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return row, err
 	}
@@ -176,6 +198,8 @@ func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 		err   error
 	}
 	results := make([]result, n)
+	var finished atomic.Int64 // requests answered or failed before the release: refused at a cap
+	header := h.header()
 	var wg sync.WaitGroup
 	dialSem := make(chan struct{}, 256) // bounds connection setup, not the number held
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
@@ -190,12 +214,14 @@ func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 				results[i].err = rctx.Err()
 				return
 			}
-			r, err := herdRequest(rctx, act.edge, func() { <-dialSem })
+			r, err := herdRequest(rctx, act.edge, header, func() { <-dialSem })
 			results[i] = result{first: r.first, code: r.code, pid: strings.TrimSpace(string(r.body)), body: string(r.body), err: err}
+			finished.Add(1)
 		}()
 	}
 
-	// Wait until every request is held (bounded), then note the memory and release the tenant.
+	// Wait until every request is held or has been refused (bounded), then note the memory and release
+	// the tenant.
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		var st routeStatus
@@ -203,7 +229,7 @@ func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 			return row, err
 		}
 		row.HeldMax = max(row.HeldMax, st.Held)
-		if st.Held >= n || time.Now().After(deadline) || ctx.Err() != nil {
+		if st.Held+int(finished.Load()) >= n || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
 		select {
@@ -231,6 +257,9 @@ func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 	var firsts []float64
 	var lo, hi time.Time
 	for _, r := range results {
+		if r.code == 503 {
+			row.Refused++
+		}
 		if r.err != nil || r.code != 200 {
 			row.Failed++
 			if row.FirstFailure == "" {
@@ -269,8 +298,8 @@ func herdOnce(ctx context.Context, e *env, n, run int) (HerdRow, error) {
 	return row, nil
 }
 
-// herdRequest dials, writes GET /pid and calls written; then waits for the whole response.
-func herdRequest(ctx context.Context, addr string, written func()) (fbResult, error) {
+// herdRequest dials, writes GET /pid with header and calls written; then waits for the whole response.
+func herdRequest(ctx context.Context, addr, header string, written func()) (fbResult, error) {
 	var once sync.Once
 	done := func() { once.Do(written) }
 	defer done()
@@ -282,5 +311,5 @@ func herdRequest(ctx context.Context, addr string, written func()) (fbResult, er
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	return exchangeWith(c, "/pid", "herd.localhost", done)
+	return exchangeHeader(c, "/pid", "herd.localhost", header, done)
 }

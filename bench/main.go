@@ -39,6 +39,7 @@ type options struct {
 	guestRuns   int // alternating rounds of the guest and node wakes
 	herdRuns    int // herds per size, sizes alternating
 	nodes       int // Redfish fleet size
+	slowClients int // connections trickling request bodies in the slow-client experiment
 	pinned      bool
 	unpinned    bool
 	mdOut       string
@@ -63,17 +64,18 @@ func main() { os.Exit(run()) }
 func run() int {
 	var o options
 	var conns, only, herd string
-	flag.BoolVar(&o.quick, "quick", false, "a short run (about a minute): 1 run of 2 s, c16 only, herd of 1000, 1000 routes, 2 guest rounds")
+	flag.BoolVar(&o.quick, "quick", false, "a short run (about a minute): 1 run of 2 s, c16 only, herd of 1000, 1000 routes, 2 guest rounds, 200 slow clients")
 	flag.IntVar(&o.runs, "runs", 5, "alternating runs per warm-path measurement (the median and spread are reported)")
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "length of one wrk run")
 	flag.StringVar(&conns, "conns", "1,16,64", "wrk connection counts")
-	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,cold,unit,herd,scale,guest (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,unit,herd,heldmem,scale,guest (default all)")
 	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
 	flag.IntVar(&o.herdRuns, "herd-runs", 5, "herds per size (the sizes alternate); medians and spread are reported")
 	flag.IntVar(&o.guestRuns, "guest-runs", 7, "alternating rounds of the guest (QEMU) and node (Redfish) wakes")
 	flag.IntVar(&o.nodes, "nodes", 8, "nodes in the Redfish fleet (each its own route)")
+	flag.IntVar(&o.slowClients, "slow-clients", 1000, "connections trickling request bodies at 1 byte/s in the slow-client experiment")
 	flag.BoolVar(&o.pinned, "pinned", true, "measure with wrk on CPU 0 and the servers on CPU 1 (taskset)")
 	flag.BoolVar(&o.unpinned, "unpinned", true, "also measure unpinned (reported apart)")
 	flag.StringVar(&o.mdOut, "md", "bench/results/latest.md", "write the Markdown report here")
@@ -107,6 +109,9 @@ func run() int {
 		if !set["guest-runs"] {
 			o.guestRuns = 2
 		}
+		if !set["slow-clients"] {
+			o.slowClients = 200
+		}
 		if !set["unpinned"] {
 			o.unpinned = false
 		}
@@ -126,8 +131,8 @@ func run() int {
 			o.only[strings.TrimSpace(s)] = true
 		}
 	}
-	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.herdRuns < 1 || o.nodes < 2 {
-		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples, -herd-runs and -guest-runs must be at least 1, -nodes at least 2")
+	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.herdRuns < 1 || o.slowClients < 1 || o.nodes < 2 {
+		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples, -herd-runs, -guest-runs and -slow-clients must be at least 1, -nodes at least 2")
 		return 2
 	}
 
@@ -148,9 +153,11 @@ func run() int {
 	}
 	for _, x := range []experiment{
 		{"warm", runWarm},
+		{"slow", runSlow},
 		{"cold", runCold},
 		{"unit", runUnit},
 		{"herd", runHerd},
+		{"heldmem", runHeldMem},
 		{"scale", runScale},
 		{"guest", runGuest},
 	} {

@@ -45,6 +45,11 @@ func lookTool(name string) (string, bool) {
 }
 
 func startNginx(e *env, dir string, listen, app int, cpus string, workers int) (*proc, error) {
+	return startNginxWith(e, dir, listen, app, cpus, workers, "")
+}
+
+// startNginxWith is startNginx with extra directives (each line ending in ";") in the proxy location.
+func startNginxWith(e *env, dir string, listen, app int, cpus string, workers int, directives string) (*proc, error) {
 	for _, d := range []string{"logs", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
@@ -73,10 +78,10 @@ http {
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_set_header Host $host;
-    }
+%[5]s    }
   }
 }
-`, workers, dir, app, listen)
+`, workers, dir, app, listen, directives)
 	cfg := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return nil, err

@@ -24,11 +24,13 @@ type Report struct {
 	Targets    []Check        `json:"targets"`
 	Warm       []WarmRow      `json:"warm,omitempty"`
 	WarmRatios []RatioRow     `json:"warm_ratios,omitempty"`
+	Slow       []SlowRow      `json:"slow_clients,omitempty"`
 	Cold       []ColdRow      `json:"cold,omitempty"`
 	ColdExtra  []RatioRow     `json:"cold_vs_floor,omitempty"`
 	Unit       []UnitRow      `json:"unit,omitempty"`
 	UnitSleep  []UnitSleepRow `json:"unit_sleep_modes,omitempty"`
 	Herd       []HerdRow      `json:"herd,omitempty"`
+	HeldMem    []HeldMemRow   `json:"held_memory,omitempty"`
 	Scale      *ScaleRow      `json:"scale,omitempty"`
 	Guest      *GuestResult   `json:"guest,omitempty"`
 	Fleet      *FleetRow      `json:"redfish_fleet,omitempty"`
@@ -72,6 +74,53 @@ type RatioRow struct {
 	Conns int    `json:"conns"`
 	Name  string `json:"name"`
 	Value Stat   `json:"value"`
+}
+
+// SlowRow is one target of the slow-client experiment: wrk GETs on a route without and with slow
+// clients trickling request bodies to the same route. Latency in µs; ratios run by run.
+type SlowRow struct {
+	Mode       string `json:"mode"`
+	Target     string `json:"target"`
+	Config     string `json:"config"` // what the target was told about request bodies
+	Clients    int    `json:"slow_clients"`
+	RPS        Stat   `json:"rps_without"`
+	RPSSlow    Stat   `json:"rps_with"`
+	P50us      Stat   `json:"p50_us_without"`
+	P50usSlow  Stat   `json:"p50_us_with"`
+	P99us      Stat   `json:"p99_us_without"`
+	P99usSlow  Stat   `json:"p99_us_with"`
+	Ratio      Stat   `json:"p99_with_over_without"`
+	RPSRatio   Stat   `json:"rps_with_over_without"`
+	Errors     int64  `json:"errors_without"`
+	ErrorsSlow int64  `json:"errors_with"`
+	// Runs whose p99 is only a lower bound (wrk timeouts, or no answer in the run), with and without.
+	Bounded     int `json:"p99_lower_bound_runs_with"`
+	BoundedBase int `json:"p99_lower_bound_runs_without"`
+	// What became of the slow clients (the worst run): connected, still trickling when wrk ended,
+	// answered by the server, closed by it without an answer.
+	Connected   int    `json:"slow_connected"`
+	Open        int    `json:"slow_open_at_end"`
+	Answered    int    `json:"slow_answered"`
+	Dropped     int    `json:"slow_dropped"`
+	FirstAnswer string `json:"slow_first_answer,omitempty"`
+	DialError   string `json:"slow_dial_error,omitempty"`
+	Nofile      string `json:"nofile"` // the target's soft RLIMIT_NOFILE
+}
+
+// HeldMemRow is the activator's memory per held request for one herd size and kind of request.
+type HeldMemRow struct {
+	N            int    `json:"n"`
+	Kind         string `json:"kind"`          // small, header limit
+	RequestBytes int    `json:"request_bytes"` // one request (all header)
+	Runs         int    `json:"runs"`
+	Held         int    `json:"held"`        // worst run
+	Refused      int    `json:"refused_503"` // worst run: refused by a hold cap
+	Failed       int    `json:"failed"`      // worst run, refusals included
+	RSSIdleKiB   int64  `json:"rss_idle_kib"`
+	RSSHeldKiB   int64  `json:"rss_held_kib"`
+	PerHeldKiB   Stat   `json:"kib_per_held"`            // (all held − asleep) ÷ held
+	OverSmall    Stat   `json:"over_small"`              // PerHeldKiB ÷ the small requests', round by round
+	FirstFailure string `json:"first_failure,omitempty"` // refusals included
 }
 
 // ColdRow is one cold-wake mode: first-byte times and their breakdown, in milliseconds.
@@ -124,6 +173,7 @@ type HerdRow struct {
 	HeldMax      int     `json:"held_max"`
 	Answered     int     `json:"answered"`
 	Failed       int     `json:"failed"`
+	Refused      int     `json:"refused_503"` // of Failed, answered 503 (a hold cap) before the release
 	Spawns       int     `json:"spawns"`
 	WakeMs       float64 `json:"wake_ms"`
 	Runs         int     `json:"runs"`                // herds of this size; the numbers are medians over them
@@ -330,6 +380,34 @@ func (r *Report) markdown() string {
 		p("\n")
 	}
 
+	if len(r.Slow) > 0 {
+		s0 := r.Slow[0]
+		p("#### Slow clients: GETs on a route while %d clients trickle request bodies at 1 byte/s\n\n", s0.Clients)
+		p("Each slow client sends `POST /echo` with `Content-Length: %d`, then one body byte a second, from %s before wrk starts until it ends; then all are closed. wrk c16 measures `GET /` on the same route (%s, as in the warm path); *without* is the same run with no slow client. Runs alternate; ratios are taken run by run, then median (min–max). Latency in µs. A p99 marked ≥ is a lower bound: wrk leaves requests unanswered within its %s timeout out of its percentiles.\n\n",
+			slowBodyBytes, slowSettle, s0.Mode, wrkTimeout)
+		p("| target | config | req/s without | req/s with | p50 without | p50 with | p99 without | p99 with | **p99 with ÷ without** | req/s with ÷ without | errors without / with |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, s := range r.Slow {
+			ge := func(n int) string {
+				if n > 0 {
+					return "≥ "
+				}
+				return ""
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s%s | %s%s | %s%s | %s | %d / %d |\n", s.Target, s.Config, fmtK(s.RPS), fmtK(s.RPSSlow), fmtStat(s.P50us, 0), fmtStat(s.P50usSlow, 0),
+				ge(s.BoundedBase), fmtStat(s.P99us, 0), ge(s.Bounded), fmtStat(s.P99usSlow, 0), ge(s.Bounded), fmtStat(s.Ratio, 2), fmtStat(s.RPSRatio, 2), s.Errors, s.ErrorsSlow)
+		}
+		for _, s := range r.Slow {
+			p("\n- %s: slow clients connected %d of %d, still trickling when wrk ended %d, answered early %d, closed without an answer %d (worst run); nofile %s", s.Target, s.Connected, s.Clients, s.Open, s.Answered, s.Dropped, s.Nofile)
+			if s.FirstAnswer != "" {
+				p("; an answer: `%s`", s.FirstAnswer)
+			}
+			if s.DialError != "" {
+				p("; a failed connection: %s", s.DialError)
+			}
+		}
+		p("\n\n")
+	}
+
 	if len(r.Cold) > 0 {
 		p("#### Cold wake (first request to a sleeping route), milliseconds\n\n")
 		p("*first byte*: request written → first response byte. *app start*: the app's own main()→listening (GET /bound). *overhead* = first byte − app start. *spawn*: request written → the app's main(). *gate+proxy*: app listening → first byte. *app alone*: the same app exec'd by the harness itself in the same round, exec → listening (its start-up with nothing in front). *overhead vs alone* = first byte − app alone, round by round: the issue's \"first byte minus the app's own time from exec to listening\".\n\n")
@@ -389,6 +467,30 @@ func (r *Report) markdown() string {
 		for _, h := range r.Herd {
 			if h.FirstFailure != "" {
 				p("\n- N=%d, first failure: %s", h.N, h.FirstFailure)
+			}
+		}
+		p("\n\n")
+	}
+
+	if len(r.HeldMem) > 0 {
+		p("#### Held memory: small requests and requests at the header limit\n\n")
+		p("Herds as in the herd experiment, with the default config (held caps included): the tenant is held back until every request is held or refused. *per held request* = (activator RSS all held − asleep) ÷ requests held. *small*: `GET /pid`; *header limit*: the same with one `X-Pad` header, against `edge.max_header_bytes`' default %d KiB. The kinds alternate within each round; medians (min–max); held, refused and failed: the worst run.\n\n", headerLimit>>10)
+		p("| N | request | request size | runs | held | refused (503) | failed | RSS asleep | RSS all held | **KiB per held request** | per held ÷ request size | ÷ small, round by round |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, h := range r.HeldMem {
+			over := "–"
+			if h.OverSmall.valid() {
+				over = fmtStat(h.OverSmall, 1)
+			}
+			perByte := "–" // a small request's own size is not what its memory is made of
+			if h.RequestBytes >= 1<<10 && h.PerHeldKiB.valid() {
+				perByte = fmt.Sprintf("%.2f", h.PerHeldKiB.Median*1024/float64(h.RequestBytes))
+			}
+			p("| %d | %s | %.1f KiB | %d | %d | %d | %d | %.1f MiB | %.1f MiB | %s | %s | %s |\n", h.N, h.Kind, float64(h.RequestBytes)/1024, h.Runs, h.Held, h.Refused, h.Failed,
+				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, fmtStat(h.PerHeldKiB, 1), perByte, over)
+		}
+		for _, h := range r.HeldMem {
+			if h.FirstFailure != "" {
+				p("\n- N=%d, %s, first failure: %s", h.N, h.Kind, h.FirstFailure)
 			}
 		}
 		p("\n\n")

@@ -16,7 +16,12 @@ type wrkResult struct {
 	P50, P99 float64 // latency in microseconds
 	Requests int64
 	Errors   int64 // socket errors + non-2xx/3xx responses
+	Timeouts int64 // of Errors, requests that got no answer within wrkTimeout (not in the latencies)
 }
+
+// wrkTimeout is wrk's --timeout: a request unanswered for this long counts as a timeout error, and
+// its latency is left out of the percentiles.
+const wrkTimeout = 5 * time.Second
 
 // wrkRun is one load run: conns connections for dur against url, wrk pinned to cpus ("" = unpinned).
 type wrkRun struct {
@@ -31,7 +36,7 @@ type wrkRun struct {
 // run executes wrk, bounded by the run's duration plus a margin.
 func (w wrkRun) run(ctx context.Context, wrkPath string) (wrkResult, error) {
 	args := []string{wrkPath, "-t", strconv.Itoa(w.threads), "-c", strconv.Itoa(w.conns),
-		"-d", fmt.Sprintf("%ds", max(1, int(w.dur.Round(time.Second)/time.Second))), "--latency", "--timeout", "5s", w.url}
+		"-d", fmt.Sprintf("%ds", max(1, int(w.dur.Round(time.Second)/time.Second))), "--latency", "--timeout", fmt.Sprintf("%ds", int(wrkTimeout/time.Second)), w.url}
 	if w.host != "" {
 		args = append(args[:1], append([]string{"-H", "Host: " + w.host}, args[1:]...)...)
 	}
@@ -81,6 +86,9 @@ func parseWrk(out string) (wrkResult, error) {
 			for i := 2; i+1 < len(f); i += 2 {
 				n, _ := strconv.ParseInt(strings.TrimSuffix(f[i+1], ","), 10, 64)
 				r.Errors += n
+				if f[i] == "timeout" {
+					r.Timeouts = n
+				}
 			}
 		}
 	}

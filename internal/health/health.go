@@ -4,18 +4,17 @@
 package health
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/upstream"
 )
 
 // Probe pacing: a pause after each failed probe of 1/PaceDivisor of the time the gate has waited so
@@ -23,7 +22,7 @@ import (
 // listening thus costs at most about 0.5 % of its start-up (plus one FastPause): a tenant that listens
 // within milliseconds is released within a fraction of one, and one that takes seconds is probed a few
 // hundred times, not hammered. (A refused loopback connect costs microseconds.) Pauses below
-// preciseBelow are timed on the shared ticks (tick.go), longer ones on a time.Timer.
+// preciseBelow are timed on the gate's Pacer (tick.go) when it has one, longer ones on a time.Timer.
 const (
 	FastPause    = 200 * time.Microsecond
 	PaceDivisor  = 200
@@ -63,12 +62,21 @@ type Prober struct {
 	// keepReq is req without "Connection: close", for WaitConn, which hands the passing probe's
 	// connection on.
 	keepReq []byte
+	pacer   *Pacer // nil: every pause is on a time.Timer
 }
+
+// An Option adjusts a Prober built by New.
+type Option func(*Prober)
+
+// WithPacer times the gate's fast pauses on pc, which the caller owns: it closes pc once no gate
+// built with it waits any more. A nil pc is no Pacer. Without one, every pause is on a time.Timer,
+// which in an idle process fires up to a millisecond late (see Pacer).
+func WithPacer(pc *Pacer) Option { return func(p *Prober) { p.pacer = pc } }
 
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
 // built by hand rather than by the registry) take the registry's defaults: path "/", status 200-399,
 // a 2s timeout, a 1s interval, one pass.
-func New(u registry.Upstream, h registry.Health) *Prober {
+func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	if h.Path == "" {
 		h.Path = "/"
 	}
@@ -91,7 +99,11 @@ func New(u registry.Upstream, h registry.Health) *Prober {
 	// A probe measures a fresh connection (a pooled one may point at a process that is gone), so it
 	// asks the tenant to close it.
 	req := "GET " + h.Path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: activator-health\r\n"
-	return &Prober{cfg: h, up: u, req: []byte(req + "Connection: close\r\n\r\n"), keepReq: []byte(req + "\r\n")}
+	p := &Prober{cfg: h, up: u, req: []byte(req + "Connection: close\r\n\r\n"), keepReq: []byte(req + "\r\n")}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
 }
 
 // Probe makes one GET on a fresh connection within the configured timeout and returns nil when the
@@ -148,11 +160,15 @@ func ended(ctx context.Context) bool {
 // maxProbeBody is as much of a probe's answer as is read; a longer answer's connection is not kept.
 const maxProbeBody = 64 << 10
 
+// probe makes one probe. Its connection is an upstream.Conn and the exchange is the upstream pool's
+// own (Conn.Get), so a kept connection goes to the pool (Client.Adopt) with the reader that read the
+// answer, and the pool's checks of it are the probe's.
 func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
-	c, err := p.up.Dial(ctx)
+	nc, err := p.up.Dial(ctx)
 	if err != nil {
 		return nil, err
 	}
+	c := upstream.NewConn(nc)
 	kept := false
 	defer func() {
 		if !kept {
@@ -167,17 +183,8 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 	if keep {
 		req = p.keepReq
 	}
-	if _, err := c.Write(req); err != nil {
-		return nil, err
-	}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(c)
-	defer func() { br.Reset(nil); readers.Put(br) }()
-	resp, err := http.ReadResponse(br, nil)
-	// Informational answers (100 Continue, 103 Early Hints) come before the real one.
-	for i := 0; err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols && i < 8; i++ {
-		resp, err = http.ReadResponse(br, nil)
-	}
+	// Informational answers (100 Continue, 103 Early Hints) before the real one are passed over.
+	resp, err := c.Get(req)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +195,7 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 	}
 	// Keep the connection only when it is clean: the answer read whole, nothing after it, the tenant
 	// willing to keep it, and ctx's deadline not fired on it (stop reports whether it was).
-	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && br.Buffered() == 0 && stop() {
+	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && c.Clean() && stop() {
 		if c.SetDeadline(time.Time{}) == nil {
 			kept = true
 			return c, nil
@@ -197,14 +204,12 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 	return nil, nil
 }
 
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
-
 // Wait probes at once, then after pauses that grow with the time waited (nextPause: FastPause at first,
 // up to the interval), until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
 // or ctx ends (*GateError). A probe in flight when gone closes is cut short, so ErrGone comes promptly
 // even while a probe waits on an upstream that hangs; a probe that passes before Wait sees gone closed
-// still counts. A nil gone never closes. Wait starts no goroutine that outlives it, except the shared
-// ticks' (tick.go), which ends within a FastPause of the last gate leaving them.
+// still counts. A nil gone never closes. Wait starts no goroutine that outlives it (the Pacer's
+// belongs to the Pacer).
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	_, err := p.wait(ctx, gone, false)
 	return err
@@ -243,12 +248,12 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 			}
 		})
 	}
-	// The fast phase pauses on the shared precise ticks when there are any (tick.go); a gate joins
-	// them at its first pause, so one whose first probe passes costs nothing.
+	// The fast phase pauses on the Pacer's ticks when there are any (tick.go); a gate joins them at
+	// its first pause, so one whose first probe passes costs nothing.
 	var precise, joined bool
 	defer func() {
 		if precise {
-			fastTicks.leave()
+			p.pacer.leave()
 		}
 	}()
 	gateErr := func() (net.Conn, error) {
@@ -298,17 +303,18 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		pause := nextPause(time.Since(start), p.cfg.Interval)
 		if pause < preciseBelow && !joined {
 			joined = true
-			precise = fastTicks.join()
+			precise = p.pacer.join()
 		} else if pause >= preciseBelow && precise {
-			fastTicks.leave()
+			p.pacer.leave()
 			precise = false
 		}
 		if precise {
 			// As many ticks as make the pause (the first may come early: the ticks are shared).
-			for range (pause + FastPause/2) / FastPause {
-				tick := fastTicks.tick()
+			n := int((pause + FastPause/2) / FastPause)
+			for ; n > 0; n-- {
+				tick := p.pacer.tick()
 				if tick == nil {
-					break // the ticks stopped (their source failed); the rest of the pause is skipped
+					break
 				}
 				select {
 				case <-gone:
@@ -318,7 +324,13 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 				case <-tick:
 				}
 			}
-			continue
+			if n == 0 {
+				continue
+			}
+			// The ticks stopped (the Pacer closed or its source failed): this pause and the
+			// rest are on the timer.
+			p.pacer.leave()
+			precise = false
 		}
 		if timer == nil {
 			timer = time.NewTimer(pause)

@@ -45,6 +45,19 @@ func cfg(mod func(*registry.Health)) registry.Health {
 	return h
 }
 
+// newGate is health.New with a Pacer of the test's own, closed at cleanup (TestMain's goleak check
+// sees that its goroutine was joined).
+func newGate(t *testing.T, up registry.Upstream, h registry.Health) *health.Prober {
+	t.Helper()
+	pc := health.NewPacer()
+	t.Cleanup(func() {
+		if err := pc.Close(); err != nil {
+			t.Errorf("Pacer.Close() = %v", err)
+		}
+	})
+	return health.New(up, h, health.WithPacer(pc))
+}
+
 // tcpServer serves h on a loopback TCP port.
 func tcpServer(t *testing.T, h http.HandlerFunc) registry.Upstream {
 	t.Helper()
@@ -170,7 +183,7 @@ func TestProbeStatus(t *testing.T) {
 			}
 			mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { elsewhere.Add(1) })
 			up := tcpServer(t, mux.ServeHTTP)
-			p := health.New(up, cfg(func(h *registry.Health) { h.MinStatus, h.MaxStatus = tt.min, tt.max }))
+			p := newGate(t, up, cfg(func(h *registry.Health) { h.MinStatus, h.MaxStatus = tt.min, tt.max }))
 			err := p.Probe(t.Context())
 			switch {
 			case tt.wantErr == "" && err != nil:
@@ -193,7 +206,7 @@ func TestProbeRequest(t *testing.T) {
 		default:
 		}
 	})
-	if err := health.New(up, cfg(nil)).Probe(t.Context()); err != nil {
+	if err := newGate(t, up, cfg(nil)).Probe(t.Context()); err != nil {
 		t.Fatalf("Probe() = %v", err)
 	}
 	r := <-got
@@ -220,7 +233,7 @@ func TestProbeUnixSocket(t *testing.T) {
 				host.Store(r.Host)
 				status(tt.code)(w, r)
 			})
-			err := health.New(up, cfg(nil)).Probe(t.Context())
+			err := newGate(t, up, cfg(nil)).Probe(t.Context())
 			if (err != nil) != tt.wantErr {
 				t.Errorf("Probe() over unix:%s = %v, want error: %v", up.Address, err, tt.wantErr)
 			}
@@ -232,7 +245,7 @@ func TestProbeUnixSocket(t *testing.T) {
 }
 
 func TestProbeRefused(t *testing.T) {
-	err := health.New(testenv.FreeTCP(t), cfg(nil)).Probe(t.Context())
+	err := newGate(t, testenv.FreeTCP(t), cfg(nil)).Probe(t.Context())
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("Probe() against a closed port = %v, want ECONNREFUSED", err)
 	}
@@ -243,7 +256,7 @@ func TestProbeRefused(t *testing.T) {
 
 func TestProbeTimeout(t *testing.T) {
 	up, accepted := hanging(t)
-	p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = 50 * time.Millisecond }))
+	p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = 50 * time.Millisecond }))
 	err := p.Probe(t.Context())
 	var te interface{ Timeout() bool }
 	if !errors.As(err, &te) || !te.Timeout() {
@@ -260,7 +273,7 @@ func TestProbeCallerContext(t *testing.T) {
 	up, _ := hanging(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	err := health.New(up, cfg(nil)).Probe(ctx)
+	err := newGate(t, up, cfg(nil)).Probe(ctx)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Probe(canceled ctx) = %v, want context.Canceled", err)
 	}
@@ -278,20 +291,56 @@ func TestWaitConsecutivePasses(t *testing.T) {
 		{name: "a failure resets the count", passes: 2, codes: []int{500, 200, 500, 200, 200}, wantHits: 5},
 		{name: "three in a row", passes: 3, codes: []int{200, 200, 500, 200, 200, 500, 200, 200, 200}, wantHits: 9},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var hits atomic.Int64
-			up := tcpServer(t, sequence(&hits, tt.codes...))
-			p := health.New(up, cfg(func(h *registry.Health) { h.Passes = tt.passes }))
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a bound, not an expectation
-			defer cancel()
-			if err := p.Wait(ctx, nil); err != nil {
-				t.Fatalf("Wait() = %v, want nil", err)
+	gates := map[string]func(*testing.T, registry.Upstream, registry.Health) *health.Prober{
+		"pacer": newGate,
+		"timers": func(_ *testing.T, up registry.Upstream, h registry.Health) *health.Prober {
+			return health.New(up, h) // no Pacer: every pause on a time.Timer
+		},
+	}
+	for pacing, gate := range gates {
+		for _, tt := range tests {
+			t.Run(pacing+"/"+tt.name, func(t *testing.T) {
+				var hits atomic.Int64
+				up := tcpServer(t, sequence(&hits, tt.codes...))
+				p := gate(t, up, cfg(func(h *registry.Health) { h.Passes = tt.passes }))
+				ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a bound, not an expectation
+				defer cancel()
+				if err := p.Wait(ctx, nil); err != nil {
+					t.Fatalf("Wait() = %v, want nil", err)
+				}
+				if got := hits.Load(); got != tt.wantHits {
+					t.Errorf("gate passed after %d probes, want %d", got, tt.wantHits)
+				}
+			})
+		}
+	}
+}
+
+// TestWaitPacerClosed: a Pacer closed while a gate paces its fast phase on it leaves the gate
+// probing on timers, and the gate still passes once the tenant turns healthy.
+func TestWaitPacerClosed(t *testing.T) {
+	const closeAt, healthyAt = 3, 10
+	pc := health.NewPacer()
+	var hits atomic.Int64
+	up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch n := hits.Add(1); {
+		case n == closeAt:
+			if err := pc.Close(); err != nil {
+				t.Errorf("Pacer.Close() = %v", err)
 			}
-			if got := hits.Load(); got != tt.wantHits {
-				t.Errorf("gate passed after %d probes, want %d", got, tt.wantHits)
-			}
-		})
+			fallthrough
+		case n < healthyAt:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	p := health.New(up, cfg(nil), health.WithPacer(pc))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a bound, not an expectation
+	defer cancel()
+	if err := p.Wait(ctx, nil); err != nil {
+		t.Fatalf("Wait() = %v, want nil", err)
+	}
+	if got := hits.Load(); got != healthyAt {
+		t.Errorf("gate passed after %d probes, want %d", got, healthyAt)
 	}
 }
 
@@ -311,7 +360,7 @@ func TestWaitAlternating(t *testing.T) {
 			w.WriteHeader(http.StatusInternalServerError)
 		}
 	})
-	p := health.New(up, cfg(func(h *registry.Health) { h.Passes = 2 }))
+	p := newGate(t, up, cfg(func(h *registry.Health) { h.Passes = 2 }))
 	err := p.Wait(ctx, nil)
 	var ge *health.GateError
 	if !errors.As(err, &ge) {
@@ -335,7 +384,7 @@ func TestWaitSlowTenant(t *testing.T) {
 	codes = append(codes, http.StatusOK)
 	var hits atomic.Int64
 	up := tcpServer(t, sequence(&hits, codes...))
-	p := health.New(up, cfg(func(h *registry.Health) { h.Interval = 4 * time.Millisecond }))
+	p := newGate(t, up, cfg(func(h *registry.Health) { h.Interval = 4 * time.Millisecond }))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := p.Wait(ctx, nil); err != nil {
@@ -384,7 +433,7 @@ func TestWaitGone(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
-		p := health.New(up, cfg(func(h *registry.Health) { h.Interval = time.Hour }))
+		p := newGate(t, up, cfg(func(h *registry.Health) { h.Interval = time.Hour }))
 		gone := make(chan struct{})
 		res := waitResult(t, p, gone) // no deadline: only gone can end this
 		for range 3 {
@@ -399,7 +448,7 @@ func TestWaitGone(t *testing.T) {
 	t.Run("closed during a probe that hangs", func(t *testing.T) {
 		up, accepted := hanging(t)
 		// The probe timeout and the ctx are far out of reach: only cutting the probe short returns.
-		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
 		gone := make(chan struct{})
 		res := waitResult(t, p, gone)
 		<-accepted
@@ -412,7 +461,7 @@ func TestWaitGone(t *testing.T) {
 	t.Run("already closed", func(t *testing.T) {
 		gone := make(chan struct{})
 		close(gone)
-		err := health.New(testenv.FreeTCP(t), cfg(nil)).Wait(context.Background(), gone)
+		err := newGate(t, testenv.FreeTCP(t), cfg(nil)).Wait(context.Background(), gone)
 		if !errors.Is(err, health.ErrGone) {
 			t.Errorf("Wait() = %v, want ErrGone", err)
 		}
@@ -423,7 +472,7 @@ func TestWaitGateError(t *testing.T) {
 	t.Run("refused until the budget ends", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		defer cancel()
-		err := health.New(testenv.FreeTCP(t), cfg(nil)).Wait(ctx, make(chan struct{}))
+		err := newGate(t, testenv.FreeTCP(t), cfg(nil)).Wait(ctx, make(chan struct{}))
 		var ge *health.GateError
 		if !errors.As(err, &ge) {
 			t.Fatalf("Wait() = %v, want *GateError", err)
@@ -452,7 +501,7 @@ func TestWaitGateError(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
-		err := health.New(up, cfg(nil)).Wait(ctx, nil)
+		err := newGate(t, up, cfg(nil)).Wait(ctx, nil)
 		var ge *health.GateError
 		if !errors.As(err, &ge) || ge.Last == nil || !strings.Contains(ge.Last.Error(), "status 503") {
 			t.Errorf("Wait() = %v, want *GateError whose last probe saw status 503", err)
@@ -471,7 +520,7 @@ func TestWaitGateError(t *testing.T) {
 			cancel()             // the second probe is in flight: end the wait now
 			<-r.Context().Done() // and hang until the probe gives up
 		})
-		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
 		err := p.Wait(ctx, nil)
 		var ge *health.GateError
 		if !errors.As(err, &ge) {
@@ -493,7 +542,7 @@ func TestWaitGateError(t *testing.T) {
 	// passed but it is not done (until a minute on, so a regression fails rather than hangs).
 	t.Run("deadline passed but ctx not yet done", func(t *testing.T) {
 		up := tcpServer(t, status(http.StatusServiceUnavailable))
-		p := health.New(up, cfg(nil))
+		p := newGate(t, up, cfg(nil))
 		done, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 		ctx := &lateCtx{Context: done}
@@ -514,7 +563,7 @@ func TestWaitGateError(t *testing.T) {
 
 	t.Run("budget ends during the only probe", func(t *testing.T) {
 		up, _ := hanging(t)
-		p := health.New(up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
+		p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = time.Hour }))
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
 		err := p.Wait(ctx, nil)
@@ -542,7 +591,7 @@ func TestNewDefaults(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if err := health.New(up, registry.Health{}).Wait(ctx, nil); err != nil {
+	if err := newGate(t, up, registry.Health{}).Wait(ctx, nil); err != nil {
 		t.Fatalf("Wait() with a zero Health = %v, want nil", err)
 	}
 	if p, _ := path.Load().(string); p != "/" {
@@ -592,7 +641,7 @@ func (s *connServer) requests() []string {
 func TestWaitConn(t *testing.T) {
 	t.Run("kept alive", func(t *testing.T) {
 		s := newConnServer(t, status(200))
-		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		c, err := newGate(t, s.up, cfg(nil)).WaitConn(t.Context(), nil)
 		if err != nil || c == nil {
 			t.Fatalf("WaitConn() = %v, %v; want a connection", c, err)
 		}
@@ -611,21 +660,21 @@ func TestWaitConn(t *testing.T) {
 	})
 	t.Run("tenant closes", func(t *testing.T) {
 		s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Connection", "close") })
-		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		c, err := newGate(t, s.up, cfg(nil)).WaitConn(t.Context(), nil)
 		if err != nil || c != nil {
 			t.Fatalf("WaitConn() = %v, %v; want a pass and no connection", c, err)
 		}
 	})
 	t.Run("answer longer than read", func(t *testing.T) {
 		s := newConnServer(t, func(w http.ResponseWriter, r *http.Request) { w.Write(make([]byte, 100<<10)) })
-		c, err := health.New(s.up, cfg(nil)).WaitConn(t.Context(), nil)
+		c, err := newGate(t, s.up, cfg(nil)).WaitConn(t.Context(), nil)
 		if err != nil || c != nil {
 			t.Fatalf("WaitConn() = %v, %v; want a pass and no connection", c, err)
 		}
 	})
 	t.Run("two passes", func(t *testing.T) {
 		s := newConnServer(t, status(200))
-		c, err := health.New(s.up, cfg(func(h *registry.Health) { h.Passes = 2 })).WaitConn(t.Context(), nil)
+		c, err := newGate(t, s.up, cfg(func(h *registry.Health) { h.Passes = 2 })).WaitConn(t.Context(), nil)
 		if err != nil || c == nil {
 			t.Fatalf("WaitConn() = %v, %v; want a connection", c, err)
 		}

@@ -1,4 +1,4 @@
-package main
+package upstream
 
 import (
 	"bufio"
@@ -7,8 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"net/textproto"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +22,9 @@ import (
 	"github.com/activator/activator/internal/demoapp"
 )
 
-// These tests drive the activator's proxy (internal/activator/table.go) end to end: a real edge in
-// front of a real upstream server on loopback. They cover the fast keep-alive path for bodyless
-// GET/HEAD/OPTIONS and the fallback to http.Transport for everything else.
+// These tests drive a Client end to end: an edge (an http.Server serving Client.Serve) in front of a
+// real upstream server on loopback. They cover the fast keep-alive path for bodyless GET/HEAD/OPTIONS
+// and the ReverseProxy for everything else.
 
 // countingListener counts accepted connections and can close them all (a tenant dropping its
 // keep-alive connections).
@@ -54,14 +56,41 @@ func (l *countingListener) closeConns() {
 	l.conns = nil
 }
 
-func newUpstream(t *testing.T, h http.Handler) (string, *countingListener) {
+// serve runs srv on ln until the test ends.
+func serve(t *testing.T, srv *http.Server, ln net.Listener) {
+	t.Helper()
+	srv.ErrorLog = quietLog()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+}
+
+func listen(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &countingListener{Listener: ln}
-	return startEdgeFor(t, cl, h), cl
+	return ln
+}
+
+// newUpstream starts an upstream serving h and an edge serving a Client for it, and returns the
+// edge's address, the upstream's listener and the Client.
+func newUpstream(t *testing.T, h http.Handler) (string, *countingListener, *Client) {
+	t.Helper()
+	up := &countingListener{Listener: listen(t)}
+	serve(t, &http.Server{Handler: h}, up)
+	c := New(Options{Network: "tcp", Address: up.Addr().String(), MaxConns: 64, ErrorHandler: failed})
+	t.Cleanup(c.CloseIdle)
+	edge := listen(t)
+	serve(t, &http.Server{Handler: http.HandlerFunc(c.Serve)}, edge)
+	return edge.Addr().String(), up, c
 }
 
 func edgeClient(t *testing.T) *http.Client {
@@ -88,10 +117,10 @@ func get(t *testing.T, c *http.Client, method, url string) (*http.Response, stri
 	return resp, string(b)
 }
 
-func TestProxyKeepAliveReuse(t *testing.T) {
-	edge, up := newUpstream(t, demoapp.Handler(0, 0))
+func TestKeepAliveReuse(t *testing.T) {
+	edge, up, _ := newUpstream(t, demoapp.Handler(0, 0))
 	c := edgeClient(t)
-	get(t, c, http.MethodGet, "http://"+edge+"/") // wakes the route: the health gate has its own connection
+	get(t, c, http.MethodGet, "http://"+edge+"/") // dials the one connection the rest reuse
 	base := up.n.Load()
 	for i := 0; i < 200; i++ {
 		resp, body := get(t, c, http.MethodGet, "http://"+edge+"/")
@@ -112,11 +141,8 @@ func TestProxyKeepAliveReuse(t *testing.T) {
 	}
 }
 
-func TestProxyHeadersChunkedTrailers(t *testing.T) {
-	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" { // the activator's health gate
-			return
-		}
+func TestHeadersChunkedTrailers(t *testing.T) {
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Forwarded-For") == "" || r.Host != "127.0.0.1" && !strings.HasPrefix(r.Host, "127.0.0.1:") {
 			http.Error(w, fmt.Sprintf("bad forwarding: host %q xff %q", r.Host, r.Header.Get("X-Forwarded-For")), 500)
 			return
@@ -140,9 +166,9 @@ func TestProxyHeadersChunkedTrailers(t *testing.T) {
 }
 
 // A tenant that closes its keep-alive connections (it restarted, or its idle timeout is short) must
-// not fail the next request: the proxy retries once on a new connection.
-func TestProxyStaleConnectionRetried(t *testing.T) {
-	edge, up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// not fail the next request: the client retries once on a new connection.
+func TestStaleConnectionRetried(t *testing.T) {
+	edge, up, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	}))
 	c := edgeClient(t)
@@ -172,8 +198,8 @@ func TestProxyStaleConnectionRetried(t *testing.T) {
 	}
 }
 
-func TestProxyEarlyHints(t *testing.T) {
-	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func TestEarlyHints(t *testing.T) {
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
@@ -196,9 +222,39 @@ func TestProxyEarlyHints(t *testing.T) {
 	}
 }
 
-// Requests with bodies and protocol upgrades take the fallback transport.
-func TestProxyFallback(t *testing.T) {
-	edge, _ := newUpstream(t, demoapp.Handler(0, 0))
+// TestInformationalHopByHop: the fast path drops a 1xx answer's hop-by-hop fields, as it does the
+// final answer's (RFC 9110 7.6.1; the ReverseProxy passes them on, golang/go#81319).
+func TestInformationalHopByHop(t *testing.T) {
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Link", "</style.css>; rel=preload")
+		h.Set("Connection", "X-Nominated")
+		h.Set("X-Nominated", "1")
+		h.Set("Keep-Alive", "timeout=5")
+		w.WriteHeader(http.StatusEarlyHints)
+		clear(h)
+		io.WriteString(w, "final")
+	}))
+	var got []textproto.MIMEHeader
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+		got = append(got, h)
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodGet, "http://"+edge+"/", nil)
+	resp, err := edgeClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	want := textproto.MIMEHeader{"Link": {"</style.css>; rel=preload"}}
+	if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+		t.Errorf("1xx answers %v, want one with %v alone", got, want)
+	}
+}
+
+// Requests with bodies and protocol upgrades take the ReverseProxy.
+func TestFallback(t *testing.T) {
+	edge, _, _ := newUpstream(t, demoapp.Handler(0, 0))
 	c := edgeClient(t)
 	resp, err := c.Post("http://"+edge+"/echo", "text/plain", strings.NewReader("ping body"))
 	if err != nil {
@@ -229,11 +285,11 @@ func TestProxyFallback(t *testing.T) {
 	}
 }
 
-// A client that goes away mid-stream ends the upstream request too (the proxy does not drain an
+// A client that goes away mid-stream ends the upstream request too (the client does not drain an
 // endless body), and the route keeps working.
-func TestProxyClientCancelMidStream(t *testing.T) {
+func TestClientCancelMidStream(t *testing.T) {
 	ended := make(chan struct{}, 1)
-	edge, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/stream" {
 			fmt.Fprintln(w, "ok")
 			return
@@ -277,8 +333,34 @@ func TestProxyClientCancelMidStream(t *testing.T) {
 	}
 }
 
-func TestProxyConcurrent(t *testing.T) {
-	edge, _ := newUpstream(t, demoapp.Handler(0, 0))
+// TestStreamHeadFlushed: an event stream's head reaches the client before its first event, as
+// through the ReverseProxy.
+func TestStreamHeadFlushed(t *testing.T) {
+	first := make(chan struct{})
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush()
+		select {
+		case <-first:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: 1\n\n")
+	}))
+	resp, err := edgeClient(t).Get("http://" + edge + "/")
+	close(first) // only once the head has arrived: Get returns with it
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "data: 1\n\n" {
+		t.Errorf("got %d %q", resp.StatusCode, b)
+	}
+}
+
+func TestConcurrent(t *testing.T) {
+	edge, _, _ := newUpstream(t, demoapp.Handler(0, 0))
 	c := edgeClient(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
@@ -309,5 +391,77 @@ func TestProxyConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestUpstreamDown: a refused upstream goes to the ErrorHandler, on both paths, and nothing else
+// is written.
+func TestUpstreamDown(t *testing.T) {
+	var mu sync.Mutex
+	var errs []error
+	c := New(Options{Network: "tcp", Address: "127.0.0.1:1", MaxConns: 4, // nothing listens on port 1
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			w.WriteHeader(599)
+		}})
+	for _, r := range []*http.Request{
+		httptest.NewRequest(http.MethodGet, "http://app.test/", nil),
+		httptest.NewRequest(http.MethodPost, "http://app.test/", strings.NewReader("x")),
+	} {
+		w := httptest.NewRecorder()
+		c.Serve(w, r)
+		if w.Code != 599 || w.Body.Len() != 0 {
+			t.Errorf("%s: answered %d %q, want the ErrorHandler's 599 alone", r.Method, w.Code, w.Body)
+		}
+	}
+	if len(errs) != 2 {
+		t.Errorf("ErrorHandler saw %v, want one error per request", errs)
+	}
+}
+
+func TestForwardable(t *testing.T) {
+	for _, tc := range []struct {
+		r    *http.Request
+		want bool
+	}{
+		{httptest.NewRequest(http.MethodGet, "http://app.test/", nil), true},
+		{httptest.NewRequest(http.MethodHead, "http://app.test/", nil), true},
+		{httptest.NewRequest(http.MethodOptions, "http://app.test/", nil), true},
+		{httptest.NewRequest(http.MethodPost, "http://app.test/", strings.NewReader("x")), false},
+		{httptest.NewRequest(http.MethodGet, "http://app.test/", strings.NewReader("x")), false},
+		{withHeader(httptest.NewRequest(http.MethodGet, "http://app.test/ws", nil), "Upgrade", "websocket"), false},
+		{withHeader(httptest.NewRequest(http.MethodGet, "http://app.test/", nil), "Expect", "100-continue"), false},
+		{httptest.NewRequest(http.MethodGet, "http://[fe80::1%25eth0]:8080/", nil), false},
+		{httptest.NewRequest(http.MethodGet, "http://[::1]:8080/", nil), true},
+	} {
+		if got := forwardable(tc.r); got != tc.want {
+			t.Errorf("forwardable(%s %s, header %v) = %v, want %v", tc.r.Method, tc.r.URL, tc.r.Header, got, tc.want)
+		}
+	}
+}
+
+func withHeader(r *http.Request, k, v string) *http.Request {
+	r.Header.Set(k, v)
+	return r
+}
+
+func TestFlushEach(t *testing.T) {
+	for _, tc := range []struct {
+		ct     string
+		length int64
+		want   bool
+	}{
+		{"text/event-stream", 100, true},
+		{"Text/Event-Stream; charset=utf-8", 100, true},
+		{"text/plain", 100, false},
+		{"text/plain", -1, true}, // unknown length: stream it
+		{"", 0, false},
+	} {
+		resp := &http.Response{Header: http.Header{"Content-Type": {tc.ct}}, ContentLength: tc.length}
+		if got := flushEach(resp); got != tc.want {
+			t.Errorf("flushEach(%q, length %d) = %v, want %v", tc.ct, tc.length, got, tc.want)
+		}
 	}
 }

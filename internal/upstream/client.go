@@ -1,0 +1,146 @@
+// Package upstream owns the HTTP/1.1 client from the edge to one tenant: a pool of kept-alive
+// connections with a fast path that writes requests and reads answers in the calling goroutine, the
+// httputil.ReverseProxy (on a plain http.Transport) that carries every other request, and the
+// exchange the health probe makes on a connection the pool can adopt (Conn).
+//
+// Both paths send the upstream the same request and the client the same answer; TestEquivalence
+// and FuzzForwardMatchesReverseProxy hold them to it. The upstream sees the original Host, the method,
+// and the request-target as the client sent it (in origin-form, also for one that came in
+// absolute-form); the client's header without hop-by-hop fields (RFC 9110 7.6.1: Connection and
+// those it lists, Keep-Alive, Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE except
+// "trailers", Trailer, Transfer-Encoding, Upgrade) and without any Forwarded or X-Forwarded-* the
+// client sent; then X-Forwarded-For (the client's address), X-Forwarded-Host and X-Forwarded-Proto.
+// The client sees 1xx answers passed on, hop-by-hop fields dropped from the answer, trailers announced
+// and passed on, the head of an event stream or a body of unknown length at once and each chunk as it
+// comes, and a failed body copy aborting its connection.
+//
+// The query is passed byte for byte, on both paths: the edge never interprets it, so it does not
+// rewrite it either (nginx and HAProxy pass it raw too), and a tenant that accepts "a=1;b=2" or a
+// stray "%zz" gets what its client sent. The ReverseProxy on its own drops such parameters; the
+// Rewrite here puts the raw query back.
+//
+// Two differences remain, both in informational answers: the fast path drops their hop-by-hop fields
+// too, where the ReverseProxy passes them on (golang/go#81319), and it takes at most 10 before the
+// answer, where the ReverseProxy takes any number.
+//
+// The package writes no error answers: every failure, on either path, goes to Options.ErrorHandler.
+package upstream
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"time"
+)
+
+// Options configure a Client.
+type Options struct {
+	Network string // "tcp" or "unix"
+	Address string // host:port, or the socket's path
+	// MaxConns caps the connections open to the upstream at once, idle or busy, on each path.
+	MaxConns int
+	// ErrorHandler answers a request whose upstream exchange failed before the answer's head was
+	// passed on (dial refused, connection reset, no answer); r's context may have ended. Nil answers
+	// 502 with no body.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// Client is the edge's client to one upstream. It is safe for concurrent use. Its connections live
+// until CloseIdle (the idle ones) or until they have been idle for 90 s.
+type Client struct {
+	pool      *pool
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
+	onError   func(http.ResponseWriter, *http.Request, error)
+}
+
+// New returns a Client for the upstream; it dials nothing until the first request.
+func New(opts Options) *Client {
+	onError := opts.ErrorHandler
+	if onError == nil {
+		onError = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
+	}
+	p := newPool(opts.Network, opts.Address, opts.MaxConns)
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, opts.Network, opts.Address)
+		},
+		MaxIdleConns:          opts.MaxConns,
+		MaxIdleConnsPerHost:   opts.MaxConns,
+		MaxConnsPerHost:       opts.MaxConns,
+		IdleConnTimeout:       p.idleTimeout,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	return &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, onError), onError: onError}
+}
+
+// newReverseProxy builds the proxy for the requests the fast path does not carry, with Rewrite (not
+// the deprecated Director): the upstream's address, the client's path and query as it sent them (see
+// the package doc), X-Forwarded-* and the original Host.
+func newReverseProxy(host string, tr http.RoundTripper, onError func(http.ResponseWriter, *http.Request, error)) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// Not SetURL: joining the target's empty path to the client's turns "*" into "/*".
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", host
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery // ReverseProxy dropped what it could not parse
+			pr.SetXForwarded()
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:    tr,
+		BufferPool:   buffers,
+		ErrorHandler: onError,
+	}
+}
+
+// Serve proxies r to the upstream: on the fast path when r is a GET, HEAD or OPTIONS without a body,
+// an Upgrade or an Expect (nearly all traffic), else through the ReverseProxy.
+func (c *Client) Serve(w http.ResponseWriter, r *http.Request) {
+	if forwardable(r) {
+		c.forward(w, r)
+		return
+	}
+	c.proxy.ServeHTTP(w, r)
+}
+
+// Adopt takes conn, an open connection to the upstream on which nothing is pending (the health
+// gate's last probe), into the fast path's idle connections, or closes it when the pool is full or
+// conn holds unread bytes. A *Conn keeps its buffers. It counts as reused: should the tenant have
+// closed it meanwhile, the request that takes it is retried on a new connection.
+func (c *Client) Adopt(conn net.Conn) {
+	uc, ok := conn.(*Conn)
+	if !ok {
+		uc = NewConn(conn)
+	}
+	c.pool.adopt(uc)
+}
+
+// CloseIdle closes every idle connection to the upstream, on both paths, and stops the pool's
+// reaper: for a tenant that has gone to sleep or died, whose connections would otherwise linger until
+// their idle timeout. Requests in flight are not touched; the Client stays usable, and a later request
+// dials anew.
+func (c *Client) CloseIdle() {
+	c.pool.closeIdle()
+	c.transport.CloseIdleConnections()
+}
+
+// bufferPool lends both paths their 32 KiB copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v := b.p.Get(); v != nil {
+		return *(v.(*[]byte))
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
+// buffers is shared by every Client: a sync.Pool is safe for concurrent use, and a buffer one route
+// returns serves the next request of any other.
+var buffers = &bufferPool{}

@@ -1,0 +1,277 @@
+package upstream
+
+// The fast path for the requests that make up nearly all proxied traffic, without
+// httputil.ReverseProxy.
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// forwardable: requests forward can carry. GET, HEAD and OPTIONS without a body, an Upgrade (protocol
+// switch) or Expect (100-continue handshake), to a plain Host.
+func forwardable(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+	default:
+		return false
+	}
+	return (r.Body == nil || r.Body == http.NoBody) && r.ContentLength == 0 && len(r.TransferEncoding) == 0 &&
+		r.Header.Get("Upgrade") == "" && r.Header.Get("Expect") == "" && plainHost(r.Host)
+}
+
+// plainHost reports whether h is a host[:port] that net/http's Request.Write sends unchanged: ASCII
+// letters, digits and "-._:[]". Any other (an IPv6 zone, a name to punycode, a byte Request.Write
+// would blank the field for, as the host of an absolute-form URI may hold) goes to the ReverseProxy,
+// whose Request.Write decides.
+func plainHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		switch c := h[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '-', c == '.', c == '_', c == ':', c == '[', c == ']':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// forward proxies r (forwardable) over the pool's connections. It does what the ReverseProxy does
+// (see the package doc), minus its per-request work: the outgoing request is written straight from
+// the incoming one, with no clone of it or of its header map, no header sorting and no Rewrite
+// closure; the answer's header is moved, not copied; the Content-Type is only parsed when it could be
+// an event stream.
+func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
+	got1xx := func(code int, h http.Header) error {
+		wh := w.Header()
+		removeHopByHop(h)
+		for k, vv := range h {
+			wh[k] = vv
+		}
+		w.WriteHeader(code)
+		clear(wh)
+		return nil
+	}
+	resp, err := c.pool.do(r, got1xx)
+	if err != nil {
+		c.onError(w, r, err)
+		return
+	}
+	writeAnswer(w, resp)
+}
+
+// writeAnswer passes resp on to the client: the header without hop-by-hop fields, the body (for an
+// event stream or a body of unknown length, the head at once and each chunk as it comes) and the
+// trailers, announced ones as
+// trailers, others with http.TrailerPrefix. A failed body copy aborts the client's connection, as the
+// ReverseProxy does: the client must not take a cut body for a whole one.
+func writeAnswer(w http.ResponseWriter, resp *http.Response) {
+	removeHopByHop(resp.Header)
+	wh := w.Header()
+	for k, vv := range resp.Header {
+		wh[k] = vv
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		wh.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	var fl http.Flusher
+	if flushEach(resp) {
+		// As the ReverseProxy: a stream's head goes out at once, not with its first event.
+		if fl, _ = w.(http.Flusher); fl != nil {
+			fl.Flush()
+		}
+	}
+	if err := copyBody(w, resp, fl); err != nil {
+		resp.Body.Close()
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close() // fills resp.Trailer
+	if len(resp.Trailer) == 0 {
+		return
+	}
+	// Trailers force a chunked answer (net/http would otherwise add a Content-Length).
+	_ = http.NewResponseController(w).Flush()
+	if len(resp.Trailer) == announced {
+		for k, vv := range resp.Trailer {
+			wh[k] = append(wh[k], vv...) // after a header field of the same name, as the ReverseProxy
+		}
+		return
+	}
+	for k, vv := range resp.Trailer {
+		for _, v := range vv {
+			wh.Add(http.TrailerPrefix+k, v)
+		}
+	}
+}
+
+// writeHead writes r's request line and header for the upstream (see the package doc); host stands
+// in for a missing Host. Write errors stick in bw and surface when it is flushed.
+func writeHead(bw *bufio.Writer, r *http.Request, host string) {
+	if r.Host != "" {
+		host = r.Host
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(r.URL.RequestURI())
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	connection := r.Header["Connection"]
+	for k, vv := range r.Header {
+		// Content-Length: the request has no body (forwardable), so there is nothing to declare;
+		// net/http's Request.Write drops a GET's "Content-Length: 0" too.
+		if hopByHop(k) || forwardedField(k) || k == "Content-Length" || (len(connection) > 0 && hasToken(connection, k)) {
+			continue
+		}
+		if k == "User-Agent" {
+			// As Request.Write: the first value alone, and none when it is empty.
+			if vv = vv[:1]; vv[0] == "" {
+				continue
+			}
+		}
+		for _, v := range vv {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	if hasToken(r.Header["Te"], "trailers") {
+		bw.WriteString("Te: trailers\r\n")
+	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		bw.WriteString("X-Forwarded-For: ")
+		bw.WriteString(ip)
+		bw.WriteString("\r\n")
+	}
+	bw.WriteString("X-Forwarded-Host: ")
+	bw.WriteString(r.Host)
+	if r.TLS == nil {
+		bw.WriteString("\r\nX-Forwarded-Proto: http\r\n\r\n")
+	} else {
+		bw.WriteString("\r\nX-Forwarded-Proto: https\r\n\r\n")
+	}
+}
+
+// hopByHop reports the header fields that describe one connection, not the message (canonical keys).
+func hopByHop(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// forwardedField reports the fields the edge sets itself; a client's own are dropped, as the
+// ReverseProxy's Rewrite mode does.
+func forwardedField(k string) bool {
+	switch k {
+	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return true
+	}
+	return false
+}
+
+// hasToken reports whether the comma-separated field values hold token, in any ASCII case. Tokens
+// are trimmed and compared as the ReverseProxy does (textproto.TrimString, no Unicode folding): a
+// field it keeps is kept here too.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if asciiEqualFold(textproto.TrimString(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// asciiEqualFold is strings.EqualFold for ASCII letters only.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		ca, cb := a[i], b[i]
+		if 'A' <= ca && ca <= 'Z' {
+			ca += 'a' - 'A'
+		}
+		if 'A' <= cb && cb <= 'Z' {
+			cb += 'a' - 'A'
+		}
+		if ca != cb {
+			return false
+		}
+	}
+	return true
+}
+
+// removeHopByHop deletes an answer's hop-by-hop fields and those its Connection field lists, as the
+// ReverseProxy does.
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				delete(h, http.CanonicalHeaderKey(sf))
+			}
+		}
+	}
+	for k := range h {
+		if hopByHop(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// flushEach reports whether each chunk of the answer's body is flushed to the client as it comes: an
+// event stream, or a body of unknown length (as the ReverseProxy decides).
+func flushEach(resp *http.Response) bool {
+	if resp.ContentLength == -1 {
+		return true
+	}
+	ct := resp.Header.Get("Content-Type")
+	if len(ct) < len("text/event-stream") {
+		return false
+	}
+	base, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(base), "text/event-stream")
+}
+
+// copyBody copies the answer's body to the client with a pooled buffer, flushing after each write
+// when fl is not nil. It returns the first error of either side.
+func copyBody(w http.ResponseWriter, resp *http.Response, fl http.Flusher) error {
+	if resp.Body == http.NoBody {
+		return nil
+	}
+	buf := buffers.Get()
+	defer buffers.Put(buf)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return rerr
+		}
+	}
+}
