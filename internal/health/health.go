@@ -1,6 +1,7 @@
 // Package health owns probing a tenant's upstream: one HTTP GET per probe, and the gate that waits for
 // N consecutive passes, probing every FastPause at first, so a fast tenant is released within a
-// fraction of a millisecond of listening while a slow one is not hammered.
+// fraction of a millisecond of listening while a slow one is not hammered. A health path the tenant
+// keeps refusing with the same client error fails the gate at once (ErrWrongPath).
 package health
 
 import (
@@ -10,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -54,6 +57,11 @@ func (e *GateError) Error() string {
 
 func (e *GateError) Unwrap() error { return e.Err }
 
+// ErrWrongPath is wrapped by the error Wait returns when the tenant answered FailFastAfter probes in a
+// row with the same client error (see refusal): it is up and answering, and the gate would only wait
+// out its budget. The error's text names the path and the status.
+var ErrWrongPath = errors.New("the tenant is up but this path is wrong (set health.path)")
+
 // Prober probes one upstream. It is safe for concurrent use.
 type Prober struct {
 	cfg registry.Health
@@ -75,7 +83,8 @@ func WithPacer(pc *Pacer) Option { return func(p *Prober) { p.pacer = pc } }
 
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
 // built by hand rather than by the registry) take the registry's defaults: path "/", status 200-399,
-// a 2s timeout, a 1s interval, one pass.
+// a 2s timeout, a 1s interval, one pass; but a zero FailFastAfter is not defaulted: it turns the
+// fail-fast rule off.
 func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	if h.Path == "" {
 		h.Path = "/"
@@ -191,7 +200,7 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 	n, rerr := io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody+1))
 	resp.Body.Close()
 	if resp.StatusCode < p.cfg.MinStatus || resp.StatusCode > p.cfg.MaxStatus {
-		return nil, fmt.Errorf("status %d, want %d-%d", resp.StatusCode, p.cfg.MinStatus, p.cfg.MaxStatus)
+		return nil, &statusError{code: resp.StatusCode, min: p.cfg.MinStatus, max: p.cfg.MaxStatus}
 	}
 	// Keep the connection only when it is clean: the answer read whole, nothing after it, the tenant
 	// willing to keep it, and ctx's deadline not fired on it (stop reports whether it was).
@@ -205,11 +214,12 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 }
 
 // Wait probes at once, then after pauses that grow with the time waited (nextPause: FastPause at first,
-// up to the interval), until the configured number of consecutive probes pass (nil), gone is closed (ErrGone),
-// or ctx ends (*GateError). A probe in flight when gone closes is cut short, so ErrGone comes promptly
-// even while a probe waits on an upstream that hangs; a probe that passes before Wait sees gone closed
-// still counts. A nil gone never closes. Wait starts no goroutine that outlives it (the Pacer's
-// belongs to the Pacer).
+// up to the interval), until the configured number of consecutive probes pass (nil), gone is closed
+// (ErrGone), FailFastAfter consecutive probes are refused with the same client error (an error
+// wrapping ErrWrongPath; see refusal), or ctx ends (*GateError). A probe in flight when gone closes is
+// cut short, so ErrGone comes promptly even while a probe waits on an upstream that hangs; a probe
+// that passes before Wait sees gone closed still counts. A nil gone never closes. Wait starts no
+// goroutine that outlives it (the Pacer's belongs to the Pacer).
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	_, err := p.wait(ctx, gone, false)
 	return err
@@ -231,6 +241,9 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		probes int
 		last   error
 		timer  *time.Timer
+		// refused is the client error the last refusals probes in a row were answered with (see
+		// refusal); 0 after any other result.
+		refused, refusals int
 	)
 	// Probes run on pctx, which also ends when gone closes.
 	pctx, cancel := context.WithCancel(ctx)
@@ -277,6 +290,18 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 				return nil, ErrGone
 			}
 		default:
+		}
+		switch code := p.refusal(err); {
+		case code == 0:
+			refused, refusals = 0, 0
+		case code == refused:
+			refusals++
+		default:
+			refused, refusals = code, 1
+		}
+		if p.cfg.FailFastAfter > 0 && refusals >= p.cfg.FailFastAfter {
+			// Checked before ctx: an answer that came as the budget ended still says more.
+			return nil, p.wrongPath(refused, refusals)
 		}
 		if err != nil && ended(ctx) {
 			// ctx ended during this probe: the previous probe's result says more than "deadline
@@ -346,4 +371,36 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		case <-timer.C:
 		}
 	}
+}
+
+// statusError is a probe answered with a status outside the accepted range.
+type statusError struct{ code, min, max int }
+
+func (e *statusError) Error() string { return fmt.Sprintf("status %d, want %d-%d", e.code, e.min, e.max) }
+
+// refusal returns the status of a probe that failed on a client error that asking again will not
+// change: a 4xx outside the accepted range other than 408 Request Timeout, 425 Too Early and 429 Too
+// Many Requests. It returns 0 for a pass and for any other failure.
+func (p *Prober) refusal(err error) int {
+	var se *statusError
+	if !errors.As(err, &se) {
+		return 0
+	}
+	switch code := se.code; {
+	case code < 400 || code > 499, code >= p.cfg.MinStatus && code <= p.cfg.MaxStatus:
+		return 0
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests:
+		return 0
+	default:
+		return code
+	}
+}
+
+// wrongPath is the error that ends a gate whose last n probes were all refused with code.
+func (p *Prober) wrongPath(code, n int) error {
+	status := strconv.Itoa(code)
+	if text := http.StatusText(code); text != "" {
+		status += " " + text
+	}
+	return fmt.Errorf("health check GET %s answered %s %d times in a row: %w", p.cfg.Path, status, n, ErrWrongPath)
 }
