@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -194,6 +196,38 @@ func DecodeStrict(node *yaml.Node, v any) error {
 }
 
 var lineRE = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+var anchorRE = regexp.MustCompile(`unknown anchor '([^']*)' referenced`)
+
+// syntaxLine finds the line of a YAML syntax error that names none. The YAML library omits "line N"
+// for an error on the first line, and its reader (control characters, bad UTF-8) and alias errors
+// carry no position at all, so those are found in data itself; anything else is on line 1.
+func syntaxLine(data []byte, msg string) int {
+	lineOf := func(off int) int { return 1 + bytes.Count(data[:off], []byte{'\n'}) }
+	switch {
+	case strings.Contains(msg, "control characters"):
+		for i, c := range data {
+			if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f {
+				return lineOf(i)
+			}
+		}
+	case strings.Contains(msg, "UTF-8"), strings.Contains(msg, "Unicode"):
+		for i := 0; i < len(data); {
+			r, n := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return lineOf(i)
+			}
+			i += n
+		}
+	default:
+		if m := anchorRE.FindStringSubmatch(msg); m != nil {
+			if i := bytes.Index(data, []byte("*"+m[1])); i >= 0 {
+				return lineOf(i)
+			}
+		}
+	}
+	return 1
+}
 
 // yamlErrors turns a yaml.v3 decode error into *Errors carrying line numbers.
 func yamlErrors(err error) []error {

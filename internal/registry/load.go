@@ -130,6 +130,11 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		l := errs{list: yamlErrors(err)}
+		for _, e := range l.list {
+			if re := e.(*Error); re.Line == 0 {
+				re.Line = syntaxLine(data, re.Err.Error())
+			}
+		}
 		return nil, l.err()
 	}
 	// A problem in the top-level keys does not stop the routes from being checked: the operator gets

@@ -965,3 +965,32 @@ func TestByteSizeString(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadSyntaxErrorsNameALine: the YAML library names no line for an error on the first line, nor
+// for bad bytes or an unknown alias anywhere; Load still reports one (found by FuzzLoad).
+func TestLoadSyntaxErrorsNameALine(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		line     int
+	}{
+		{"unterminated quote on line 1", `"`, 1},
+		{"mapping value on line 1", "a: b: c", 1},
+		{"tab on line 1", "\t", 1},
+		{"bad UTF-8 on line 3", "routes:\n  - name: a\n    hosts: [\xff]\n", 3},
+		{"control character on line 3", "routes:\n  - name: a\n    hosts: [a\x01.localhost]\n", 3},
+		{"unknown alias on line 2", "a: &x\nb: *y", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := registry.Load([]byte(tc.in), nil)
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			for _, e := range registry.Errors(err) {
+				var re *registry.Error
+				if !errors.As(e, &re) || re.Line != tc.line {
+					t.Errorf("%v: want line %d", e, tc.line)
+				}
+			}
+		})
+	}
+}
