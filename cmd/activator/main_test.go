@@ -170,18 +170,13 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		t.Fatal(err)
 	}
 	h := &harness{
-		t:     t,
-		rec:   rec,
-		log:   log,
-		bk:    bk,
-		pacer: pacer,
-		srv:   srv,
-		edge: &http.Server{
-			Handler:           srv,
-			ReadHeaderTimeout: 10 * time.Second,
-			Protocols:         edgeProtocols(),
-			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		},
+		t:        t,
+		rec:      rec,
+		log:      log,
+		bk:       bk,
+		pacer:    pacer,
+		srv:      srv,
+		edge:     newEdgeServer(srv, cfg.Edge, log),
 		edgeAddr: ln.Addr().String(),
 		admin:    httptest.NewServer(srv.AdminHandler(nil)),
 		client: &http.Client{Transport: &http.Transport{
@@ -192,7 +187,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		served: make(chan error, 1),
 		cancel: cancel,
 	}
-	go func() { h.served <- serveHTTP(h.edge, ln) }()
+	go func() { h.served <- serveHTTP(h.edge, activator.Listener(ln)) }()
 	t.Cleanup(func() {
 		h.shutdown()
 		if t.Failed() {

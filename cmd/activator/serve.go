@@ -130,16 +130,9 @@ func serve(o serveOptions) int {
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
-	edge := &http.Server{
-		// No router in front of the activator, which routes by Host and path prefix itself: one would
-		// decide nothing and cost every held request a route context and a deeper parked stack.
-		Handler:           srv,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
-		Protocols:         edgeProtocols(),
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	edge := newEdgeServer(srv, cfg.Edge, log)
+	door := watchEdge(edge, edgeLn) // lets the shutdown stop accepting before it stops the edge
+	edgeLn = door
 	adminHandler := srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	if o.pprof {
 		mux := http.NewServeMux()
@@ -158,10 +151,12 @@ func serve(o serveOptions) int {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveHTTP(edge, edgeLn) })
+	g.Go(func() error { return serveHTTP(edge, activator.Listener(edgeLn)) })
 	g.Go(func() error { return serveHTTP(admin, adminLn) })
 	g.Go(func() error { return watchdog(gctx) })
-	g.Go(func() error { return reloader(gctx, log, o, bk, srv) })
+	applied := &graceTracker{srv: srv}
+	applied.grace.Store(int64(cfg.ShutdownGrace))
+	g.Go(func() error { return reloader(gctx, log, o, bk, applied) })
 	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes))
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
@@ -171,21 +166,10 @@ func serve(o serveOptions) int {
 	}
 
 	<-gctx.Done()
-	log.Info("shutting down")
+	grace := time.Duration(applied.grace.Load())
+	log.Info("shutting down", "shutdown_grace", grace)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// The edge first: in-flight responses finish, then no new requests arrive.
-	if err := edge.Shutdown(sctx); err != nil {
-		log.Warn("edge shutdown", "err", err)
-	}
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("route shutdown", "err", err)
-	}
-	if err := bk.provider.Close(); err != nil {
-		log.Warn("backing shutdown", "err", err)
-	}
-	_ = admin.Shutdown(sctx)
+	shutdown(log, grace, door, edge, admin, srv, bk.provider)
 	stop()
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("activator stopped", "err", err)
@@ -198,6 +182,50 @@ func serve(o serveOptions) int {
 // (10,000 routes) peaks at several times the heap the routes keep, and the runtime would otherwise hold
 // on to it for minutes; a one-off forced GC after a load costs a few milliseconds.
 func releaseLoadGarbage() { debug.FreeOSMemory() }
+
+// newEdgeServer is the edge's http.Server, with the client limits of e. They are read once: a reload
+// that changes edge.header_timeout, keepalive_timeout or max_header_bytes takes effect at the next
+// start (the body and hold limits are the Server's, and follow reloads).
+//
+// There is deliberately no ReadTimeout: it would bound a whole upload, however steadily it arrives,
+// and an unbuffered body is read only once its request has left a hold that can last minutes. The
+// body's own limit is edge.body_timeout, per read, buffered or streamed (internal/activator).
+func newEdgeServer(h http.Handler, e registry.EdgeLimits, log *slog.Logger) *http.Server {
+	return &http.Server{
+		// No router in front of the activator, which routes by Host and path prefix itself: one would
+		// decide nothing and cost every held request a route context and a deeper parked stack.
+		Handler:           h,
+		ReadHeaderTimeout: e.HeaderTimeout,
+		IdleTimeout:       e.KeepAliveTimeout,
+		MaxHeaderBytes:    edgeMaxHeaderBytes(e.MaxHeaderBytes),
+		Protocols:         edgeProtocols(),
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnContext:       activator.ConnContext, // with activator.Listener: how each request was framed
+	}
+}
+
+// What net/http's HTTP/1 server reads of a request beyond its MaxHeaderBytes before it answers 431:
+// 4 KiB of "bufio slop" (initialReadLimitSize), plus, on a new connection, the 14 bytes it peeks at
+// to tell an h2c preface ("PRI * HTTP/2.0") from HTTP/1, which the limit does not count.
+const (
+	goHeaderSlack = 4096
+	h2cPeek       = len("PRI * HTTP/2.0")
+)
+
+// edgeMaxHeaderBytes is the http.Server.MaxHeaderBytes that makes edge.max_header_bytes the
+// effective limit on a new connection: a request line and header of n bytes pass and n+1 get 431.
+// On a kept-alive one, net/http lets up to 4 KiB more through: it does not count what it had
+// already buffered of the request while waiting for it. The activator measures each parsed request
+// against n as well (internal/activator), which holds the limit there, and below 4 KiB + 15 bytes,
+// where net/http's floor of 1 stops this one. HTTP/2 counts a header list as its fields plus 32
+// bytes each, against MaxHeaderBytes plus 320: stricter still. n 0 (hand-built configs) is
+// net/http's default, 1 MiB.
+func edgeMaxHeaderBytes(n int64) int {
+	if n <= 0 {
+		return 0
+	}
+	return int(max(n-goHeaderSlack-int64(h2cPeek), 1))
+}
 
 func serveHTTP(s *http.Server, ln net.Listener) error {
 	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -268,7 +296,7 @@ func watchdog(ctx context.Context) error {
 // reloader reloads on SIGHUP and when the config file changes (see reloadLoop for how bursts of
 // triggers coalesce). A bad new config is rejected with all its errors logged and the old one stays in
 // force.
-func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv *activator.Server) error {
+func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier) error {
 	if o.configPath == "" {
 		<-ctx.Done()
 		return nil

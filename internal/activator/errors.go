@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/activator/activator/internal/bodybuf"
 )
 
 // Sentinels callers branch on.
@@ -22,7 +24,23 @@ var (
 	ErrUnknownHost = errors.New("no route for this host")
 	// ErrClosed: the route is shutting down (activator shutdown or route removed).
 	ErrClosed = errors.New("route is shutting down")
+	// ErrEdgeFull: the requests held across all routes are at edge.max_held, or keep edge.max_held_bytes;
+	// the wrapping error names which.
+	ErrEdgeFull = errors.New("the edge holds as many requests as it may")
+	// ErrUpstreamBusy: the request waited for one of the route's max_upstream_conns slots for what was
+	// left of its hold.max_time.
+	ErrUpstreamBusy = errors.New("timed out waiting for a connection to the route's upstream")
+	// ErrHeaderTooLarge: the request line and header are longer than edge.max_header_bytes.
+	ErrHeaderTooLarge = errors.New("request header too large")
+	// ErrBodyRead: the client's request body could not be read (malformed, or the client left).
+	ErrBodyRead = errors.New("cannot read the request body")
+	// ErrBodyBuffer: the request body could not be buffered (its spill file failed: a full or
+	// unwritable edge.body_buffer_dir).
+	ErrBodyBuffer = errors.New("cannot buffer the request body")
 )
+
+// Request-body limits answer with bodybuf's sentinels: bodybuf.ErrTooLarge (413) and
+// bodybuf.ErrIdle (408), from the buffered read and from a streamed body alike.
 
 // WakeError is a failed wake as held requests see it: the phase it died in and why.
 type WakeError struct {
@@ -52,7 +70,8 @@ func (e *BackoffError) Error() string {
 
 func (e *BackoffError) Unwrap() error { return e.Last }
 
-// UpstreamError is a proxy failure after the route was awake (connection refused, reset).
+// UpstreamError is a proxy failure after the route was awake (connection refused, reset). Its Error
+// is the whole text, for the log; the client reads only the failure's class (upstreamCause).
 type UpstreamError struct {
 	Route string
 	Err   error
@@ -88,8 +107,25 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		se *SleepError
 	)
 	switch {
+	case errors.Is(err, ErrMethod):
+		return http.StatusNotImplemented, 0
+	case errors.Is(err, ErrTarget):
+		return http.StatusBadRequest, 0
 	case errors.Is(err, ErrUnknownHost):
 		return http.StatusNotFound, 0
+	case errors.Is(err, ErrHeaderTooLarge):
+		return http.StatusRequestHeaderFieldsTooLarge, 0
+	// The body's errors come first: a streamed body fails inside the proxy, as an UpstreamError.
+	case errors.Is(err, bodybuf.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, 0
+	case errors.Is(err, bodybuf.ErrIdle):
+		return http.StatusRequestTimeout, 0
+	case errors.Is(err, ErrBodyRead):
+		return http.StatusBadRequest, 0
+	case errors.Is(err, ErrBodyBuffer):
+		return http.StatusInternalServerError, 0
+	case errors.Is(err, ErrEdgeFull), errors.Is(err, ErrUpstreamBusy):
+		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, ErrHoldTimeout):
 		return http.StatusGatewayTimeout, 0
 	case errors.Is(err, ErrHoldFull):
@@ -106,6 +142,34 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 	return http.StatusInternalServerError, 0
 }
 
+// clientMessage is err's text as the client reads it. A request body's errors are told short, and
+// without what lies under them (a socket address, a spill file's path, the transport's words): the
+// limit's own words with its detail ("request body too large: more than 1024 bytes"), else the
+// sentinel alone.
+func clientMessage(err error) string {
+	for _, sentinel := range [...]error{bodybuf.ErrTooLarge, bodybuf.ErrIdle, ErrBodyRead, ErrBodyBuffer} {
+		if !errors.Is(err, sentinel) {
+			continue
+		}
+		if sentinel == ErrBodyRead || sentinel == ErrBodyBuffer {
+			return sentinel.Error()
+		}
+		for e := err; e != nil; e = errors.Unwrap(e) {
+			if strings.HasPrefix(e.Error(), sentinel.Error()) {
+				return e.Error()
+			}
+		}
+		return sentinel.Error()
+	}
+	// Any other error may quote a backend or a tenant, and with them where they live: an upstream
+	// failure is told as its class alone, the rest without addresses (withoutAddresses).
+	var ue *UpstreamError
+	if errors.As(err, &ue) {
+		return fmt.Sprintf("route %q: upstream failed: %s", ue.Route, upstreamCause(ue.Err))
+	}
+	return withoutAddresses(err.Error())
+}
+
 // writeError answers a request with err's status and a short body naming the phase and cause: HTML for
 // browsers, JSON for Accept: application/json, plain text otherwise.
 func writeError(w http.ResponseWriter, r *http.Request, err error) int {
@@ -116,7 +180,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	}
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	msg := err.Error()
+	msg := clientMessage(err)
 	phase := ""
 	var we *WakeError
 	if errors.As(err, &we) {

@@ -5,14 +5,25 @@ package activator
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
 // acquire returns once the instance is awake and counts the caller as in flight; release must be
 // called when the response is complete. It starts a wake when the instance is asleep, joins the wake in
-// progress, waits out a stop in progress, and gives up with the caller's ctx, the hold limit or the hold
-// timeout.
+// progress, waits out a stop in progress, and gives up with the caller's ctx, the hold limit, the hold
+// timeout or the activator's shutdown (ErrClosed: see Server.Drain and Server.Shutdown). It is
+// acquireFor without the process-wide caps (admin wakes).
 func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), err error) {
+	return in.acquireFor(ctx, trig, nil)
+}
+
+// acquireFor is acquire for a request that counts against the process-wide caps: when the instance
+// is not awake, the request is charged to c's account before it is held, or refused with ErrEdgeFull
+// without starting or joining anything; it is uncharged when it leaves the hold, and c.heldFor tells
+// admit how long it was held. An awake instance returns at once without touching c: the warm path
+// costs no atomic beyond the instance's lock. c nil counts nothing.
+func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge) (release func(), err error) {
 	var (
 		timer     *time.Timer // the hold limit; nil until the request is first held
 		heldSince time.Time
@@ -22,7 +33,12 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 	defer func() {
 		if timer != nil {
 			timer.Stop()
-			in.series.holdEnd(in.now().Sub(heldSince))
+			d := in.now().Sub(heldSince)
+			in.series.holdEnd(d)
+			if c != nil {
+				c.heldFor = d
+				c.give()
+			}
 		}
 	}()
 	for {
@@ -39,15 +55,28 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 			in.mu.Unlock()
 			return in.releaseFn, nil
 		}
+		if c != nil && timer == nil {
+			if err := c.take(); err != nil {
+				in.mu.Unlock()
+				return nil, err
+			}
+		}
 		wait, att, err := in.holdLocked(trig, timer == nil)
 		in.mu.Unlock()
 		if err != nil {
+			c.give()
 			return nil, err
 		}
 		if timer == nil {
 			heldSince = in.now()
 			in.series.holdBegin()
 			timer = time.NewTimer(in.route.Hold.MaxTime)
+		}
+		// Once the activator drains, a request held behind a stop is answered at once (no wake follows
+		// that stop); when Server.Shutdown ends the root context, every request still held is.
+		var drain <-chan struct{}
+		if att == nil {
+			drain = in.drain
 		}
 		select {
 		case <-wait:
@@ -57,6 +86,12 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 		case <-timer.C:
 			in.leave(att)
 			return nil, ErrHoldTimeout
+		case <-drain:
+			in.leave(nil)
+			return nil, ErrClosed
+		case <-in.root.Done():
+			in.leave(att)
+			return nil, ErrClosed
 		}
 		if att != nil {
 			att.noteRelease(in.now())
@@ -74,9 +109,11 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 // holdLocked counts a request that found the instance not awake as held, and returns what it waits on:
 // the wake it starts (asleep, or failed with the backoff over) or joins (waking; first is the request's
 // first turn, which counts as joining the wake), or the stop in progress (att nil). It returns an error
-// instead when the instance is closed, backing off, or holding its maximum.
+// instead when the instance is closed or draining (no wake starts once the activator shuts down),
+// backing off, or holding its maximum.
 func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, att *attempt, err error) {
-	if in.closed {
+	if in.closed || in.draining() {
+		in.noteQuietLocked() // a request held before (behind a stop) leaves: shutdown may wait for that
 		return nil, nil, ErrClosed
 	}
 	switch in.state {
@@ -108,18 +145,41 @@ func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, 
 // admit waits for one of the route's upstream slots; done gives it back. A herd released at once
 // queues here, each request parked right after it left the hold, instead of every one of them first
 // building its outgoing request and then queueing for a connection inside the transport.
-func (in *instance) admit(ctx context.Context) (done func(), err error) {
+//
+// The wait is bounded by what is left of the request's hold budget: hold.max_time less heldFor, the
+// time it was already held (0 for a request that found the route awake). Past it the request gets
+// ErrUpstreamBusy, so requests that keep every slot (slow uploads with buffering off, long polls)
+// make the others fail in bounded time instead of queueing without end. A route without a
+// hold.max_time (hand-built in tests) waits without bound.
+func (in *instance) admit(ctx context.Context, heldFor time.Duration) (done func(), err error) {
 	select {
 	case in.slots <- struct{}{}:
 		return in.unadmit, nil
 	default:
+	}
+	var expired <-chan time.Time
+	if budget := in.route.Hold.MaxTime; budget > 0 {
+		left := budget - heldFor
+		if left <= 0 {
+			return nil, in.busy(heldFor)
+		}
+		t := time.NewTimer(left)
+		defer t.Stop()
+		expired = t.C
 	}
 	select {
 	case in.slots <- struct{}{}:
 		return in.unadmit, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-expired:
+		return nil, in.busy(heldFor)
 	}
+}
+
+func (in *instance) busy(heldFor time.Duration) error {
+	return fmt.Errorf("route %q: %w: all %d in use for the rest of hold.max_time (%v, %v of it held)",
+		in.route.Name, ErrUpstreamBusy, cap(in.slots), in.route.Hold.MaxTime, heldFor.Round(time.Millisecond))
 }
 
 func (in *instance) unadmit() { <-in.slots }

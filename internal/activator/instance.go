@@ -70,10 +70,14 @@ type instance struct {
 	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
 	// all. Requests past it wait here, in arrival order, before the proxy builds anything for them.
 	slots chan struct{}
-	// after, when set, is closed once the instance this one replaced has finished retiring: a changed
-	// route must not wake its tenant while the old instance may still run it.
-	after   <-chan struct{}
+	// after holds the retired channels of every instance of this route name still retiring when this
+	// one was made (the one it replaced, and any removed earlier): its first wake waits for them all,
+	// so two instances never run one tenant.
+	after   []<-chan struct{}
 	retired chan struct{} // closed once the instance has retired (see retire)
+	// drain is the Server's, closed when the activator begins to shut down (Server.Drain): from then on
+	// no wake starts. Set by Apply, like after.
+	drain <-chan struct{}
 
 	// Built on first use, each by its own synchronisation.
 	logOnce sync.Once
@@ -106,6 +110,9 @@ type instance struct {
 	slpErr   *SleepError // the last sleep's failure; nil once a sleep succeeds
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
+	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
+	// by the next change of what is held, in flight, waking or stopping (noteQuietLocked).
+	quiet chan struct{}
 }
 
 // newInstance returns route r's instance, asleep. It holds the route's metric series from now on (see

@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "activator_hold_duration_seconds", Help: "How long requests were held before being released or answered.", Buckets: wakeBuckets,
 		}, []string{"route"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts).",
+			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts and requests refused before routing).",
 		}, []string{"route", "code"}),
 		routes: newRouteSet(),
 	}

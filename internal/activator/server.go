@@ -49,13 +49,17 @@ type Server struct {
 	root context.Context
 	stop context.CancelFunc
 	log  *slog.Logger
+	// drain is closed by Drain, under mu, when closed is set: the instances read it to refuse new
+	// wakes.
+	drain chan struct{}
 
 	table atomic.Pointer[table] // the routing table requests read without locking
+	held  heldAccount           // requests held across all routes, for edge.max_held and max_held_bytes
 
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
 	retiring  []*instance
-	closed    bool
+	closed    bool // set by Drain: no config is applied any more
 }
 
 // New returns a Server whose wakes live until Shutdown.
@@ -72,7 +76,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	root, stop := context.WithCancel(context.Background())
-	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, instances: map[string]*instance{}}
+	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, drain: make(chan struct{}), instances: map[string]*instance{}}
 	s.table.Store(&table{})
 	return s
 }
@@ -81,12 +85,16 @@ func New(opts Options) *Server {
 // tenant). A changed route gets a new instance whose first wake waits until the old one has retired;
 // the old one finishes its in-flight and held requests, sleeps, and closes. Removed routes retire the
 // same way. Held requests are never dropped. If a backend cannot be opened, nothing changes and the
-// error names the route.
+// error names the route; likewise if cfg.Edge.BodyBufferDir cannot hold spill files. cfg.Edge's
+// per-request limits (body, hold caps) apply from the next request on.
 func (s *Server) Apply(cfg *registry.Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
+	}
+	if err := checkBodyDir(cfg.Edge.BodyBufferDir); err != nil {
+		return err
 	}
 	next := make(map[string]*instance, len(cfg.Routes))
 	var opened []*instance
@@ -103,9 +111,8 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			return err
 		}
 		in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
-		if old, ok := s.instances[r.Name]; ok {
-			in.after = old.retired
-		}
+		in.after = s.predecessorsLocked(r.Name)
+		in.drain = s.drain
 		next[r.Name] = in
 		opened = append(opened, in)
 	}
@@ -129,6 +136,22 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	return nil
 }
 
+// predecessorsLocked returns the retired channels of the route's live instance and of every instance
+// of that name still retiring: a route removed by one reload and added back by the next must wait for
+// the old instance's sleep too.
+func (s *Server) predecessorsLocked(name string) []<-chan struct{} {
+	var out []<-chan struct{}
+	if old, ok := s.instances[name]; ok {
+		out = append(out, old.retired)
+	}
+	for _, old := range s.retiring {
+		if old.route.Name == name {
+			out = append(out, old.retired)
+		}
+	}
+	return out
+}
+
 func (s *Server) pruneRetiredLocked() {
 	s.retiring = slices.DeleteFunc(s.retiring, func(in *instance) bool {
 		select {
@@ -141,40 +164,100 @@ func (s *Server) pruneRetiredLocked() {
 	})
 }
 
-// Shutdown stops every instance and joins its goroutines. Wakes in progress are canceled; held
-// requests are answered 503; backends' Close decides what happens to running tenants (exec children are
-// killed, systemd units are left to systemd). ctx bounds the wait.
-func (s *Server) Shutdown(ctx context.Context) error {
+// Drain begins the activator's shutdown and returns at once. From then on no config is applied and no
+// wake starts: a request to an awake route is still served, and one that would have to wait for a
+// wake gets 503 with Retry-After at once (ErrClosed), as do the requests already held behind a stop,
+// which no wake would follow. Requests held on a wake in progress go on waiting for it; Shutdown
+// decides for how long. Drain is idempotent, and Shutdown calls it.
+func (s *Server) Drain() {
 	s.mu.Lock()
-	s.closed = true
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		close(s.drain)
+	}
+}
+
+// Shutdown stops the activator within ctx, draining first (Drain). Each route is closed as soon as it
+// has nothing held or in flight and no wake or sleep running: its backend's Close then decides, within
+// ctx, what happens to a running tenant (exec children get their stop signal and, as far as ctx
+// allows, their stop_grace; systemd units are left running for the next activator to adopt). When
+// only the reserve is left of ctx's time (answerReserve), and at once if ctx has no deadline, the
+// requests still held get 503 with Retry-After, wakes in progress are canceled, and every route is
+// closed once its wake has ended, even with requests in flight: those go on against a tenant that is
+// being stopped until the edge cuts them. Shutdown returns once every instance is closed and its
+// goroutines joined, or with ctx's error when ctx ends first.
+//
+// Shutdown does not wait for the edge's connections: the caller stops accepting first and shuts its
+// http.Server down alongside, with the same ctx (http.Server.Shutdown waits for held requests, which
+// only Shutdown answers).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.Drain()
+	s.mu.Lock()
 	all := make([]*instance, 0, len(s.instances)+len(s.retiring))
 	for _, in := range s.instances {
 		all = append(all, in)
 	}
 	all = append(all, s.retiring...)
 	s.mu.Unlock()
-	s.stop()
-	done := make(chan struct{})
-	go func() {
-		var wg sync.WaitGroup
-		for _, in := range all {
-			wg.Add(1)
-			go func() { defer wg.Done(); in.shutdown() }()
+
+	cut := make(chan struct{})
+	var closing sync.WaitGroup
+	for _, in := range all {
+		closing.Go(func() { in.shutdown(ctx, cut) })
+	}
+	closed := make(chan struct{})
+	go func() { closing.Wait(); close(closed) }()
+
+	var atCut <-chan time.Time // nil: no deadline, cut at once
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		t := time.NewTimer(left - answerReserve(left))
+		defer t.Stop()
+		atCut = t.C
+	}
+	if atCut != nil {
+		select {
+		case <-closed:
+		case <-atCut:
+		case <-ctx.Done():
 		}
-		wg.Wait()
-		close(done)
+	}
+	// The cut: held requests are answered, wakes end, and the routes still open close.
+	close(cut)
+	s.stop()
+	joined := make(chan struct{})
+	go func() {
+		<-closed
+		for _, in := range all {
+			in.wg.Wait()
+		}
+		close(joined)
 	}()
 	select {
-	case <-done:
+	case <-joined:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("shutdown: %w", ctx.Err())
 	}
 }
 
+// answerReserve is what Shutdown keeps of a shutdown's time left for the end: for writing the answers of
+// the requests still held and stopping the tenants of the routes still open. A tenth, at most a second.
+func answerReserve(left time.Duration) time.Duration { return max(0, min(time.Second, left/10)) }
+
 // ServeHTTP is the edge: route, hold, proxy.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rt := s.table.Load().lookup(r.Host, r.URL.Path)
+	if w, r = s.hygiene(w, r); r == nil {
+		return // refused before routing (hygiene.go)
+	}
+	t := s.table.Load()
+	hdr, err := measureHeader(r, &t.edge)
+	if err != nil {
+		s.opts.Metrics.requestCounter(unknownRoute)(writeError(w, r, err))
+		return
+	}
+	rt := t.lookup(r.Host, r.URL.Path)
 	if rt == nil {
 		writeError(w, r, fmt.Errorf("%w %q", ErrUnknownHost, hostOnly(r.Host)))
 		s.opts.Metrics.requestCounter("_unknown")(http.StatusNotFound)
@@ -182,15 +265,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { rt.count(sw.statusCode()) }()
-	release, err := rt.in.acquire(r.Context(), triggerRequest)
+	// The body first: a slow upload must neither wake the tenant nor hold, nor take a slot.
+	body, err := s.takeBody(sw, r, rt.in.route, &t.edge)
+	if err != nil {
+		sw.fail(r, err)
+		return
+	}
+	defer body.Close()
+	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
+	release, err := rt.in.acquireFor(r.Context(), triggerRequest, &charge)
 	if err != nil {
 		sw.fail(r, err)
 		return
 	}
 	defer release()
-	done, err := rt.in.admit(r.Context())
+	done, err := rt.in.admit(r.Context(), charge.heldFor)
 	if err != nil {
-		sw.fail(r, err) // admit fails only when the client went away
+		sw.fail(r, err) // the client went away, or no slot came within the hold budget
 		return
 	}
 	defer done()
@@ -238,6 +329,7 @@ func (s *Server) instance(name string) *instance {
 type statusWriter struct {
 	http.ResponseWriter
 	code int
+	body *streamed // the request's unbuffered, bounded body, if any (see streamed.cause)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -264,9 +356,11 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // fail answers r with err (writeError), unless the client went away (r's context ended): then nobody
 // is there to read an answer, and only the metrics see one, 499. It is the edge's one "client went
-// away" check, for the hold, the upstream slot and the upstream exchange alike.
+// away" check, for the hold, the upstream slot and the upstream exchange alike. A body refused for its
+// length or its silence is answered all the same: net/http ends the context on the read error, but
+// the client is still there (bodyRefused).
 func (w *statusWriter) fail(r *http.Request, err error) {
-	if r.Context().Err() != nil {
+	if err = w.body.cause(err); r.Context().Err() != nil && !bodyRefused(err) {
 		w.code = 499
 		return
 	}

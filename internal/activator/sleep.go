@@ -75,6 +75,10 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 func (in *instance) sleepNow(ctx context.Context, reason string) error {
 	for {
 		in.mu.Lock()
+		if in.closed {
+			in.mu.Unlock()
+			return ErrClosed // its backend is closed, or about to be: no sleep may start
+		}
 		var wait <-chan struct{}
 		switch in.state {
 		case Asleep, Failed:
@@ -119,6 +123,7 @@ func (in *instance) retire() {
 }
 
 func (in *instance) maybeRetireLocked() {
+	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
 	if !in.retiring || in.closed || in.inflight > 0 || in.held > 0 {
 		return
 	}
@@ -137,35 +142,99 @@ func (in *instance) maybeRetireLocked() {
 	// Waking or Stopping: runWake/runSleep call back here when they finish.
 }
 
-// shutdown stops accepting requests and joins every goroutine; the backend's Close decides what
-// happens to a running tenant. Called once, when the activator exits.
-func (in *instance) shutdown() {
+// draining reports whether the activator has begun to shut down (Server.Drain): no wake starts then.
+func (in *instance) draining() bool {
+	select {
+	case <-in.drain:
+		return true
+	default:
+		return false
+	}
+}
+
+// noteQuietLocked tells a shutdown waiting for the instance (see shutdown) that what is held, in flight,
+// waking or stopping may have changed. Every path that lowers one of them calls it.
+func (in *instance) noteQuietLocked() {
+	if in.quiet != nil {
+		close(in.quiet)
+		in.quiet = nil
+	}
+}
+
+// closableLocked reports whether shutdown may close the instance now: no request is held and no wake or
+// sleep is running (the backend must not be closed under either), and nothing is in flight unless cut
+// is closed.
+func (in *instance) closableLocked(cut <-chan struct{}) bool {
+	if in.held > 0 || in.state == Waking || in.state == Stopping {
+		return false
+	}
+	if in.inflight == 0 {
+		return true
+	}
+	select {
+	case <-cut:
+		return true
+	default:
+		return false
+	}
+}
+
+// shutdown closes the instance for the activator's shutdown (Server.Shutdown), once the activator is
+// draining: as soon as it is closable, that is when its last held and in-flight requests are done and
+// no wake or sleep runs; after cut is closed, requests in flight no longer count (they go on against a
+// tenant being stopped until the edge cuts them). Closing stops the idle clock, refuses every later
+// request (ErrClosed) and calls teardown with ctx: the backend's Close decides what happens to a running
+// tenant, within ctx. An instance that has retired already is left as it is. shutdown returns when ctx
+// ends, closed or not; it does not join the instance's goroutines: its life watch ends with the server's
+// root context, after which Server.Shutdown waits on in.wg.
+func (in *instance) shutdown(ctx context.Context, cut <-chan struct{}) {
+	waitCut := cut // nil once seen: closableLocked then reads cut as closed, and the select must not spin
 	in.mu.Lock()
+	for !in.closed && !in.closableLocked(cut) {
+		quiet := make(chan struct{})
+		in.quiet = quiet
+		in.mu.Unlock()
+		select {
+		case <-quiet:
+		case <-waitCut:
+			waitCut = nil
+		case <-ctx.Done():
+			return
+		}
+		in.mu.Lock()
+	}
 	wasClosed := in.closed
 	in.closed = true
+	in.quiet = nil
 	in.idleGen++
 	if in.idle != nil {
 		in.idle.Stop()
 	}
+	if in.state == Awake {
+		in.lifeGen++ // Close may end the tenant's Life: that is no death of its own to report
+	}
 	in.mu.Unlock()
-	in.wg.Wait()
 	if !wasClosed {
-		in.teardown()
+		in.teardownWithin(ctx)
 	}
 }
 
 // teardown lets go of what the instance holds: its backend, its upstream connections and its route's
 // metric series. It runs once: after the instance's last sleep, when it has retired or at shutdown, or
 // when Apply gives up on a config before the instance started.
-func (in *instance) teardown() {
-	in.closeBackend()
+func (in *instance) teardown() { in.teardownWithin(context.WithoutCancel(in.root)) }
+
+// teardownWithin is teardown with the backend's Close bounded by ctx as well as the route's sleep
+// budget (shutdown passes what is left of the activator's shutdown grace).
+func (in *instance) teardownWithin(ctx context.Context) {
+	in.closeBackend(ctx)
 	in.dropUpstream()
 	in.series.release()
 }
 
-func (in *instance) closeBackend() {
+func (in *instance) closeBackend(ctx context.Context) {
 	if c, ok := in.backend.(tenant.Closer); ok {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
+		ctx, cancel := context.WithTimeout(ctx, in.route.SleepBudget)
 		defer cancel()
 		if err := c.Close(ctx); err != nil {
 			in.logger().Warn("closing the backend failed", "err", err)

@@ -11,6 +11,9 @@ type table struct {
 	exact    map[string][]*routed // host -> routes, longest path prefix first
 	wildcard map[string][]*routed // "example.com" for "*.example.com"
 	order    []*instance          // config order, for status listings
+	// edge is the config's edge limits, swapped with the routes: the request that loaded the table
+	// reads them without another atomic load, and a reload's new values apply to the next request.
+	edge registry.EdgeLimits
 }
 
 // routed is one route as the edge uses it.
@@ -21,7 +24,7 @@ type routed struct {
 }
 
 func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
-	t := &table{exact: map[string][]*routed{}, wildcard: map[string][]*routed{}}
+	t := &table{exact: map[string][]*routed{}, wildcard: map[string][]*routed{}, edge: cfg.Edge}
 	for _, r := range cfg.Routes {
 		in := instances[r.Name]
 		t.order = append(t.order, in)
@@ -89,8 +92,21 @@ func normalizeHost(h string) string {
 	h = strings.TrimSuffix(h, ".")
 	for i := 0; i < len(h); i++ {
 		if c := h[i]; c >= 'A' && c <= 'Z' {
-			return strings.ToLower(h)
+			return asciiLower(h)
 		}
 	}
 	return h
+}
+
+// asciiLower lower-cases ASCII letters only. strings.ToLower would fold Unicode too (the Kelvin sign
+// K becomes k), so "\u212a.example.com" in an absolute-form target would match "k.example.com" while
+// an ASCII filter in front of the edge sees a different name.
+func asciiLower(h string) string {
+	b := []byte(h)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }

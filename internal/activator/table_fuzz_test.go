@@ -3,7 +3,6 @@ package activator
 import (
 	"fmt"
 	"math"
-	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -45,13 +44,13 @@ func FuzzLookup(f *testing.F) {
 		slices.Sort(hosts)
 		slices.Sort(paths)
 		for _, h := range slices.Compact(hosts) {
-			ref, ok := refHost(h)
+			ref := refHost(h)
 			for _, p := range slices.Compact(paths) {
 				got := ""
 				if rt := tb.lookup(h, p); rt != nil {
 					got = rt.in.route.Name
 				}
-				if want := refLookup(refs, ref, ok, p); got != want {
+				if want := refLookup(refs, ref, p); got != want {
 					t.Fatalf("lookup(%q, %q) = %q, want %q; routes:\n%s", h, p, got, want, routes)
 				}
 			}
@@ -104,26 +103,21 @@ func fuzzTable(spec string) ([]refRoute, *registry.Config) {
 	return refs, cfg
 }
 
-// refHost is a Host header as refLookup compares it: without a port and one trailing dot, in ASCII
-// lower case. ok is false for an IP literal in brackets, which no DNS name matches.
-func refHost(h string) (host string, ok bool) {
-	if strings.HasPrefix(h, "[") {
-		return "", false
+// refHost is a Host header as refLookup compares it: without its port (whatever follows the last
+// colon, unless a "]" follows that colon: an IPv6 literal's own colons) and one trailing dot, in ASCII
+// lower case.
+func refHost(h string) string {
+	if i := strings.LastIndex(h, ":"); i >= 0 && !strings.Contains(h[i:], "]") {
+		h = h[:i]
 	}
-	if hp, _, err := net.SplitHostPort(h); err == nil {
-		h = hp
-	}
-	return asciiLower(strings.TrimSuffix(h, ".")), true
+	return refLower(strings.TrimSuffix(h, "."))
 }
 
 // refLookup is the routing rule read plainly: of the routes with a host that matches and a prefix that
 // matches, the one whose host is most specific (exact, then the wildcard with the longest suffix), then
 // whose prefix is longest. A host (from refHost) matches when equal; "*.x" matches any name ending in
 // ".x". A prefix matches the path equal to it or continuing with "/".
-func refLookup(routes []refRoute, host string, ok bool, path string) string {
-	if !ok {
-		return ""
-	}
+func refLookup(routes []refRoute, host, path string) string {
 	best, bestHost, bestPrefix := "", -1, -1
 	for _, r := range routes {
 		if r.prefix != "" && path != r.prefix && !strings.HasPrefix(path, r.prefix+"/") {
@@ -145,7 +139,7 @@ func refLookup(routes []refRoute, host string, ok bool, path string) string {
 	return best
 }
 
-func asciiLower(s string) string {
+func refLower(s string) string {
 	b := []byte(s)
 	for i, c := range b {
 		if 'A' <= c && c <= 'Z' {

@@ -48,7 +48,12 @@ func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err e
 	if !ok {
 		sw = &statusWriter{ResponseWriter: w} // only a test calls the client with another writer
 	}
-	sw.fail(r, &UpstreamError{Route: in.route.Name, Err: err})
+	ue := &UpstreamError{Route: in.route.Name, Err: err}
+	if code, _ := statusFor(ue); code == http.StatusBadGateway && r.Context().Err() == nil {
+		// The client is told the failure's class alone (clientMessage); the whole error is logged.
+		in.logger().Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	sw.fail(r, ue)
 }
 
 // adoptUpstream gives the route's upstream client an open connection to the tenant (see ConnGate).

@@ -56,8 +56,9 @@ func (a *attempt) withRelease(rec WakeRecord) WakeRecord {
 
 // Gate is the health gate a woken tenant must pass; *health.Prober is the real one.
 type Gate interface {
-	// Wait returns nil once the tenant is healthy, health.ErrGone if gone closes first, or an error
-	// when ctx ends.
+	// Wait returns nil once the tenant is healthy, health.ErrGone if gone closes first, an error
+	// wrapping health.ErrWrongPath once the health path keeps answering the same client error, or an
+	// error when ctx ends.
 	Wait(ctx context.Context, gone <-chan struct{}) error
 }
 
@@ -118,9 +119,9 @@ const phaseAdopt = "adopt"
 func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
-	if in.after != nil {
+	for _, prev := range in.after {
 		select {
-		case <-in.after:
+		case <-prev:
 		case <-ctx.Done():
 		}
 	}
@@ -309,7 +310,7 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 func (in *instance) kick() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.closed {
+	if in.closed || in.draining() {
 		return
 	}
 	if in.state == Asleep || (in.state == Failed && !in.now().Before(in.until)) {

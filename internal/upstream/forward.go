@@ -67,9 +67,8 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 
 // writeAnswer passes resp on to the client: the header without hop-by-hop fields, the body (for an
 // event stream or a body of unknown length, the head at once and each chunk as it comes) and the
-// trailers, announced ones as
-// trailers, others with http.TrailerPrefix. A failed body copy aborts the client's connection, as the
-// ReverseProxy does: the client must not take a cut body for a whole one.
+// trailers, announced ones as trailers, others with http.TrailerPrefix. A failed body copy aborts the
+// client's connection, as the ReverseProxy does: the client must not take a cut body for a whole one.
 func writeAnswer(w http.ResponseWriter, resp *http.Response) {
 	removeHopByHop(resp.Header)
 	wh := w.Header()

@@ -1,6 +1,7 @@
-// Package split is the activator's one Opener: it dispatches every route to the opener of the route's
-// backing, so all backings share the activator's singleflight wakes, idle clock and state machine, and
-// it owns the lifetime of openers that hold shared resources (the unit backing's D-Bus connections).
+// Package split is the activator's one tenant.Opener: it dispatches every route to the opener of the
+// route's backing, runs a backing's live check of a route (tenant.Checker), and owns the lifetime of
+// openers that hold resources their routes share (tenant.SharedCloser: the unit backing's D-Bus
+// connections).
 package split
 
 import (

@@ -1,0 +1,415 @@
+package activator
+
+// Request hygiene: what the edge settles before a request is routed, so that nothing it refuses can
+// wake a tenant, and so that the edge and the tenant read one request alike. See docs/security.md,
+// "Request hygiene".
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// Sentinels of the requests the edge refuses before routing them (statusFor: 501 and 400).
+var (
+	// ErrMethod: CONNECT or TRACE, which the edge implements for no resource.
+	ErrMethod = errors.New("method not implemented by the edge")
+	// ErrTarget: a request-target the edge does not route: an encoded slash in the path, or a target
+	// in no form a tenant is given (an opaque one, or "*" other than for OPTIONS).
+	ErrTarget = errors.New("request-target refused")
+)
+
+// hygiene readies r for routing, or answers it. It returns the writer and request the edge goes on
+// with, or a nil request when it has answered (then nothing was routed, so nothing woke).
+//
+//   - CONNECT and TRACE get 501 (ErrMethod); CONNECT's connection is closed, as tunnel bytes may follow.
+//   - A request whose framing was ambiguous on the wire (see framingSuspect) is served, then its
+//     connection is closed: its writer puts "Connection: close" on the final answer.
+//   - The path loses its dot segments (cleanPath), on r.URL.Path and r.URL.RawPath alike, so the route
+//     lookup and the tenant see one path; an encoded slash gets 400 (ErrTarget).
+//
+// A request with a plain path, no Transfer-Encoding and HTTP/1.1 or later (nearly all) passes through
+// unchanged and without allocating. A changed path goes into a shallow copy of r, as http.StripPrefix
+// makes one: a handler does not modify the request it was given.
+func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseWriter, *http.Request) {
+	if framingSuspect(r) {
+		w = &closingWriter{ResponseWriter: w}
+	}
+	var err error
+	switch {
+	case r.Method == http.MethodConnect || r.Method == http.MethodTrace:
+		if r.Method == http.MethodConnect && r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+		err = fmt.Errorf("%w: %s", ErrMethod, r.Method)
+	case !routableTarget(r):
+		err = fmt.Errorf("%w: not a path (origin or absolute form)", ErrTarget)
+	default:
+		var p, raw string
+		p, raw, err = cleanPath(r.URL.Path, r.URL.RawPath)
+		if err == nil && (p != r.URL.Path || raw != r.URL.RawPath) {
+			r2 := new(http.Request)
+			*r2 = *r
+			u := *r.URL
+			u.Path, u.RawPath = p, raw
+			r2.URL = &u
+			r = r2
+		}
+	}
+	if err != nil {
+		s.opts.Metrics.requestCounter(unknownRoute)(writeError(w, r, err))
+		return w, nil
+	}
+	return w, r
+}
+
+// routableTarget reports whether r's request-target gives the route lookup a path: origin form or
+// absolute form (a path starting with "/", or none: "http://a.test" is "/"), or "*" for OPTIONS. Not
+// an opaque URI ("http:x"), or "*" for another method.
+func routableTarget(r *http.Request) bool {
+	p := r.URL.Path
+	switch {
+	case r.URL.Opaque != "":
+		return false
+	case p == "" || p[0] == '/':
+		return true
+	}
+	return p == "*" && r.Method == http.MethodOptions
+}
+
+// cleanPath returns a request's path and raw path (url.URL's Path and RawPath) after RFC 3986 §5.2.4
+// remove_dot_segments, or ErrTarget for an encoded slash ("%2F" or "%2f"), which would make the raw
+// and the decoded path differ in their segments. A raw segment that decodes to "." or ".." ("%2E",
+// ".%2e", …) is a dot segment too (RFC 3986 §6.2.2.2); every other segment is kept byte for byte.
+// Dot segments that climb above the root are dropped: "/../x" is "/x".
+//
+// It does no work for a path with no dot segment whose raw form is the default encoding (raw ""): the
+// decoded path shows every dot segment the raw one has, since without an encoded slash their
+// segments are one to one.
+func cleanPath(p, raw string) (string, string, error) {
+	if raw != "" && (strings.Contains(raw, "%2F") || strings.Contains(raw, "%2f")) {
+		return p, raw, fmt.Errorf("%w: encoded slash in the path", ErrTarget)
+	}
+	if !hasDotSegment(p) {
+		return p, raw, nil
+	}
+	if raw == "" {
+		return removeDotSegments(p, false), "", nil
+	}
+	raw = removeDotSegments(raw, true)
+	p, err := url.PathUnescape(raw)
+	if err != nil { // raw came through url.ParseRequestURI, so it unescapes
+		return p, raw, fmt.Errorf("%w: %w", ErrTarget, err)
+	}
+	return p, raw, nil
+}
+
+// hasDotSegment reports whether the decoded path p (starting with "/") has a "." or ".." segment.
+func hasDotSegment(p string) bool {
+	for i := strings.Index(p, "/."); i >= 0; {
+		rest := p[i+2:]
+		if rest == "" || rest[0] == '/' || rest[0] == '.' && (len(rest) == 1 || rest[1] == '/') {
+			return true
+		}
+		j := strings.Index(rest, "/.")
+		if j < 0 {
+			break
+		}
+		i += 2 + j
+	}
+	return false
+}
+
+// removeDotSegments is RFC 3986 §5.2.4 for a path that starts with "/" (any other is returned as it
+// is), segment by segment; escaped says p is a raw path, whose "%2E" is a ".".
+func removeDotSegments(p string, escaped bool) string {
+	if p == "" || p[0] != '/' {
+		return p
+	}
+	out := make([]byte, 0, len(p))
+	for rest := p[1:]; ; {
+		seg, tail, more := strings.Cut(rest, "/")
+		dots := dotSegment(seg, escaped)
+		switch dots {
+		case 1:
+		case 2:
+			if i := bytes.LastIndexByte(out, '/'); i >= 0 {
+				out = out[:i]
+			}
+		default:
+			out = append(out, '/')
+			out = append(out, seg...)
+		}
+		if !more {
+			if dots > 0 { // a final dot segment names a directory: "/a/b/.." is "/a/"
+				out = append(out, '/')
+			}
+			break
+		}
+		rest = tail
+	}
+	return string(out)
+}
+
+// dotSegment returns 1 for a "." segment, 2 for "..", else 0; escaped counts "%2E" and "%2e" as ".".
+func dotSegment(seg string, escaped bool) int {
+	n := 0
+	for i := 0; i < len(seg); n++ {
+		switch {
+		case n == 2:
+			return 0
+		case seg[i] == '.':
+			i++
+		case escaped && i+3 <= len(seg) && seg[i] == '%' && seg[i+1] == '2' && (seg[i+2] == 'E' || seg[i+2] == 'e'):
+			i += 3
+		default:
+			return 0
+		}
+	}
+	return n
+}
+
+// framingSuspect reports whether r's connection must be closed once it is answered, because its
+// header framed the body in two ways: Content-Length and Transfer-Encoding in HTTP/1.1 (RFC 9112
+// §6.1: "the server MUST close the connection after responding"), or any Transfer-Encoding in
+// HTTP/1.0 (§6.1: the framing "is faulty").
+//
+// net/http hides both from a handler. It deletes the Transfer-Encoding field and, for a chunked body,
+// the Content-Length field, leaving a chunked request that had a Content-Length exactly like one that
+// had none; it ignores Transfer-Encoding in HTTP/1.0 and frames by Content-Length. So the edge looks
+// at the wire: Listener records which of the two fields a connection has carried, and ConnContext
+// hands that record to the connection's requests. Without a record (the handler served on another
+// listener) every chunked and every HTTP/1.0 request counts as suspect.
+func framingSuspect(r *http.Request) bool {
+	http11 := r.ProtoAtLeast(1, 1)
+	if http11 && len(r.TransferEncoding) == 0 || r.ProtoMajor > 1 {
+		return false
+	}
+	fc, ok := r.Context().Value(framingKey{}).(*framingConn)
+	if !ok {
+		return true
+	}
+	if http11 {
+		return fc.seen.Load()&sawContentLength != 0
+	}
+	return fc.seen.Load()&sawTransferEncoding != 0
+}
+
+// closingWriter puts "Connection: close" on the final answer (not on 1xx ones), which makes net/http
+// close the connection once it is sent. It is set on the answer itself, not on the header map up
+// front: the proxy clears that map after passing an informational answer on.
+type closingWriter struct {
+	http.ResponseWriter
+	done bool // the final answer's header has been written
+}
+
+func (w *closingWriter) final() {
+	if !w.done {
+		w.done = true
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.final()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(b []byte) (int, error) {
+	w.final()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *closingWriter) Flush() {
+	w.final()
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Listener wraps the edge's listener: each connection it accepts records whether its bytes have
+// carried a header field named Content-Length or Transfer-Encoding, for framingSuspect. Serve it with
+// ConnContext as the http.Server's ConnContext. It must see the bytes net/http parses: for a TLS edge
+// it would have to sit inside the TLS layer, which this one does not do.
+func Listener(ln net.Listener) net.Listener { return framingListener{ln} }
+
+// ConnContext is the edge http.Server's ConnContext: it gives the requests of a connection accepted
+// by Listener that connection's record.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if fc, ok := c.(*framingConn); ok {
+		return context.WithValue(ctx, framingKey{}, fc)
+	}
+	return ctx
+}
+
+type framingKey struct{}
+
+type framingListener struct{ net.Listener }
+
+func (l framingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &framingConn{Conn: c}, nil
+}
+
+// What a framingConn has seen, as bits of seen.
+const (
+	sawContentLength = 1 << iota
+	sawTransferEncoding
+)
+
+// framingConn watches the bytes read from a connection for lines that start with "Content-Length:"
+// or "Transfer-Encoding:" in any case: the only spelling of those fields net/http accepts (no space
+// before the colon, none before the name, which would make the line a continuation). A match in a
+// body counts too: the cost of that is a closed connection after a later chunked request, never a
+// missed one. The record is sticky, for the same reason: net/http reads ahead, so bytes of the next
+// request may arrive during this one.
+type framingConn struct {
+	net.Conn
+	seen atomic.Uint32 // sawContentLength | sawTransferEncoding; read by the connection's requests
+
+	mu    sync.Mutex // guards the matcher below; net/http reads from one goroutine at a time anyway
+	field string     // the field name being matched, when matched > 0
+	// matched is how many bytes of field the current line has matched; 0 at the start of a line, -1
+	// past a line's start that matches no field.
+	matched int
+}
+
+// The field names framingConn looks for, lower case, with their colon.
+const (
+	contentLengthField    = "content-length:"
+	transferEncodingField = "transfer-encoding:"
+)
+
+func (c *framingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.mu.Lock()
+		if seen := c.scanLocked(b[:n]); seen != 0 {
+			c.seen.Or(seen)
+		}
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// scanLocked feeds b to the matcher and returns the fields it completed. It skips from line to line
+// with IndexByte, so a body costs about as much as a search for its newlines.
+func (c *framingConn) scanLocked(b []byte) uint32 {
+	var seen uint32
+	for i := 0; i < len(b); {
+		if c.matched < 0 {
+			j := bytes.IndexByte(b[i:], '\n')
+			if j < 0 {
+				return seen
+			}
+			i += j + 1
+			c.matched = 0
+			continue
+		}
+		ch := b[i]
+		if 'A' <= ch && ch <= 'Z' {
+			ch += 'a' - 'A'
+		}
+		if c.matched == 0 {
+			switch ch {
+			case 'c':
+				c.field = contentLengthField
+			case 't':
+				c.field = transferEncodingField
+			default:
+				c.matched = -1 // b[i] is looked at again: it may be the '\n' of an empty line
+				continue
+			}
+		}
+		if ch != c.field[c.matched] {
+			c.matched = -1
+			continue
+		}
+		i++
+		if c.matched++; c.matched == len(c.field) {
+			if c.field == contentLengthField {
+				seen |= sawContentLength
+			} else {
+				seen |= sawTransferEncoding
+			}
+			c.matched = -1
+		}
+	}
+	return seen
+}
+
+// CloseWrite half-closes the connection when the one wrapped can: net/http does that before it
+// closes a connection after an answer, so that the client reads the answer before a reset.
+func (c *framingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// upstreamCause is the class of an upstream failure, as a client may read it: what happened to the
+// connection, never where it went.
+func upstreamCause(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT): // ENOENT: no Unix socket
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return "connection reset"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		// net.ErrClosed: the transport closed its end once the exchange broke, while still writing.
+		return "connection closed before the answer"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "unreachable"
+	}
+	return "bad exchange"
+}
+
+// withoutAddresses replaces the network addresses in an error's text with "<address>": IP literals
+// with or without a port, host:port, a URL's authority, a Unix socket's path after "unix", and a name
+// after "lookup". An edge error body quotes backends (a dial error, a tenant's stderr) and must not
+// tell a client where the tenants live; the log and the admin API keep the whole text. It errs on the
+// side of replacing (a "main.go:12" goes too).
+func withoutAddresses(msg string) string {
+	return addressPattern.ReplaceAllStringFunc(msg, func(m string) string {
+		if i := strings.Index(m, "://"); i >= 0 {
+			return m[:i+3] + "<address>"
+		}
+		if i := strings.IndexByte(m, ' '); i >= 0 { // "unix …", "lookup …"
+			return m[:i+1] + "<address>"
+		}
+		return "<address>"
+	})
+}
+
+// addressPattern matches what withoutAddresses replaces. Read only: a Regexp is safe for concurrent
+// use.
+var addressPattern = regexp.MustCompile(`(?i)` +
+	`\b[a-z][a-z0-9+.-]*://[^/\s"'<>]+` + // a URL's scheme and authority
+	`|\[[0-9a-f:.]+(?:%[^\]\s]*)?\](?::\d+)?` + // [IPv6], with a zone and a port
+	`|\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b` + // IPv6 in full
+	`|\b[0-9a-f]{1,4}(?::[0-9a-f]{1,4})*::(?:[0-9a-f]{1,4}(?::[0-9a-f]{1,4})*\b)?` + // IPv6 with "::"
+	`|::[0-9a-f]{1,4}(?::[0-9a-f]{1,4})*\b` + // IPv6 starting with "::" ("::1")
+	`|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b` + // IPv4, with a port
+	`|\bunix(?:gram|packet)? [^\s:]+` + // a Unix socket's path, as net errors name it
+	`|\blookup [^\s:]+` + // the name a DNS lookup failed for
+	`|\b[a-z0-9.-]*[a-z][a-z0-9.-]*:\d{1,5}\b`) // host:port, the host with a letter (not a time)
