@@ -322,6 +322,7 @@ func rawPost(ctx context.Context, addr, path string, timeout time.Duration) (int
 	if err != nil {
 		return 0, nil, err
 	}
+	req.Header.Set("X-Activator", "1") // the admin API refuses a POST a browser could send cross-site
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err

@@ -1,16 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
@@ -43,6 +48,16 @@ func cmdCheck(args []string) int {
 			problems = append(problems, err.Error())
 		}
 	}
+	if g := cfg.AdminAccess.Socket.Group; g != "" && strings.HasPrefix(cfg.Admin, "unix:") {
+		if _, err := lookupGroup(g); err != nil {
+			problems = append(problems, "admin_socket.group: "+err.Error())
+		}
+	}
+	if a, err := registry.ParseAdminAddr(cfg.Admin); err == nil {
+		for _, w := range adminWarnings(cfg, a) {
+			fmt.Fprintf(os.Stderr, "%s: warning: %s\n", *cfgPath, w)
+		}
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(os.Stderr, "%s: %d problem%s found on this host:\n", *cfgPath, len(problems), plural(len(problems)))
 		for _, p := range problems {
@@ -54,22 +69,69 @@ func cmdCheck(args []string) int {
 	return 0
 }
 
-func adminFlag(fs *flag.FlagSet) *string {
-	def := os.Getenv("ACTIVATOR_ADMIN")
-	if def == "" {
-		def = registry.DefaultAdmin
+// adminClient is how the CLI reaches the admin API: the address (host:port or unix:/path) and the
+// bearer token, if any.
+type adminClient struct {
+	addr  registry.AdminAddr
+	token string
+}
+
+// adminFlags adds --admin, --token-file and --config to fs; the function it returns, called after
+// fs.Parse, settles the client. The address is --admin, else $ACTIVATOR_ADMIN, else the config's admin,
+// else the default. The token is read from --token-file, else taken from $ACTIVATOR_ADMIN_TOKEN, else
+// read from the config's admin_token_file.
+func adminFlags(fs *flag.FlagSet) func() (*adminClient, error) {
+	admin := fs.String("admin", "", "admin API address, host:port or unix:/path (env ACTIVATOR_ADMIN; default the config's admin, or "+registry.DefaultAdmin+")")
+	tokenFile := fs.String("token-file", "", "file holding the admin API's bearer token (env "+registry.AdminTokenEnv+"; default the config's admin_token_file)")
+	cfgPath := fs.String("config", "", "the activator's config file: admin and admin_token_file are read from it")
+	return func() (*adminClient, error) {
+		var fc struct {
+			Admin     string `yaml:"admin"`
+			TokenFile string `yaml:"admin_token_file"`
+		}
+		if *cfgPath != "" {
+			b, err := os.ReadFile(*cfgPath)
+			if err != nil {
+				return nil, err
+			}
+			if err := yaml.Unmarshal(b, &fc); err != nil {
+				return nil, fmt.Errorf("%s: %w", *cfgPath, err)
+			}
+		}
+		addr := cmp.Or(*admin, os.Getenv("ACTIVATOR_ADMIN"), fc.Admin, registry.DefaultAdmin)
+		a, err := registry.ParseAdminAddr(addr)
+		if err != nil {
+			return nil, fmt.Errorf("--admin: %w", err)
+		}
+		c := &adminClient{addr: a, token: os.Getenv(registry.AdminTokenEnv)}
+		f := *tokenFile
+		if f == "" && c.token == "" {
+			f = fc.TokenFile
+		}
+		if f != "" {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("admin token: %w", err)
+			}
+			c.token = strings.TrimRight(string(b), "\r\n")
+		}
+		return c, nil
 	}
-	return fs.String("admin", def, "admin API address (env ACTIVATOR_ADMIN)")
 }
 
 func cmdStatus(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	admin := adminFlag(fs)
+	client := adminFlags(fs)
 	asJSON := fs.Bool("json", false, "print the raw JSON")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	body, code, err := adminCall(http.MethodGet, *admin, "/routes", 10*time.Second)
+	c, err := client()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "activator status:", err)
+		return 2
+	}
+	body, code, err := c.call(http.MethodGet, "/routes", 10*time.Second)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activator status:", err)
 		return 1
@@ -132,7 +194,7 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 
 func cmdAct(verb string, args []string) int {
 	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
-	admin := adminFlag(fs)
+	client := adminFlags(fs)
 	// Accept the route before or after the flags.
 	var route string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -148,7 +210,12 @@ func cmdAct(verb string, args []string) int {
 		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
 		return 2
 	}
-	body, code, err := adminCall(http.MethodPost, *admin, "/routes/"+route+"/"+verb, 16*time.Minute)
+	c, err := client()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "activator %s: %v\n", verb, err)
+		return 2
+	}
+	body, code, err := c.call(http.MethodPost, "/routes/"+url.PathEscape(route)+"/"+verb, 16*time.Minute)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "activator %s: %v\n", verb, err)
 		return 1
@@ -168,18 +235,39 @@ func cmdAct(verb string, args []string) int {
 	return 0
 }
 
-func adminCall(method, addr, path string, timeout time.Duration) ([]byte, int, error) {
+// call sends one request to the admin API with what its checks ask for: the token, if any, and on
+// POST the X-Activator header.
+func (c *adminClient) call(method, path string, timeout time.Duration) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, nil)
+	base, client := "http://"+c.addr.Address, http.DefaultClient
+	if c.addr.Network == "unix" {
+		base = "http://localhost"
+		client = &http.Client{Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", c.addr.Address)
+			},
+		}}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if method != http.MethodGet {
+		req.Header.Set(activator.CSRFHeader, "1")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := client.Do(req)
 	if err != nil {
-		return nil, 0, fmt.Errorf("cannot reach the admin API at %s (is `activator serve` running? set --admin): %w", addr, err)
+		return nil, 0, fmt.Errorf("cannot reach the admin API at %s (is `activator serve` running? set --admin): %w", c.addr.Address, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode == http.StatusUnauthorized {
+		err = fmt.Errorf("the admin API wants a bearer token (--token-file, $%s or --config): %s", registry.AdminTokenEnv, strings.TrimSpace(string(b)))
+	}
 	return b, resp.StatusCode, err
 }

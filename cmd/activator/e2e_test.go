@@ -106,13 +106,14 @@ func TestHerdWakesOnce(t *testing.T) {
 }
 
 // TestChildExitsBeforeHealthy: a child that dies before it listens fails every held request with 503
-// naming the exit code and quoting its stderr; during the backoff a request gets 503 at once with
+// naming the exit code and quoting its stderr (the route has detailed_errors); during the backoff a request gets 503 at once with
 // Retry-After set to the time left; after the backoff the next request wakes the app again.
 func TestChildExitsBeforeHealthy(t *testing.T) {
 	const msg = "boom: cannot open /var/lib/app/db"
 	app := appRoute{
 		Name:           "crashy",
 		BackoffInitial: "3s", BackoffMax: "3s",
+		DetailedErrors: true,
 		// The start delay lets the held requests pile up behind the wake; a request that arrives after
 		// the failure gets the backoff's answer, which must carry the same cause.
 		Env: map[string]string{"DEMOAPP_EXIT_CODE": "3", "DEMOAPP_EXIT_MESSAGE": msg, "DEMOAPP_START_DELAY": "200ms"},
@@ -217,13 +218,15 @@ func TestChildExitsBeforeHealthy(t *testing.T) {
 }
 
 // TestNeverHealthy: a child that runs but never passes the health gate fails the wake after the wake
-// budget with 503, and is killed: no process is left. The budget leaves a loaded CI machine (race
+// budget with 503 (quoting the gate's last probe: the route has detailed_errors), and is killed: no
+// process is left. The budget leaves a loaded CI machine (race
 // detector, packages testing in parallel) ample time to start the child, whose 503 the error must
 // quote: a child still not listening when the budget ends would leave "connection refused" instead.
 func TestNeverHealthy(t *testing.T) {
 	app := appRoute{
 		Name: "sick", WakeBudget: "3s",
-		Env: map[string]string{"DEMOAPP_UNHEALTHY": "1"},
+		Env:            map[string]string{"DEMOAPP_UNHEALTHY": "1"},
+		DetailedErrors: true,
 	}
 	h := newHarness(t, configYAML(t, app))
 	r := h.get(app.host(), "/")
@@ -485,10 +488,11 @@ func TestReloadRejectsBadConfig(t *testing.T) {
 		}
 	}
 	writeAtomic(good)
+	running := loadConfig(t, h.bk, good)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
-	go func() { stopped <- reloader(ctx, h.log, serveOptions{configPath: path}, h.bk, h.srv) }()
+	go func() { stopped <- reloader(ctx, h.log, serveOptions{configPath: path}, h.bk, h.srv, running) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-stopped; err != nil {

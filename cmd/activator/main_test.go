@@ -56,6 +56,8 @@ type appRoute struct {
 	Env      map[string]string // DEMOAPP_* knobs
 	// Route keys, as YAML scalars.
 	Idle, WakeBudget, HoldMaxTime, BackoffInitial, BackoffMax, StopGrace string
+	// DetailedErrors sets detailed_errors: error bodies quote a failed wake's cause.
+	DetailedErrors bool
 }
 
 func (a appRoute) host() string { return a.Name + ".test" }
@@ -87,6 +89,9 @@ func (a appRoute) yaml(t testing.TB) string {
 	fmt.Fprintf(&b, "    hold: {max_time: %s}\n", or(a.HoldMaxTime, "60s"))
 	fmt.Fprintf(&b, "    backoff: {initial: %s, max: %s}\n", or(a.BackoffInitial, "1s"), or(a.BackoffMax, "1m"))
 	fmt.Fprintf(&b, "    health: {path: /healthz, interval: 50ms}\n")
+	if a.DetailedErrors {
+		fmt.Fprintf(&b, "    detailed_errors: true\n")
+	}
 	fmt.Fprintf(&b, "    exec:\n")
 	fmt.Fprintf(&b, "      argv: [%q]\n", self)
 	fmt.Fprintf(&b, "      listen: %s\n", or(a.Listen, "env"))
@@ -178,7 +183,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		srv:      srv,
 		edge:     newEdgeServer(srv, cfg.Edge, log),
 		edgeAddr: ln.Addr().String(),
-		admin:    httptest.NewServer(srv.AdminHandler(nil)),
+		admin:    httptest.NewServer(srv.AdminHandler(nil, nil)),
 		client: &http.Client{Transport: &http.Transport{
 			MaxIdleConns:        2048,
 			MaxIdleConnsPerHost: 2048,

@@ -193,8 +193,8 @@ func TestRestartUnderSystemdLosesNothing(t *testing.T) {
 	}
 	const body = "hello across restarts"
 	edge := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	dir := t.TempDir()
+	admin := filepath.Join(dir, "admin.sock") // the shipped unit's is a unix socket too
 	cfgPath, logPath := filepath.Join(dir, "activator.yaml"), filepath.Join(dir, "activator.log")
 	app := appRoute{Name: "app", Env: map[string]string{"DEMOAPP_BODY": body}}
 	// listen and admin are what the activator would bind without systemd; under it the sockets win.
@@ -231,7 +231,13 @@ func TestRestartUnderSystemdLosesNothing(t *testing.T) {
 		}},
 	}.apply(t, "activator.service", shippedUnit(t, "activator.service"))
 	socket := unitEdit{set: map[string]string{"ListenStream": edge}}.apply(t, "activator.socket", shippedUnit(t, "activator.socket"))
-	adminSocket := unitEdit{set: map[string]string{"ListenStream": admin}}.apply(t, "activator-admin.socket", shippedUnit(t, "activator-admin.socket"))
+	adminSocket := unitEdit{
+		set: map[string]string{"ListenStream": admin},
+		drop: map[string]string{
+			"SocketUser":  "a user manager cannot chown the socket to another user",
+			"SocketGroup": "a user manager cannot chown the socket to another group",
+		},
+	}.apply(t, "activator-admin.socket", shippedUnit(t, "activator-admin.socket"))
 	m.WriteUnit(t, "activator.service", service)
 	m.WriteUnit(t, "activator.socket", socket)
 	m.WriteUnit(t, "activator-admin.socket", adminSocket)

@@ -133,14 +133,20 @@ func serve(o serveOptions) int {
 	edge := newEdgeServer(srv, cfg.Edge, log)
 	door := watchEdge(edge, edgeLn) // lets the shutdown stop accepting before it stops the edge
 	edgeLn = door
-	adminHandler := srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	access := activator.NewAdminAccess(adminPolicy(cfg))
+	for _, w := range adminWarnings(cfg, listenerAddr(adminLn.Addr())) {
+		log.Warn(w)
+	}
+	adminHandler := srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), access)
 	if o.pprof {
+		pp := http.NewServeMux()
+		pp.HandleFunc("/debug/pprof/", httppprof.Index)
+		pp.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		pp.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		pp.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		pp.HandleFunc("/debug/pprof/trace", httppprof.Trace)
 		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", httppprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+		mux.Handle("/debug/pprof/", access.Guard(pp)) // profiles under the admin API's own checks
 		mux.Handle("/", adminHandler)
 		adminHandler = mux
 	}
@@ -156,7 +162,7 @@ func serve(o serveOptions) int {
 	g.Go(func() error { return watchdog(gctx) })
 	applied := &graceTracker{srv: srv}
 	applied.grace.Store(int64(cfg.ShutdownGrace))
-	g.Go(func() error { return reloader(gctx, log, o, bk, applied) })
+	g.Go(func() error { return reloader(gctx, log, o, bk, adminApplier{applied, access}, cfg) })
 	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes))
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
@@ -242,7 +248,8 @@ func edgeProtocols() *http.Protocols {
 }
 
 // listeners returns the edge and admin listeners: passed in by systemd socket activation
-// (FileDescriptorName=edge / admin, see units/activator.socket) when present, bound here otherwise.
+// (FileDescriptorName=edge / admin, see units/activator.socket and units/activator-admin.socket) when
+// present, bound here otherwise. The admin address is host:port or unix:/path (listenAdmin).
 func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, err error) {
 	named, err := activation.ListenersWithNames()
 	if err != nil {
@@ -267,7 +274,7 @@ func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, 
 		}
 	}
 	if admin == nil {
-		if admin, err = net.Listen("tcp", adminAddr); err != nil {
+		if admin, err = listenAdmin(adminAddr, cfg.AdminAccess.Socket); err != nil {
 			edge.Close()
 			return nil, nil, fmt.Errorf("admin: %w", err)
 		}
@@ -294,9 +301,8 @@ func watchdog(ctx context.Context) error {
 }
 
 // reloader reloads on SIGHUP and when the config file changes (see reloadLoop for how bursts of
-// triggers coalesce). A bad new config is rejected with all its errors logged and the old one stays in
-// force.
-func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier) error {
+// triggers coalesce; newReload for what one reload does). running is the config serve started with.
+func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config) error {
 	if o.configPath == "" {
 		<-ctx.Done()
 		return nil
@@ -318,7 +324,23 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 			events = w.Events
 		}
 	}
-	reload := func(trigger string) {
+	l := &reloadLoop{
+		hup:    hup,
+		events: events,
+		file:   filepath.Base(o.configPath),
+		settle: func() <-chan time.Time { return time.After(settleTime) },
+		reload: newReload(ctx, log, o, bk, srv, running),
+	}
+	l.run(ctx)
+	return nil
+}
+
+// newReload returns one reload: it reads the config file, and applies the new config or, when it is
+// bad, logs all its problems and keeps the old one in force. running is the config serve started with,
+// whose listen and admin addresses are bound: a reload that changes them applies the rest and warns
+// that the listeners stay where they are. Reloads run one at a time (reloadLoop).
+func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config) func(trigger string) {
+	return func(trigger string) {
 		cfg, err := o.load(bk.decoders)
 		if err != nil {
 			errs := registry.Errors(err)
@@ -335,16 +357,16 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 		}
 		releaseLoadGarbage()
 		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
+		for _, a := range []struct{ key, bound, next, override string }{
+			{"listen", running.Listen, cfg.Listen, o.listen},
+			{"admin", running.Admin, cfg.Admin, o.admin},
+		} {
+			if a.override == "" && a.next != a.bound {
+				log.Warn(fmt.Sprintf("%s address changed from %s to %s; restart the activator to apply it", a.key, a.bound, a.next),
+					"key", a.key, "in_force", a.bound, "configured", a.next)
+			}
+		}
 	}
-	l := &reloadLoop{
-		hup:    hup,
-		events: events,
-		file:   filepath.Base(o.configPath),
-		settle: func() <-chan time.Time { return time.After(settleTime) },
-		reload: reload,
-	}
-	l.run(ctx)
-	return nil
 }
 
 // settleTime is how long the config file must go without events before it is reloaded: editors

@@ -57,11 +57,16 @@ type served struct {
 // runs; its log is printed when the test failed.
 func startServed(t testing.TB, config string) *served {
 	t.Helper()
+	return startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), config)
+}
+
+// startServedAt is startServed with the edge and admin addresses given (admin may be unix:/path).
+func startServedAt(t testing.TB, edge, admin, config string) *served {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	edge, admin := freeLoopbackAddr(t), freeLoopbackAddr(t)
 	path := filepath.Join(t.TempDir(), "activator.yaml")
 	config = fmt.Sprintf("listen: %q\nadmin: %q\n", edge, admin) + config
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {

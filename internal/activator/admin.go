@@ -18,9 +18,12 @@ import (
 //	POST /routes/{name}/wake    wake and wait for the result (?wait=false to return at once)
 //	POST /routes/{name}/sleep   put to sleep and wait until asleep
 //
-// metrics, when non-nil, is mounted at /metrics.
-func (s *Server) AdminHandler(metrics http.Handler) http.Handler {
+// metrics, when non-nil, is mounted at /metrics. Every request passes access's checks first (see
+// AdminAccess.Guard): the Host, the bearer token when access has one, and for POST a request that no
+// browser sends cross-site. A nil access is the zero AdminPolicy: no token, the other checks still.
+func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Handler {
 	r := chi.NewRouter()
+	r.Use(access.Guard)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

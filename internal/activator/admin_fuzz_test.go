@@ -35,7 +35,9 @@ var adminRouteRE = regexp.MustCompile(`^/routes/([^/]+)(/wake|/sleep)?$`)
 
 // FuzzAdmin sends any request (method, target, header lines separated by "\n", body) that net/http
 // can parse to the admin API of a Server with three routes, asleep or (with awake) with "app" and
-// "stuck" awake. The handler must not panic; no answer is a 5xx but a 502 or 503 for a route whose
+// "stuck" awake, as a local client (Host: localhost unless the headers say otherwise). The handler
+// must not panic; a foreign Host gets 421 and a state-changing request a browser could send
+// cross-site 403; no answer is a 5xx but a 502 or 503 for a route whose
 // backing failed; an answer labelled JSON is valid JSON; and a request for a route by a name no route
 // has gets 404 with a JSON error naming it.
 func FuzzAdmin(f *testing.F) {
@@ -75,7 +77,7 @@ func FuzzAdmin(f *testing.F) {
 		}
 
 		rec := httptest.NewRecorder()
-		s.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})).ServeHTTP(rec, req)
+		s.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), nil).ServeHTTP(rec, req)
 		code, got := rec.Code, rec.Body.Bytes()
 		what := req.Method + " " + req.RequestURI
 
@@ -96,6 +98,22 @@ func FuzzAdmin(f *testing.F) {
 			}
 		case code >= 500:
 			t.Errorf("%s: %d: %s", what, code, got)
+		}
+
+		// The guard: a request for a foreign Host gets 421, and a state-changing one that a browser could
+		// send cross-site gets 403, whatever it asks for.
+		refusal := 0
+		switch {
+		case !hostAllowed(req, nil):
+			refusal = http.StatusMisdirectedRequest
+		case !isRead(req.Method) && crossSite(req, false) != "":
+			refusal = http.StatusForbidden
+		}
+		if refusal != 0 {
+			if code != refusal {
+				t.Errorf("%s (Host %q): %d, want %d from the guard: %s", what, req.Host, code, refusal, got)
+			}
+			return
 		}
 
 		path := req.URL.RawPath
@@ -127,11 +145,16 @@ func FuzzAdmin(f *testing.F) {
 // fuzzRequest parses the request FuzzAdmin sends, as net/http's server would read it off the wire.
 func fuzzRequest(method, target, header string, body []byte) (*http.Request, error) {
 	var b strings.Builder
-	b.WriteString(method + " " + target + " HTTP/1.1\r\nHost: admin.test\r\n")
+	b.WriteString(method + " " + target + " HTTP/1.1\r\n")
+	host := false
 	for line := range strings.SplitSeq(header, "\n") {
 		if line != "" {
 			b.WriteString(line + "\r\n")
+			host = host || len(line) >= 5 && strings.EqualFold(line[:5], "host:")
 		}
+	}
+	if !host {
+		b.WriteString("Host: localhost\r\n")
 	}
 	if len(body) > 0 {
 		b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")

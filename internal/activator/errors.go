@@ -42,13 +42,18 @@ var (
 // Request-body limits answer with bodybuf's sentinels: bodybuf.ErrTooLarge (413) and
 // bodybuf.ErrIdle (408), from the buffered read and from a streamed body alike.
 
-// WakeError is a failed wake as held requests see it: the phase it died in and why.
+// WakeError is a failed wake as held requests see it: the phase it died in and why. Err is for the log,
+// the admin API and the wake record; a client reads it only from a route with detailed_errors (see
+// clientMessage), since it may quote the tenant's output (paths, config names).
 type WakeError struct {
-	Route string
-	Phase string
-	Err   error
+	Route  string
+	Phase  string
+	WakeID string // the failed wake's WakeRecord.ID
+	Err    error
 	// RetryAfter is how long the route refuses new wakes (its failure backoff).
 	RetryAfter time.Duration
+	// Detailed is the route's detailed_errors: the client's error body may quote Err.
+	Detailed bool
 }
 
 func (e *WakeError) Error() string {
@@ -162,16 +167,33 @@ func clientMessage(err error) string {
 		return sentinel.Error()
 	}
 	// Any other error may quote a backend or a tenant, and with them where they live: an upstream
-	// failure is told as its class alone, the rest without addresses (withoutAddresses).
-	var ue *UpstreamError
-	if errors.As(err, &ue) {
+	// failure is told as its class alone; a failed wake as its phase alone (its cause quotes the
+	// tenant's output), unless the route has detailed_errors; a failed sleep without its cause; the
+	// rest without addresses (withoutAddresses).
+	var (
+		ue *UpstreamError
+		be *BackoffError
+		we *WakeError
+		se *SleepError
+	)
+	switch {
+	case errors.As(err, &ue):
 		return fmt.Sprintf("route %q: upstream failed: %s", ue.Route, upstreamCause(ue.Err))
+	case errors.As(err, &be) && be.Last != nil && !be.Last.Detailed:
+		return fmt.Sprintf("route %q: the last wake failed in phase %s; next attempt in %v", be.Route, be.Last.Phase,
+			be.RetryAfter.Round(time.Second))
+	case errors.As(err, &we) && !we.Detailed:
+		return fmt.Sprintf("route %q: wake failed in phase %s", we.Route, we.Phase)
+	case errors.As(err, &se):
+		return fmt.Sprintf("route %q: sleep failed", se.Route)
 	}
 	return withoutAddresses(err.Error())
 }
 
-// writeError answers a request with err's status and a short body naming the phase and cause: HTML for
-// browsers, JSON for Accept: application/json, plain text otherwise.
+// writeError answers a request with err's status and a short body (clientMessage) naming the failed
+// phase and the wake's id when a wake failed: HTML for browsers, JSON for Accept: application/json,
+// plain text otherwise. The id is what an operator looks up in the logs and the admin API, which have
+// the cause.
 func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	code, retry := statusFor(err)
 	h := w.Header()
@@ -181,10 +203,10 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	msg := clientMessage(err)
-	phase := ""
+	phase, wakeID := "", ""
 	var we *WakeError
 	if errors.As(err, &we) {
-		phase = we.Phase
+		phase, wakeID = we.Phase, we.WakeID
 	}
 	accept := r.Header.Get("Accept")
 	switch {
@@ -195,6 +217,9 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 		if phase != "" {
 			body["phase"] = phase
 		}
+		if wakeID != "" {
+			body["wake_id"] = wakeID
+		}
 		if retry > 0 {
 			body["retry_after_seconds"] = int(math.Ceil(retry.Seconds()))
 		}
@@ -204,10 +229,16 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 		w.WriteHeader(code)
 		fmt.Fprintf(w, "<!doctype html><title>%d %s</title><h1>%d %s</h1><pre>%s</pre>\n",
 			code, http.StatusText(code), code, http.StatusText(code), html.EscapeString(msg))
+		if wakeID != "" {
+			fmt.Fprintf(w, "<p>wake id: %s</p>\n", html.EscapeString(wakeID))
+		}
 	default:
 		h.Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(code)
 		fmt.Fprintf(w, "%d %s: %s\n", code, http.StatusText(code), msg)
+		if wakeID != "" {
+			fmt.Fprintf(w, "wake id: %s\n", wakeID)
+		}
 	}
 	return code
 }

@@ -379,9 +379,10 @@ func containsAny(s string, subs []string) bool {
 // TestWakeErrorBodyHasNoAddress: a failed wake whose cause quotes an address (a health probe's dial
 // error) answers the held request, and the next one in the backoff, without it; the admin API's
 // status keeps the whole text.
+// A route with detailed_errors quotes a failed wake's cause to clients, still without its addresses.
 func TestWakeErrorBodyHasNoAddress(t *testing.T) {
 	cause := errors.New(`GET /healthz: Get "http://10.1.2.3:8080/healthz": dial tcp 10.1.2.3:8080: connect: connection refused`)
-	s, in := newTestServer(t, &fakeBackend{}, passGate{err: cause})
+	s, in := newTestServer(t, &fakeBackend{}, passGate{err: cause}, func(r *registry.Route) { r.DetailedErrors = true })
 	addr := edgeListen(t, s, true)
 	for _, what := range []string{"held request", "request in the backoff"} {
 		resp, body := exchange(t, addr, "GET / HTTP/1.1\r\nHost: app.test\r\n\r\n")

@@ -1,6 +1,8 @@
 package activator
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"sync"
 	"time"
 )
@@ -8,6 +10,9 @@ import (
 // WakeRecord explains one wake: what triggered it, each phase and how long it took, the decisions the
 // backend noted, and how it ended. It is what `activator status`, GET /routes and the wake log line show.
 type WakeRecord struct {
+	// ID names this wake attempt (newWakeID): the error body a held request gets quotes it, so an
+	// operator can find the cause in the logs and the admin API.
+	ID          string        `json:"wake_id"`
 	Route       string        `json:"route"`
 	Backing     string        `json:"backing"`
 	Trigger     string        `json:"trigger"` // a trigger: "request", "admin", "adopt"
@@ -65,8 +70,16 @@ type tracker struct {
 
 func newTracker(route, backing string, trig trigger, now func() time.Time) *tracker {
 	t := &tracker{now: now}
-	t.rec = WakeRecord{Route: route, Backing: backing, Trigger: string(trig), Started: now(), Result: ResultRunning}
+	t.rec = WakeRecord{ID: newWakeID(), Route: route, Backing: backing, Trigger: string(trig), Started: now(), Result: ResultRunning}
 	return t
+}
+
+// newWakeID returns a wake's id: 12 random hex digits, unique enough to grep the logs for, and
+// telling a stranger nothing (no count of wakes, no time).
+func newWakeID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it crashes the program instead)
+	return hex.EncodeToString(b[:])
 }
 
 // Phase implements Tracker.

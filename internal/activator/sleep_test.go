@@ -33,11 +33,16 @@ func TestFailedSleepIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
-	admin := httptest.NewServer(s.AdminHandler(nil))
+	admin := httptest.NewServer(s.AdminHandler(nil, nil))
 	t.Cleanup(admin.Close)
 	post := func(path string) (int, map[string]any) {
 		t.Helper()
-		resp, err := http.Post(admin.URL+path, "", nil)
+		req, err := http.NewRequest(http.MethodPost, admin.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(CSRFHeader, "1")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

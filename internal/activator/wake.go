@@ -255,12 +255,13 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 		backoff = in.route.Backoff.Max
 	}
 	rec := out.rec
-	we := &WakeError{Route: in.route.Name, Phase: rec.FailedPhase, Err: out.err, RetryAfter: backoff}
+	we := &WakeError{Route: in.route.Name, Phase: rec.FailedPhase, WakeID: rec.ID, Err: out.err, RetryAfter: backoff,
+		Detailed: in.route.DetailedErrors}
 	in.lastErr = we
 	att.err = we
 	in.until = in.now().Add(backoff)
 	in.setStateLocked(Failed)
-	in.logger().Warn("wake failed", "trigger", rec.Trigger, "phase", rec.FailedPhase, "duration", rec.Duration,
+	in.logger().Warn("wake failed", "wake_id", rec.ID, "trigger", rec.Trigger, "phase", rec.FailedPhase, "duration", rec.Duration,
 		"phases", phaseAttr(rec.Phases), "retry_in", backoff, "err", out.err)
 	in.series.wakeDone(rec)
 }

@@ -84,7 +84,8 @@ func WithPacer(pc *Pacer) Option { return func(p *Prober) { p.pacer = pc } }
 // New returns a Prober for the upstream with the route's health settings. Zero fields (as in a Health
 // built by hand rather than by the registry) take the registry's defaults: path "/", status 200-399,
 // a 2s timeout, a 1s interval, one pass; but a zero FailFastAfter is not defaulted: it turns the
-// fail-fast rule off.
+// fail-fast rule off. An empty Host sends the upstream's address as Host (localhost over a unix
+// socket).
 func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	if h.Path == "" {
 		h.Path = "/"
@@ -101,9 +102,14 @@ func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	if h.Passes < 1 {
 		h.Passes = 1
 	}
-	host := u.Address
-	if u.Network == "unix" {
+	// The Host a tenant with a Host allow-list (Django, Rails) accepts: the route's (h.Host, which Load
+	// fills in from health.host or the first exact host), else the address the probe dials.
+	host := h.Host
+	switch {
+	case !validHost(host) && u.Network == "unix":
 		host = "localhost"
+	case !validHost(host):
+		host = u.Address
 	}
 	// A probe measures a fresh connection (a pooled one may point at a process that is gone), so it
 	// asks the tenant to close it.
@@ -113,6 +119,18 @@ func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 		o(p)
 	}
 	return p
+}
+
+// validHost reports whether h can go into the probe's Host header as is: not empty, and printable
+// ASCII without spaces, so that a Health built by hand cannot break the request head. (Load checks
+// health.host fully.)
+func validHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		if h[i] <= ' ' || h[i] >= 0x7f {
+			return false
+		}
+	}
+	return h != ""
 }
 
 // Probe makes one GET on a fresh connection within the configured timeout and returns nil when the
@@ -376,7 +394,9 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 // statusError is a probe answered with a status outside the accepted range.
 type statusError struct{ code, min, max int }
 
-func (e *statusError) Error() string { return fmt.Sprintf("status %d, want %d-%d", e.code, e.min, e.max) }
+func (e *statusError) Error() string {
+	return fmt.Sprintf("status %d, want %d-%d", e.code, e.min, e.max)
+}
 
 // refusal returns the status of a probe that failed on a client error that asking again will not
 // change: a 4xx outside the accepted range other than 408 Request Timeout, 425 Too Early and 429 Too

@@ -59,6 +59,7 @@ type fileConfig struct {
 	ShutdownGrace *Duration   `yaml:"shutdown_grace"`
 	Edge          edgeKeys    `yaml:"edge"`
 	Routes        []yaml.Node `yaml:"routes"`
+	AdminKeys     adminKeys   `yaml:",inline"` // admin_socket, admin_token_file, … (admin.go)
 }
 
 // edgeKeys is the edge: block. Every key is a pointer, nil when left out, so that a zero the operator
@@ -85,6 +86,7 @@ type routeKeys struct {
 	MaxUpConns  int       `yaml:"max_upstream_conns"`
 	Buffering   *bool     `yaml:"request_buffering"`
 	MaxBody     *ByteSize `yaml:"max_body"`
+	Detailed    bool      `yaml:"detailed_errors"`
 	Health      healthKey `yaml:"health"`
 	Idle        *Duration `yaml:"idle"`
 	WakeBudget  Duration  `yaml:"wake_budget"`
@@ -101,6 +103,7 @@ type routeKeys struct {
 
 type healthKey struct {
 	Path     string   `yaml:"path"`
+	Host     string   `yaml:"host"`
 	Status   string   `yaml:"status"`
 	Interval Duration `yaml:"interval"`
 	Timeout  Duration `yaml:"timeout"`
@@ -153,15 +156,17 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 		cfg.Admin = DefaultAdmin
 	}
 	top := topCheck{l: &l, doc: &doc}
+	own := top.checkAddrs(cfg.Listen, cfg.Admin)
 	cfg.ShutdownGrace = top.duration("shutdown_grace", fc.ShutdownGrace, DefaultShutdownGrace)
 	cfg.Edge = top.checkEdge(fc.Edge)
+	cfg.AdminAccess = top.checkAdmin(cfg.Admin, fc.AdminKeys)
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
 	names := map[string]int{}
 	hosts := map[string]string{}
 	for i := range fc.Routes {
-		r, ok := loadRoute(&l, &fc.Routes[i], i, backings)
+		r, ok := loadRoute(&l, &fc.Routes[i], i, backings, own)
 		if r == nil {
 			continue
 		}
@@ -176,15 +181,16 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	return cfg, nil
 }
 
-// loadRoute decodes and validates one route, adding every problem it has to l. It returns the route as
-// far as it decoded and whether it is usable (it has no problems), or nil when n is not even a mapping.
-func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecoder) (*Route, bool) {
+// loadRoute decodes and validates one route, adding every problem it has to l. own are the activator's
+// own addresses, which its upstream must not be. It returns the route as far as it decoded and whether
+// it is usable (it has no problems), or nil when n is not even a mapping.
+func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecoder, own []ownAddr) (*Route, bool) {
 	if n.Kind != yaml.MappingNode {
 		l.add(fmt.Sprintf("#%d", idx+1), "", n.Line, "a route must be a mapping")
 		return nil, false
 	}
 	common, blocks := splitBlocks(n, backings)
-	c := &routeCheck{l: l, n: n, label: routeLabel(n, idx), start: len(l.list)}
+	c := &routeCheck{l: l, n: n, label: routeLabel(n, idx), start: len(l.list), own: own}
 	if err := DecodeStrict(common, &c.rk); err != nil {
 		l.addErr(c.label, "", n.Line, err)
 	}
@@ -263,6 +269,7 @@ type routeCheck struct {
 	undecoded map[string]bool // full keys that failed to decode: "hosts[1]", "health.timeout", "hold"
 	rk        routeKeys
 	r         *Route
+	own       []ownAddr // the activator's own valid addresses: listen and admin
 }
 
 func (c *routeCheck) add(key string, line int, format string, args ...any) {
@@ -358,6 +365,7 @@ func (c *routeCheck) checkUpstream() {
 		c.add("upstream", c.at("upstream"), "%v", err)
 	default:
 		c.r.Upstream = u
+		c.checkNotOwn(u)
 	}
 	c.r.MaxUpstreamConns = c.rk.MaxUpConns
 	if c.r.MaxUpstreamConns == 0 {
@@ -367,11 +375,28 @@ func (c *routeCheck) checkUpstream() {
 	}
 }
 
-// checkBody applies request_buffering and max_body, whose values need no check beyond decoding (which
-// rejects a negative size; 0 means no limit).
+// checkNotOwn reports an upstream that is one of the activator's own addresses. A wildcard listen
+// address (0.0.0.0, ::, or no host) counts as every address certainly local: loopback ones and localhost.
+func (c *routeCheck) checkNotOwn(u Upstream) {
+	for _, a := range c.own {
+		if !a.names(u) {
+			continue
+		}
+		what := "requests would loop back to the edge"
+		if a.key == "admin" {
+			what = "requests would go to the admin API"
+		}
+		c.add("upstream", c.at("upstream"), "upstream %s is the activator's own %s address %s: %s (where does the woken tenant listen?)", u, a.key, a.addr, what)
+		return
+	}
+}
+
+// checkBody applies request_buffering, max_body and detailed_errors, whose values need no check
+// beyond decoding (which rejects a negative size; 0 means no limit).
 func (c *routeCheck) checkBody() {
 	c.r.RequestBuffering = valueOr(c.rk.Buffering, true)
 	c.r.MaxBody = c.rk.MaxBody.or(DefaultMaxBody)
+	c.r.DetailedErrors = c.rk.Detailed
 }
 
 // checkBudgets applies wake_budget, sleep_budget and idle. Their values need no check beyond decoding,
@@ -407,12 +432,13 @@ func (c *routeCheck) checkBackoff() {
 	}
 }
 
-// checkHealth checks the health block. It runs after checkBudgets: the health budget must fit in the
-// wake budget.
+// checkHealth checks the health block. It runs after checkBudgets, since the health budget must fit in
+// the wake budget, and after checkHosts, whose first exact host is health.host's default.
 func (c *routeCheck) checkHealth() {
 	hk := c.rk.Health
 	h := Health{
 		Path:      hk.Path,
+		Host:      hk.Host,
 		MinStatus: 200,
 		MaxStatus: 399,
 		Interval:  orDefault(hk.Interval.D(), DefaultInterval),
@@ -424,6 +450,13 @@ func (c *routeCheck) checkHealth() {
 		h.Path = "/"
 	} else if !strings.HasPrefix(h.Path, "/") {
 		c.add("health.path", c.at("health.path"), "%q must start with /", hk.Path)
+	}
+	if h.Host != "" {
+		if err := checkHealthHost(h.Host); err != nil {
+			c.add("health.host", c.at("health.host"), "%v", err)
+		}
+	} else if i := slices.IndexFunc(c.r.Hosts, func(h string) bool { return !strings.HasPrefix(h, "*.") }); i >= 0 {
+		h.Host = c.r.Hosts[i]
 	}
 	if h.Passes == 0 {
 		h.Passes = 1
@@ -456,6 +489,38 @@ type topCheck struct {
 
 func (c topCheck) add(key, format string, args ...any) {
 	c.l.add("", key, KeyLine(c.doc, key), format, args...)
+}
+
+// The forms listen and admin take, for their problems' hints.
+const (
+	listenForms = "(want host:port, as in 127.0.0.1:8080, [::1]:8080 or :8080)"
+	adminForms  = "(want host:port, as in 127.0.0.1:9090, or unix:/path)"
+)
+
+// checkAddrs checks listen (already defaulted), the parts of admin that ParseAdminAddr (checkAdmin)
+// leaves unchecked (a host that is no IP address nor DNS name, port 0), and that the two do not
+// overlap. It returns those that are valid: the addresses no upstream may be. The edge listens on TCP
+// only.
+func (c topCheck) checkAddrs(listen, admin string) []ownAddr {
+	var own []ownAddr
+	l, lerr := parseOwnAddr("listen", listen, false, listenForms)
+	if lerr != nil {
+		c.add("listen", "%v", lerr)
+	} else {
+		own = append(own, l)
+	}
+	if _, err := ParseAdminAddr(admin); err != nil {
+		return own // checkAdmin reports it
+	}
+	a, aerr := parseOwnAddr("admin", admin, true, adminForms)
+	switch {
+	case aerr != nil:
+		c.add("admin", "%v", aerr)
+		return own
+	case lerr == nil && a.overlaps(l):
+		c.add("admin", "%s is also the edge's address (listen: %s)", admin, listen)
+	}
+	return append(own, a)
 }
 
 // duration returns the duration at key, or def when the key is left out, and reports a zero one: a

@@ -19,8 +19,11 @@ import (
 type Config struct {
 	// Listen is the edge's address (default 127.0.0.1:8080).
 	Listen string
-	// Admin is the admin API's address (default 127.0.0.1:9090).
+	// Admin is the admin API's address (default 127.0.0.1:9090): host:port or unix:/path
+	// (ParseAdminAddr).
 	Admin string
+	// AdminAccess is the admin API's socket mode, token and accepted Host names (the admin_* keys).
+	AdminAccess AdminAccess
 	// ShutdownGrace bounds a shutdown on SIGTERM as a whole: answering held requests, draining in-flight
 	// ones and putting tenants to sleep (default 30s, always positive).
 	ShutdownGrace time.Duration
@@ -83,7 +86,10 @@ type Route struct {
 	// MaxBody is the largest request body accepted, buffered or not; a larger one gets 413 (default
 	// 100MiB; 0 means no limit).
 	MaxBody int64
-	Health  Health
+	// DetailedErrors has the edge's error bodies quote a failed wake's cause (a tenant's output tail,
+	// a backend's words) to anonymous clients, for development (default false: phase and wake id only).
+	DetailedErrors bool
+	Health         Health
 	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
 	Idle time.Duration
 	// WakeBudget bounds a whole wake: backend start plus health gate.
@@ -102,7 +108,8 @@ type Upstream struct {
 	Address string // host:port or a socket path
 }
 
-// ParseUpstream accepts "host:port", "unix:/path" or an absolute "/path" (a unix socket).
+// ParseUpstream accepts "host:port", "unix:/path" or an absolute "/path" (a unix socket). The host is
+// an IP address or a DNS name, and the port a number in 1-65535.
 func ParseUpstream(s string) (Upstream, error) {
 	switch {
 	case s == "":
@@ -126,6 +133,12 @@ func ParseUpstream(s string) (Upstream, error) {
 	if port == "" || port == "0" {
 		return Upstream{}, fmt.Errorf("upstream %q needs a fixed port", s)
 	}
+	if _, err := checkPort(port); err != nil {
+		return Upstream{}, fmt.Errorf("upstream %q: %w", s, err)
+	}
+	if err := checkAddrHost(host); err != nil {
+		return Upstream{}, fmt.Errorf("upstream %q: %w", s, err)
+	}
 	return Upstream{Network: "tcp", Address: s}, nil
 }
 
@@ -145,7 +158,10 @@ func (u Upstream) Dial(ctx context.Context) (net.Conn, error) {
 
 // Health is the gate a woken tenant must pass before held requests are released.
 type Health struct {
-	Path      string        // default "/"
+	Path string // default "/"
+	// Host is the probe's Host header: health.host, by default the route's first exact host (Load
+	// fills it in). Empty (a route with only wildcard hosts) sends the upstream's address.
+	Host      string
 	MinStatus int           // default 200
 	MaxStatus int           // default 399
 	Interval  time.Duration // the longest pause between probes (default 1s); probing starts at a few ms

@@ -12,7 +12,9 @@
 // quotes the end of that output.
 //
 // The child inherits the activator's environment, minus LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES and
-// NOTIFY_SOCKET (meant for the activator itself), plus the listen mode's variables and the route's env.
+// NOTIFY_SOCKET (meant for the activator itself) and minus every variable the config names as a secret
+// (Options.SecretEnv), plus the listen mode's variables and the route's env. A secret's name that the
+// route's own env sets explicitly is the operator's choice, and the child gets that value.
 //
 // How the child learns where to listen is the route's `listen` mode: in the environment (PORT and HOST,
 // or SOCKET), as an inherited pre-bound socket (systemd's LISTEN_FDS protocol, through a shim: see
@@ -29,6 +31,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -59,6 +62,11 @@ type Options struct {
 	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must
 	// link package shim, which every program importing this package does.
 	Shim string
+	// SecretEnv returns the names of the environment variables that hold secrets (a Redfish route's
+	// password_env, the admin token's variable): none reaches a child through the activator's own
+	// environment. It is called at every spawn, so a reload that names a new secret applies to the next
+	// child; it must be safe for concurrent use. Nil: no names.
+	SecretEnv func() []string
 }
 
 // The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
@@ -96,7 +104,8 @@ type Backend struct {
 	settings *Settings
 	upstream registry.Upstream
 	shim     string
-	closing  chan struct{} // closed by Close: aborts a Wake waiting for the ready marker
+	secrets  func() []string // Options.SecretEnv; nil for none
+	closing  chan struct{}   // closed by Close: aborts a Wake waiting for the ready marker
 	wg       sync.WaitGroup
 
 	mu     sync.Mutex // guards the fields below
@@ -136,6 +145,7 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		settings: s,
 		upstream: r.Upstream,
 		shim:     o.Shim,
+		secrets:  o.SecretEnv,
 		closing:  make(chan struct{}),
 	}
 	if s.Listen == ListenFDs && b.shim == "" {
@@ -304,7 +314,11 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 func (b *Backend) specLocked() (spec, error) {
 	s := b.settings
 	sp := spec{path: s.Path, args: s.Argv, dir: s.Dir}
-	env := inheritedEnv()
+	var secret []string
+	if b.secrets != nil {
+		secret = b.secrets()
+	}
+	env := inheritedEnv(secret)
 	switch s.Listen {
 	case ListenEnv:
 		switch b.upstream.Network {
@@ -440,13 +454,18 @@ func removeStaleSocket(path string) error {
 }
 
 // inheritedEnv is the activator's environment without what must not leak into a child: socket
-// activation and notification variables meant for the activator itself, and the shim marker.
-func inheritedEnv() []string {
+// activation and notification variables meant for the activator itself, the shim marker, and the
+// variables named in secret. The route's own env is added after it, so a secret's name set there
+// explicitly still reaches the child.
+func inheritedEnv(secret []string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
 		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shim.Env:
+			continue
+		}
+		if slices.Contains(secret, k) {
 			continue
 		}
 		env = append(env, kv)

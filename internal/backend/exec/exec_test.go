@@ -57,6 +57,12 @@ func newFixture(t *testing.T, up registry.Upstream, block string) *fixture {
 // newFixtureLog is newFixture with the backend logging to log.
 func newFixtureLog(t *testing.T, up registry.Upstream, block string, log *slog.Logger) *fixture {
 	t.Helper()
+	return newFixtureOpts(t, up, block, Options{Logger: log})
+}
+
+// newFixtureOpts is newFixture with the backend's Options o.
+func newFixtureOpts(t *testing.T, up registry.Upstream, block string, o Options) *fixture {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +86,7 @@ func newFixtureLog(t *testing.T, up registry.Upstream, block string, log *slog.L
 	st.Env["GORACE"] = "atexit_sleep_ms=0" // a -race child otherwise lingers a second at exit
 	st.Env["EXEC_TEST_TAG"] = tag
 	r.Settings = st
-	b, err := New(r, Options{Logger: log})
+	b, err := New(r, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -656,7 +662,7 @@ func TestShimChoice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := c.sh && shellSafeEnv(inheritedEnv()) // the test's own environment counts too
+			want := c.sh && shellSafeEnv(inheritedEnv(nil)) // the test's own environment counts too
 			if got := sp.path == binSh(); got != want {
 				t.Fatalf("shim %s %q, want /bin/sh: %v", sp.path, sp.args, want)
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/activator/activator/internal/demoapp"
@@ -29,6 +30,9 @@ const floodEnv = "EXEC_TEST_FLOOD"
 func TestMain(m *testing.M) {
 	if n, err := strconv.Atoi(os.Getenv(floodEnv)); err == nil && os.Getenv(demoapp.ChildEnv) == "1" {
 		flood(n)
+	}
+	if path := os.Getenv(envDumpEnv); path != "" && os.Getenv(demoapp.ChildEnv) == "1" {
+		dumpEnv(path)
 	}
 	demoapp.RunIfChild()
 	if mode := os.Getenv(parentEnv); mode != "" {
@@ -67,6 +71,18 @@ func runParent(mode ListenMode, port string) int {
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = b.Close(context.Background())
 	return 0
+}
+
+// envDumpEnv makes a demoapp child write its environment, one NAME=value a line, to the file it names
+// before it starts (the secret-scrubbing test).
+const envDumpEnv = "EXEC_TEST_ENV_DUMP"
+
+// dumpEnv writes os.Environ() to path, or exits with an error.
+func dumpEnv(path string) {
+	if err := os.WriteFile(path, []byte(strings.Join(os.Environ(), "\n")+"\n"), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "env dump:", err)
+		os.Exit(1)
+	}
 }
 
 // flood prints floodLines(n) to stdout in one write: a tenant that writes as fast as the pipe takes it.

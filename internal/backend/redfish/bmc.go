@@ -450,9 +450,7 @@ func (b *bmc) find(c *gofish.APIClient) (*schemas.ComputerSystem, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ids []string
 	for _, s := range systems {
-		ids = append(ids, s.ID)
 		if b.s.System != "" && (s.ID == b.s.System || s.Name == b.s.System) {
 			return s, nil
 		}
@@ -461,10 +459,24 @@ func (b *bmc) find(c *gofish.APIClient) (*schemas.ComputerSystem, error) {
 	case b.s.System == "" && len(systems) == 1:
 		return systems[0], nil
 	case b.s.System == "":
-		return nil, &errNoSystem{fmt.Sprintf("the BMC has %d systems (%s): set system", len(systems), strings.Join(ids, ", "))}
+		return nil, &errNoSystem{fmt.Sprintf("the BMC has %d systems: %s; set system", len(systems), systemList(systems))}
 	default:
-		return nil, &errNoSystem{fmt.Sprintf("no system with Id or Name %q (have: %s)", b.s.System, strings.Join(ids, ", "))}
+		return nil, &errNoSystem{fmt.Sprintf("no system with Id or Name %q (have: %s)", b.s.System, systemList(systems))}
 	}
+}
+
+// systemList names systems for an error, sorted by Id: each as its Id, with its Name beside it when
+// that differs ("1 (WebFrontEnd483), 2 (Blade2)"), as system accepts either.
+func systemList(systems []*schemas.ComputerSystem) string {
+	names := make([]string, 0, len(systems))
+	for _, s := range slices.SortedFunc(slices.Values(systems), func(a, b *schemas.ComputerSystem) int { return strings.Compare(a.ID, b.ID) }) {
+		if s.Name != "" && s.Name != s.ID {
+			names = append(names, fmt.Sprintf("%s (%s)", s.ID, s.Name))
+		} else {
+			names = append(names, s.ID)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // read reads the ComputerSystem, retrying ambiguous and throttled failures within ctx.

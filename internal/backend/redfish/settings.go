@@ -262,6 +262,17 @@ func (s *Settings) password() (string, error) {
 	}
 }
 
+// The settings name their secret variable, which the exec backing scrubs from its tenants.
+var _ registry.SecretEnver = (*Settings)(nil)
+
+// SecretEnv implements registry.SecretEnver: the password_env variable, if one is set.
+func (s *Settings) SecretEnv() []string {
+	if s.PasswordEnv == "" {
+		return nil
+	}
+	return []string{s.PasswordEnv}
+}
+
 func loadCAs(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

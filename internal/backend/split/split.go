@@ -1,7 +1,7 @@
 // Package split is the activator's one tenant.Opener: it dispatches every route to the opener of the
-// route's backing, runs a backing's live check of a route (tenant.Checker), and owns the lifetime of
-// openers that hold resources their routes share (tenant.SharedCloser: the unit backing's D-Bus
-// connections).
+// route's backing, runs a route's live checks (its backing's, tenant.Checker, and those every route
+// shares), and owns the lifetime of openers that hold resources their routes share
+// (tenant.SharedCloser: the unit backing's D-Bus connections).
 package split
 
 import (
@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
@@ -45,12 +46,30 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	return b, nil
 }
 
-// Check runs the live check of r's backing, if it has one.
+// Check runs the live checks every route shares (a unix upstream that is a directory), then that of
+// r's backing, if it has one, and returns every problem found.
 func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
+	var errs []error
+	if err := checkUpstream(r.Upstream); err != nil {
+		errs = append(errs, fmt.Errorf("route %q: %w", r.Name, err))
+	}
 	if c, ok := p.openers[r.Backing].(tenant.Checker); ok {
 		if err := c.Check(ctx, r); err != nil {
-			return fmt.Errorf("route %q: %s: %w", r.Name, r.Backing, err)
+			errs = append(errs, fmt.Errorf("route %q: %s: %w", r.Name, r.Backing, err))
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkUpstream reports a unix upstream whose path is a directory: no tenant can listen there. A path
+// that does not exist yet is fine (the tenant creates its socket). The registry does not look at the
+// filesystem, so this is a live check.
+func checkUpstream(u registry.Upstream) error {
+	if u.Network != "unix" {
+		return nil
+	}
+	if fi, err := os.Stat(u.Address); err == nil && fi.IsDir() {
+		return fmt.Errorf("upstream %s is a directory", u)
 	}
 	return nil
 }

@@ -1,0 +1,163 @@
+package activator
+
+import (
+	"crypto/subtle"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+)
+
+// AdminPolicy is who may use the admin API. The zero policy requires no token: fit for a loopback or
+// unix-socket listener only.
+type AdminPolicy struct {
+	// Token, when non-empty, is the bearer token every request over TCP must carry
+	// (Authorization: Bearer …), but for /metrics when MetricsOpen. Over a unix socket it is not
+	// required (the socket's mode and group are the access control), but a wrong one is refused.
+	Token []byte
+	// MetricsOpen leaves GET /metrics open without the token.
+	MetricsOpen bool
+	// Hosts are Host header names accepted over TCP beside the loopback names (localhost, 127.0.0.1,
+	// [::1]) and the address the connection arrived at. Lower case, without a port.
+	Hosts []string
+}
+
+// AdminAccess holds the AdminPolicy in force; Set replaces it (on reload) for the requests that start
+// afterwards. Safe for concurrent use.
+type AdminAccess struct {
+	p atomic.Pointer[AdminPolicy]
+}
+
+// NewAdminAccess returns an AdminAccess with p in force.
+func NewAdminAccess(p AdminPolicy) *AdminAccess {
+	a := &AdminAccess{}
+	a.Set(p)
+	return a
+}
+
+// Set puts p in force.
+func (a *AdminAccess) Set(p AdminPolicy) {
+	p.Hosts = append([]string(nil), p.Hosts...)
+	for i, h := range p.Hosts {
+		p.Hosts[i] = strings.ToLower(h)
+	}
+	p.Token = append([]byte(nil), p.Token...)
+	a.p.Store(&p)
+}
+
+func (a *AdminAccess) policy() *AdminPolicy {
+	if a == nil {
+		return &AdminPolicy{}
+	}
+	return a.p.Load()
+}
+
+// CSRFHeader is the header a state-changing admin request without a bearer token must carry (any
+// non-empty value; the CLI sends "1"). A browser sends no custom header cross-site without a CORS
+// preflight, which the admin API never grants.
+const CSRFHeader = "X-Activator"
+
+// Guard wraps the admin API in its access checks, in this order:
+//
+//  1. Host (TCP only): a loopback name, a configured host or the address the connection arrived at,
+//     with any port; anything else gets 421 Misdirected Request. This stops DNS rebinding.
+//  2. Token: when the policy has one, a request over TCP without the right bearer token gets 401 with
+//     WWW-Authenticate: Bearer (but GET /metrics when MetricsOpen). A wrong token gets 401 on a unix
+//     socket too.
+//  3. Cross-site requests: a method other than GET, HEAD and OPTIONS needs a request no browser sends
+//     cross-site without a preflight (a bearer token, the X-Activator header, or Content-Type
+//     application/json), an Origin, if any, that is the admin API's own, and no Sec-Fetch-Site but
+//     same-origin or none; otherwise 403.
+func (a *AdminAccess) Guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		p := a.policy()
+		unix := overUnix(req)
+		if !unix && !hostAllowed(req, p.Hosts) {
+			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": "Host " + req.Host + " is not this admin API's (add it to admin_hosts)"})
+			return
+		}
+		auth, hasAuth := bearer(req)
+		if hasAuth && len(p.Token) > 0 && subtle.ConstantTimeCompare(auth, p.Token) != 1 ||
+			!hasAuth && len(p.Token) > 0 && !unix && !(p.MetricsOpen && req.URL.Path == "/metrics" && isRead(req.Method)) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="activator admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "a valid bearer token is required (see admin_token_file)"})
+			return
+		}
+		if !isRead(req.Method) {
+			if msg := crossSite(req, hasAuth && len(p.Token) > 0); msg != "" {
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": msg})
+				return
+			}
+		}
+		next.ServeHTTP(w, req)
+	})
+}
+
+func isRead(method string) bool {
+	return method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions
+}
+
+// overUnix reports whether req came over a unix socket.
+func overUnix(req *http.Request) bool {
+	la, _ := req.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return la != nil && la.Network() == "unix"
+}
+
+// hostAllowed reports whether req's Host is a loopback name, one of hosts, or the IP address the
+// connection arrived at (a browser that sends that Host has loaded a page from this very listener,
+// not from a rebound name).
+func hostAllowed(req *http.Request, hosts []string) bool {
+	h := strings.ToLower(req.Host)
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	} else {
+		h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	}
+	switch h {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	for _, x := range hosts {
+		if h == strings.TrimSuffix(strings.TrimPrefix(x, "["), "]") {
+			return true
+		}
+	}
+	if la, ok := req.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok && la.IP != nil && !la.IP.IsUnspecified() {
+		if ip := net.ParseIP(h); ip != nil && ip.Equal(la.IP) {
+			return true
+		}
+	}
+	return false
+}
+
+// bearer returns the token of an "Authorization: Bearer …" header, and whether req has an
+// Authorization header at all.
+func bearer(req *http.Request) ([]byte, bool) {
+	v, ok := req.Header["Authorization"]
+	if !ok {
+		return nil, false
+	}
+	scheme, tok, _ := strings.Cut(strings.TrimSpace(strings.Join(v, ",")), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return nil, true
+	}
+	return []byte(strings.TrimSpace(tok)), true
+}
+
+// crossSite returns why a state-changing req could have come from a browser on another site, or "".
+// authed says it carries a valid bearer token, which no browser adds cross-site unasked.
+func crossSite(req *http.Request, authed bool) string {
+	ct := strings.ToLower(strings.TrimSpace(strings.Split(req.Header.Get("Content-Type"), ";")[0]))
+	if !authed && req.Header.Get(CSRFHeader) == "" && ct != "application/json" {
+		return "a state-changing request needs the header " + CSRFHeader + ": 1 (or a bearer token)"
+	}
+	if o, ok := req.Header["Origin"]; ok && (len(o) != 1 || !strings.EqualFold(o[0], "http://"+req.Host)) {
+		return "cross-origin request refused (Origin " + strings.Join(o, ", ") + ")"
+	}
+	switch s := req.Header.Get("Sec-Fetch-Site"); s {
+	case "", "same-origin", "none":
+	default:
+		return "cross-site request refused (Sec-Fetch-Site: " + s + ")"
+	}
+	return ""
+}

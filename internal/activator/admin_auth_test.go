@@ -1,0 +1,172 @@
+package activator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// adminServer is the admin API of a Server with one route, "app", on a real listener.
+func adminServer(t *testing.T, ln net.Listener, access *AdminAccess) (*Server, *httptest.Server) {
+	t.Helper()
+	s := New(Options{
+		Opener:  fakeProvider{&fakeBackend{}},
+		Logger:  slog.New(slog.DiscardHandler),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+	})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "m 1\n") })
+	hs := httptest.NewUnstartedServer(s.AdminHandler(metrics, access))
+	if ln != nil {
+		hs.Listener.Close()
+		hs.Listener = ln
+	}
+	hs.Start()
+	t.Cleanup(hs.Close)
+	return s, hs
+}
+
+type adminReq struct {
+	method, path string
+	header       map[string]string
+}
+
+func (r adminReq) send(t *testing.T, c *http.Client, base string) int {
+	t.Helper()
+	req, err := http.NewRequest(r.method, base+r.path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range r.header {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized && !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+		t.Errorf("%s %s: 401 without WWW-Authenticate: Bearer", r.method, r.path)
+	}
+	return resp.StatusCode
+}
+
+type h = map[string]string
+
+// TestAdminGuardTCP: over TCP without a token, the Host must be a local name and a POST must be one no
+// browser sends cross-site; with a token, every request but an open /metrics needs it.
+func TestAdminGuardTCP(t *testing.T) {
+	const tok = "s3cret-token"
+	bearer := "Bearer " + tok
+	tests := []struct {
+		name   string
+		policy AdminPolicy
+		req    adminReq
+		want   int
+	}{
+		{"get, no token configured", AdminPolicy{}, adminReq{"GET", "/routes", nil}, 200},
+		{"localhost with a port", AdminPolicy{}, adminReq{"GET", "/routes", h{"Host": "localhost:9090"}}, 200},
+		{"[::1]", AdminPolicy{}, adminReq{"GET", "/routes", h{"Host": "[::1]:9090"}}, 200},
+		{"rebinding Host", AdminPolicy{}, adminReq{"GET", "/routes", h{"Host": "attacker.example"}}, 421},
+		{"rebinding Host on a POST", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{"Host": "attacker.example:9090", CSRFHeader: "1"}}, 421},
+		{"a configured host", AdminPolicy{Hosts: []string{"Admin.Example"}}, adminReq{"GET", "/routes", h{"Host": "admin.example:9090"}}, 200},
+		{"post with the header", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1"}}, 200},
+		{"post as JSON", AdminPolicy{}, adminReq{"POST", "/routes/app/sleep", h{"Content-Type": "application/json"}}, 200},
+		{"form post", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{"Content-Type": "application/x-www-form-urlencoded"}}, 403},
+		{"text/plain post", AdminPolicy{}, adminReq{"POST", "/routes/app/sleep", h{"Content-Type": "text/plain"}}, 403},
+		{"foreign Origin", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Origin": "http://evil.example"}}, 403},
+		{"null Origin", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Origin": "null"}}, 403},
+		{"cross-site fetch", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Sec-Fetch-Site": "cross-site"}}, 403},
+		{"same-site fetch (another port)", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Sec-Fetch-Site": "same-site"}}, 403},
+		{"token: missing", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", nil}, 401},
+		{"token: wrong", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", h{"Authorization": "Bearer nope"}}, 401},
+		{"token: basic auth", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", h{"Authorization": "Basic " + tok}}, 401},
+		{"token: right", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", h{"Authorization": bearer}}, 200},
+		{"token: healthz too", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/healthz", nil}, 401},
+		{"token: metrics closed", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/metrics", nil}, 401},
+		{"token: metrics open", AdminPolicy{Token: []byte(tok), MetricsOpen: true}, adminReq{"GET", "/metrics", nil}, 200},
+		{"token: metrics open, routes not", AdminPolicy{Token: []byte(tok), MetricsOpen: true}, adminReq{"GET", "/routes", nil}, 401},
+		{"token: post without it", AdminPolicy{Token: []byte(tok)}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1"}}, 401},
+		{"token: post with it is non-simple", AdminPolicy{Token: []byte(tok)}, adminReq{"POST", "/routes/app/wake", h{"Authorization": bearer}}, 200},
+		{"token: foreign Origin even so", AdminPolicy{Token: []byte(tok)}, adminReq{"POST", "/routes/app/wake", h{"Authorization": bearer, "Origin": "http://evil.example"}}, 403},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, hs := adminServer(t, nil, NewAdminAccess(tt.policy))
+			if got := tt.req.send(t, hs.Client(), hs.URL); got != tt.want {
+				t.Errorf("%s %s %v: %d, want %d", tt.req.method, tt.req.path, tt.req.header, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestAdminGuardOwnOrigin: a POST whose Origin is the admin API's own passes.
+func TestAdminGuardOwnOrigin(t *testing.T) {
+	_, hs := adminServer(t, nil, nil)
+	r := adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Origin": hs.URL, "Sec-Fetch-Site": "same-origin"}}
+	if got := r.send(t, hs.Client(), hs.URL); got != 200 {
+		t.Errorf("POST with its own Origin %s: %d, want 200", hs.URL, got)
+	}
+}
+
+// TestAdminGuardUnix: over a unix socket any Host passes and no token is needed, but a POST still needs
+// the header and a wrong token is refused.
+func TestAdminGuardUnix(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := adminServer(t, ln, NewAdminAccess(AdminPolicy{Token: []byte("tok")}))
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}}
+	tests := []struct {
+		req  adminReq
+		want int
+	}{
+		{adminReq{"GET", "/routes", h{"Host": "anything.example"}}, 200},
+		{adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1"}}, 200},
+		{adminReq{"POST", "/routes/app/wake", h{"Authorization": "Bearer tok"}}, 200},
+		{adminReq{"POST", "/routes/app/wake", nil}, 403},
+		{adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Origin": "http://evil.example"}}, 403},
+		{adminReq{"GET", "/routes", h{"Authorization": "Bearer wrong"}}, 401},
+	}
+	_ = hs
+	for _, tt := range tests {
+		if got := tt.req.send(t, c, "http://localhost"); got != tt.want {
+			t.Errorf("unix %s %s %v: %d, want %d", tt.req.method, tt.req.path, tt.req.header, got, tt.want)
+		}
+	}
+}
+
+// TestAdminAccessSet: a new policy (a reload) applies to the next request.
+func TestAdminAccessSet(t *testing.T) {
+	access := NewAdminAccess(AdminPolicy{Token: []byte("old")})
+	_, hs := adminServer(t, nil, access)
+	r := adminReq{"GET", "/routes", h{"Authorization": "Bearer new"}}
+	if got := r.send(t, hs.Client(), hs.URL); got != 401 {
+		t.Fatalf("new token before Set: %d, want 401", got)
+	}
+	access.Set(AdminPolicy{Token: []byte("new")})
+	if got := r.send(t, hs.Client(), hs.URL); got != 200 {
+		t.Errorf("new token after Set: %d, want 200", got)
+	}
+}
