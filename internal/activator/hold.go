@@ -72,38 +72,48 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 			in.series.holdBegin()
 			timer = time.NewTimer(in.route.Hold.MaxTime)
 		}
-		// Once the activator drains, a request held behind a stop is answered at once (no wake follows
-		// that stop); when Server.Shutdown ends the root context, every request still held is.
-		var drain <-chan struct{}
-		if att == nil {
-			drain = in.drain
-		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			in.leave(att)
-			return nil, ctx.Err()
-		case <-timer.C:
-			in.leave(att)
-			return nil, ErrHoldTimeout
-		case <-drain:
-			in.leave(nil)
-			return nil, ErrClosed
-		case <-in.root.Done():
-			in.leave(att)
-			return nil, ErrClosed
-		}
-		if att != nil {
-			att.noteRelease(in.now())
-			if att.err != nil {
-				in.leave(att)
-				return nil, att.err
-			}
-			if att.handedOver { // written before done was closed
-				return in.releaseFn, nil
-			}
+		if release, again, err := in.awaitHeld(ctx, wait, att, timer); !again {
+			return release, err
 		}
 	}
+}
+
+// awaitHeld waits out one turn of a held request: for the wake it joined (att) or the stop in
+// progress (att nil, wait is the stop's channel). It reports again when the request must take
+// another turn (the stop ended, or the wake ended without handing the request over).
+func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *attempt, timer *time.Timer) (release func(), again bool, err error) {
+	// Once the activator drains, a request held behind a stop is answered at once (no wake follows
+	// that stop); when Server.Shutdown ends the root context, every request still held is.
+	var drain <-chan struct{}
+	if att == nil {
+		drain = in.drain
+	}
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		in.leave(att)
+		return nil, false, ctx.Err()
+	case <-timer.C:
+		in.leave(att)
+		return nil, false, ErrHoldTimeout
+	case <-drain:
+		in.leave(nil)
+		return nil, false, ErrClosed
+	case <-in.root.Done():
+		in.leave(att)
+		return nil, false, ErrClosed
+	}
+	if att != nil {
+		att.noteRelease(in.now())
+		if att.err != nil {
+			in.leave(att)
+			return nil, false, att.err
+		}
+		if att.handedOver { // written before done was closed
+			return in.releaseFn, false, nil
+		}
+	}
+	return nil, true, nil
 }
 
 // holdLocked counts a request that found the instance not awake as held, and returns what it waits on:
