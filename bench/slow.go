@@ -48,18 +48,12 @@ func runSlow(ctx context.Context, e *env) error {
 		}
 	}()
 
-	ports, err := freePorts(3)
+	act, err := startWokenActivator(ctx, e, dir, mode.srv, "slow")
+	if act != nil {
+		procs = append(procs, act.proc)
+	}
 	if err != nil {
 		return err
-	}
-	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: "slow", hosts: []string{"127.0.0.1", "localhost"}, port: ports[2], argv: []string{e.actBin, "app"}}})
-	act, _, err := startActivator(ctx, e, dir, mode.srv, cfg, ports[0], ports[1])
-	if err != nil {
-		return err
-	}
-	procs = append(procs, act.proc)
-	if err := waitHTTP(ctx, act.proc, act.edge, "/", time.Minute); err != nil {
-		return fmt.Errorf("activator: first request: %w", err)
 	}
 	targets := []slowTarget{{warmTarget: warmTarget{name: "activator", addr: act.edge, proc: act.proc},
 		config: "defaults: request buffering on, edge.body_timeout 30s"}}

@@ -66,18 +66,12 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 	targets := []warmTarget{{name: "direct", addr: appAddr, proc: app}}
 
 	// The activator, with its own copy of the app as an exec tenant (started by the first request).
-	ports, err := freePorts(3)
+	act, err := startWokenActivator(ctx, e, dir, mode.srv, "warm")
+	if act != nil {
+		procs = append(procs, act.proc)
+	}
 	if err != nil {
 		return err
-	}
-	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: "warm", hosts: []string{"127.0.0.1", "localhost"}, port: ports[2], argv: []string{e.actBin, "app"}}})
-	act, _, err := startActivator(ctx, e, dir, mode.srv, cfg, ports[0], ports[1])
-	if err != nil {
-		return err
-	}
-	procs = append(procs, act.proc)
-	if err := waitHTTP(ctx, act.proc, act.edge, "/", time.Minute); err != nil {
-		return fmt.Errorf("activator: first request: %w", err)
 	}
 	targets = append(targets, warmTarget{name: "activator", addr: act.edge, proc: act.proc})
 
@@ -197,4 +191,23 @@ func freePorts(n int) ([]int, error) {
 		return nil, fmt.Errorf("could not find %d free ports", n)
 	}
 	return out, nil
+}
+
+// startWokenActivator starts an activator whose one route, name, runs the app as an exec tenant on
+// loopback, and wakes it with a first request. On an error after the start, the activator is returned
+// too, so the caller can stop it.
+func startWokenActivator(ctx context.Context, e *env, dir, cpus, name string) (*activatorProc, error) {
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: name, hosts: []string{"127.0.0.1", "localhost"}, port: ports[2], argv: []string{e.actBin, "app"}}})
+	act, _, err := startActivator(ctx, e, dir, cpus, cfg, ports[0], ports[1])
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, act.proc, act.edge, "/", time.Minute); err != nil {
+		return act, fmt.Errorf("activator: first request: %w", err)
+	}
+	return act, nil
 }
