@@ -213,7 +213,14 @@ func readAnswer(br *bufio.Reader, method string) answered {
 			// fast path drops them, as RFC 9110 7.6.1 asks (TestInformationalHopByHop). The rest is
 			// compared.
 			removeHopByHop(resp.Header)
-			a.Informational = append(a.Informational, fmt.Sprintf("%d %v", resp.StatusCode, resp.Header))
+			info := fmt.Sprintf("%d %v", resp.StatusCode, resp.Header)
+			if n := len(a.Informational); resp.StatusCode == http.StatusContinue && n > 0 && a.Informational[n-1] == info {
+				// net/http's server sends its own 100 Continue when the handler first reads the body,
+				// before or after the upstream's own 100 arrives to be passed on: how many the client
+				// sees in a row is timing, and they all say the same.
+				continue
+			}
+			a.Informational = append(a.Informational, info)
 			continue
 		}
 		b, err := io.ReadAll(resp.Body)
