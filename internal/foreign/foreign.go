@@ -1,0 +1,156 @@
+// Package foreign tells a backing, before it starts a tenant, whether the tenant's upstream address
+// already answers, and if so who holds it. A stray daemon from an earlier run, or another service on
+// the same port, would otherwise pass the route's health gate while the tenant the backing started
+// fails to bind: the route looks healthy and every wake spawns one more copy.
+//
+// The owner is found the way ss(8) does it: the listening socket's inode in /proc/net/{tcp,tcp6,unix},
+// then the process whose /proc/PID/fd links to socket:[inode]. It is best effort: another user's
+// processes are invisible without privileges, and a remote address has no local owner.
+package foreign
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/procfs"
+)
+
+// dialBound caps the probe: an address that neither accepts nor refuses within it is treated as
+// free, and the backing's own start reports whatever is wrong with it.
+const dialBound = time.Second
+
+// maxScan bounds how many processes are searched for the socket's owner.
+const maxScan = 100000
+
+// HeldError says that something the backing did not start already answers at the tenant's upstream.
+type HeldError struct {
+	Network, Address string
+	PID              int    // 0: the owner was not found (another user's process, or a remote host)
+	Command          string // the owner's command line, shortened; empty when PID is 0
+}
+
+func (e *HeldError) Error() string {
+	who := "by a process the activator cannot see (another user's, or on another host)"
+	if e.PID != 0 {
+		who = fmt.Sprintf("by pid %d (%s)", e.PID, e.Command)
+	}
+	return fmt.Sprintf("upstream %s already answers, held %s, which is not this route's tenant: "+
+		"stop it, or point the route's upstream elsewhere", e.Address, who)
+}
+
+// Check dials network/address and returns nil when nothing answers (refused, unreachable, or no
+// answer within a second). When something does, it returns a *HeldError naming the holder where it
+// can be found. network is "tcp" or "unix". Check never writes to the connection it makes.
+func Check(ctx context.Context, network, address string) error {
+	dctx, cancel := context.WithTimeout(ctx, dialBound)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(dctx, network, address)
+	if err != nil {
+		return nil
+	}
+	c.Close()
+	e := &HeldError{Network: network, Address: address}
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if inode, ok := listenerInode(fs, network, address); ok {
+			e.PID, e.Command = owner(fs, inode)
+		}
+	}
+	return e
+}
+
+// listenerInode finds the inode of the socket listening at address.
+func listenerInode(fs procfs.FS, network, address string) (uint64, bool) {
+	if network == "unix" {
+		u, err := fs.NetUNIX()
+		if err != nil {
+			return 0, false
+		}
+		const unixListen = 1 << 16 // __SO_ACCEPTCON in /proc/net/unix flags
+		for _, l := range u.Rows {
+			if l.Path == address && l.Flags&unixListen != 0 {
+				return l.Inode, true
+			}
+		}
+		return 0, false
+	}
+	host, portStr, err := net.SplitHostPort(address)
+	if err != nil {
+		return 0, false
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return 0, false
+	}
+	want := net.ParseIP(host)
+	if want == nil { // a name: compare by port only
+		want = net.IPv4zero
+	}
+	const tcpListen = 10 // TCP_LISTEN in include/net/tcp_states.h
+	var fallback uint64
+	for _, read := range []func() (procfs.NetTCP, error){fs.NetTCP, fs.NetTCP6} {
+		lines, err := read()
+		if err != nil {
+			continue
+		}
+		for _, l := range lines {
+			if l.St != tcpListen || l.LocalPort != port {
+				continue
+			}
+			if l.LocalAddr.Equal(want) {
+				return l.Inode, true
+			}
+			if l.LocalAddr.IsUnspecified() || want.IsUnspecified() {
+				fallback = l.Inode // a wildcard listener serves every local address
+			}
+		}
+	}
+	return fallback, fallback != 0
+}
+
+// owner returns the pid and command line of a process holding socket inode, or 0 if none is visible.
+func owner(fs procfs.FS, inode uint64) (int, string) {
+	procs, err := fs.AllProcs()
+	if err != nil {
+		return 0, ""
+	}
+	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
+	for i, p := range procs {
+		if i >= maxScan {
+			break
+		}
+		fds, err := p.FileDescriptorTargets()
+		if err != nil {
+			continue
+		}
+		for _, t := range fds {
+			if t == target && p.PID == os.Getpid() {
+				return p.PID, "this activator" // e.g. another route's listen_fds socket
+			}
+			if t == target {
+				return p.PID, command(p)
+			}
+		}
+	}
+	return 0, ""
+}
+
+// command is p's command line, at most 120 bytes, or its comm name when the line is unreadable.
+func command(p procfs.Proc) string {
+	args, err := p.CmdLine()
+	cmd := strings.Join(args, " ")
+	if err != nil || cmd == "" {
+		if comm, err := p.Comm(); err == nil {
+			cmd = comm
+		}
+	}
+	if len(cmd) > 120 {
+		cmd = cmd[:117] + "..."
+	}
+	return cmd
+}
