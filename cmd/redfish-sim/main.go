@@ -6,7 +6,8 @@
 //	    -user activator -password-file /tmp/bmc-password \
 //	    -systems node-1=127.0.0.1:9101,node-2=127.0.0.1:9102 -delay 3s
 //
-// It runs until SIGINT or SIGTERM.
+// It runs until SIGINT or SIGTERM. SIGHUP reads -password-file again and makes its content the account's
+// password (open sessions are closed), as rotating a BMC's password does.
 package main
 
 import (
@@ -57,11 +58,11 @@ func run(args []string) error {
 	case *user == "" && (*pwFile != "" || *pwEnv != ""):
 		return fmt.Errorf("a password without -user")
 	case *user != "" && *pwFile != "":
-		b, err := os.ReadFile(*pwFile)
+		p, err := readPassword(*pwFile)
 		if err != nil {
 			return err
 		}
-		o.Password = strings.TrimRight(string(b), "\r\n")
+		o.Password = p
 	case *user != "" && *pwEnv != "":
 		o.Password = os.Getenv(*pwEnv)
 	case *user != "":
@@ -94,9 +95,37 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	<-ctx.Done()
-	log.Info("stopping")
-	return nil
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping")
+			return nil
+		case <-hup:
+			if *pwFile == "" {
+				log.Warn("SIGHUP: no -password-file to read again")
+				continue
+			}
+			p, err := readPassword(*pwFile)
+			if err != nil || p == "" {
+				log.Error("SIGHUP: password not changed", "err", err, "empty", p == "")
+				continue
+			}
+			sim.SetPassword(p)
+			log.Info("SIGHUP: password changed; sessions closed")
+		}
+	}
+}
+
+// readPassword returns the file's content without its trailing newline.
+func readPassword(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 func authMode(o redfishtest.Options) string {

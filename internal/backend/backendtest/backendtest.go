@@ -5,9 +5,11 @@
 //
 //	backendtest.Run(t, func(t *testing.T) backendtest.Subject { ... })
 //
-// The suite checks the Backend contract documented in internal/activator: wake serves, wake is
+// The suite checks the Backend contract documented in internal/tenant: wake serves, wake is
 // idempotent, sleep stops serving, sleep is idempotent, a tenant killed behind the backend's back ends
-// its Life and the next wake brings it back, and a canceled wake leaves nothing running.
+// its Life and the next wake brings it back, a canceled wake leaves nothing running, and (for subjects
+// that can stage them, see Subject.FailWake and Subject.HoldWake) a failed wake leaves nothing running,
+// even when its effect lands after the failure.
 package backendtest
 
 import (
@@ -40,9 +42,24 @@ type Subject struct {
 	// Budget bounds each Wake and Sleep (default 2 minutes: generous, since a suite must not depend on
 	// the machine's speed; it only turns a hang into a failure).
 	Budget time.Duration
-	// Awake, when set, reports from outside whether the tenant is running (process exists, unit active,
-	// QMP status running, PowerState On); the suite checks it against what the backend claims.
+	// Awake, when set, reports from outside whether the tenant is running or on its way up (process
+	// exists, unit active or activating, QMP status running, PowerState other than Off); the suite checks
+	// it against what the backend claims.
 	Awake func(t *testing.T) bool
+	// FailWake, when set, makes the next wakes start the tenant but never finish (a node stuck
+	// PoweringOn, a start job that hangs) until the returned restore is called. The suite gives such a
+	// Wake FailBudget, expects it to fail, and then expects Awake to turn false within Budget: a failed
+	// Wake must leave nothing running. Needs Awake; nil skips the case.
+	FailWake func(t *testing.T) (restore func())
+	// HoldWake, when set, makes the backend's next wake action be accepted but held back (a BMC that
+	// carries a Reset out long after answering it) until the returned land is called; land makes the
+	// held effect take place before it returns, and wakes work normally from then on. The suite gives
+	// the held Wake FailBudget and expects it to fail, calls land, and then expects Awake to turn false
+	// within Budget: an effect that lands after the failure is undone. Needs Awake; nil skips the case.
+	HoldWake func(t *testing.T) (land func())
+	// FailBudget bounds a Wake the suite expects to fail (default 1s). It is long enough for the
+	// backend to have started its effect; a machine too slow for that weakens the case, not fail it.
+	FailBudget time.Duration
 }
 
 // Run runs the suite. newSubject is called once per case; it should register its own cleanups.
@@ -59,6 +76,8 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"SleepWakeCycles", cycles},
 		{"KilledBehindBack", killed},
 		{"CanceledWake", canceledWake},
+		{"FailedWakeLeavesNothing", failedWake},
+		{"LateEffectUndone", lateEffect},
 		{"Close", closeCase},
 	}
 	for _, c := range cases {
@@ -69,6 +88,9 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 			}
 			if s.Budget == 0 {
 				s.Budget = 2 * time.Minute
+			}
+			if s.FailBudget == 0 {
+				s.FailBudget = time.Second
 			}
 			c.fn(t, s)
 		})
@@ -224,6 +246,62 @@ func canceledWake(t *testing.T, s Subject) {
 	// Whatever happened, the backend must still wake normally afterwards.
 	Wake(t, s)
 	Get(t, s)
+}
+
+// mustFailWake runs a Wake that the subject has set up to fail, bounded by FailBudget.
+func mustFailWake(t *testing.T, s Subject) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), s.FailBudget)
+	defer cancel()
+	life, err := s.Backend.Wake(ctx, tenant.Discard)
+	if err == nil {
+		t.Fatalf("Wake succeeded (Life %v), want it to fail: its effect never completes", life)
+	}
+	t.Logf("Wake failed as staged: %v", err)
+}
+
+// eventuallyAsleep waits, within Budget, for Awake to report the tenant gone. It polls: the tenant is
+// outside the backend, and only the subject can look at it.
+func eventuallyAsleep(t *testing.T, s Subject, why string) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(s.Budget)
+	defer deadline.Stop()
+	for n := 0; s.Awake(t); n++ {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: the tenant is still running %v later (%d looks)", why, s.Budget, n)
+		}
+	}
+}
+
+func failedWake(t *testing.T, s Subject) {
+	if s.FailWake == nil || s.Awake == nil {
+		t.Skip("the subject cannot make a wake fail after its start (FailWake) or look at its tenant (Awake)")
+	}
+	restore := s.FailWake(t)
+	mustFailWake(t, s)
+	eventuallyAsleep(t, s, "after a failed Wake")
+	restore()
+	// The undo must not get in the way of the next wake.
+	Wake(t, s)
+	Get(t, s)
+	checkAwake(t, s, true)
+}
+
+func lateEffect(t *testing.T, s Subject) {
+	if s.HoldWake == nil || s.Awake == nil {
+		t.Skip("the subject cannot hold a wake's effect back (HoldWake) or look at its tenant (Awake)")
+	}
+	land := s.HoldWake(t)
+	mustFailWake(t, s)
+	land()
+	eventuallyAsleep(t, s, "after the effect of a failed Wake landed late")
+	Wake(t, s)
+	Get(t, s)
+	checkAwake(t, s, true)
 }
 
 func closeCase(t *testing.T, s Subject) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,12 +30,15 @@ const (
 	maxAttempts  = 20
 )
 
-// bmc is one route's connection to its BMC: a gofish client created lazily, logged in once and
-// reused (a session is re-created once when the BMC forgets it). Safe for concurrent use.
+// bmc is one route's connection to its BMC: a gofish client created lazily, logged in (with the
+// credentials read afresh at each login) and reused; after a 401 or 403 on a reused client it logs in
+// once more. Safe for concurrent use.
 type bmc struct {
 	s     *Settings
 	log   *slog.Logger
+	route string // the route's name, for errors
 	httpc *http.Client
+	live  *liveness
 
 	loginMu sync.Mutex // held while logging in
 
@@ -45,7 +49,7 @@ type bmc struct {
 	secrets []string
 }
 
-func newBMC(s *Settings, log *slog.Logger, node string) (*bmc, error) {
+func newBMC(s *Settings, log *slog.Logger, route, node string) (*bmc, error) {
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		MaxIdleConns:        4,
@@ -69,18 +73,53 @@ func newBMC(s *Settings, log *slog.Logger, node string) (*bmc, error) {
 	} else if s.Username != "" {
 		log.Warn("BMC endpoint is plain http: credentials travel unencrypted", "endpoint", s.Endpoint)
 	}
+	live := &liveness{}
 	return &bmc{
-		s:   s,
-		log: log,
+		s:     s,
+		log:   log,
+		route: route,
+		live:  live,
 		// The client-wide timeout backs up the per-call contexts (gofish's Logout may drop its context).
-		httpc: &http.Client{Transport: &throttleTransport{next: tr}, Timeout: s.Timeout.D()},
+		httpc: &http.Client{Transport: &throttleTransport{next: tr, live: live}, Timeout: s.Timeout.D()},
 		node:  node,
 	}, nil
 }
 
+// liveness records when the BMC last answered and since when it has left requests unanswered, so that
+// a timeout can say the BMC went silent rather than only what state the node was last seen in.
+type liveness struct {
+	mu         sync.Mutex // guards the fields below
+	lastAnswer time.Time  // when the last answer (of any status) arrived
+	silentFrom time.Time  // when the oldest request unanswered since lastAnswer was sent; zero if none
+}
+
+func (l *liveness) record(sent time.Time, answered bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if answered {
+		l.lastAnswer, l.silentFrom = time.Now(), time.Time{}
+	} else if l.silentFrom.IsZero() || sent.Before(l.silentFrom) {
+		l.silentFrom = sent
+	}
+}
+
+// silence reports since when the BMC has answered nothing, if it has been silent for at least
+// atLeast, and when it last answered.
+func (l *liveness) silence(atLeast time.Duration) (since, last time.Time, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.silentFrom.IsZero() || time.Since(l.silentFrom) < atLeast {
+		return time.Time{}, l.lastAnswer, false
+	}
+	return l.silentFrom, l.lastAnswer, true
+}
+
 // throttleTransport turns 429 and 503 answers into a *throttledError carrying Retry-After, which gofish
-// would otherwise drop along with the headers.
-type throttleTransport struct{ next http.RoundTripper }
+// would otherwise drop along with the headers. It also tells live whether each request was answered.
+type throttleTransport struct {
+	next http.RoundTripper
+	live *liveness
+}
 
 type throttledError struct {
 	status     int
@@ -90,7 +129,9 @@ type throttledError struct {
 func (e *throttledError) Error() string { return fmt.Sprintf("HTTP %d", e.status) }
 
 func (t *throttleTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	sent := time.Now()
 	resp, err := t.next.RoundTrip(req)
+	t.live.record(sent, err == nil)
 	if err != nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
 		return resp, err
 	}
@@ -154,6 +195,7 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 		err = ce.Failures[links[0]]
 	}
 	e := &BMCError{Op: op, Class: ErrAmbiguous}
+	tlsErr := tlsProblem(err)
 	var te *throttledError
 	var re *schemas.Error
 	var ns *errNoSystem
@@ -175,6 +217,8 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 		default:
 			e.Class = ErrRejected
 		}
+	case tlsErr != "":
+		e.Class, e.Detail = ErrTLS, tlsErr
 	case errors.Is(err, context.DeadlineExceeded):
 		e.Detail = "no answer within the per-call timeout"
 	default:
@@ -185,6 +229,41 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 		e.Detail = e.Detail[:200] + "..."
 	}
 	return e
+}
+
+// tlsProblem describes a TLS or certificate failure in err, with what to do about it; "" when err is
+// not one. Such failures are terminal: no retry fixes a certificate.
+func tlsProblem(err error) string {
+	var uae x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var cie x509.CertificateInvalidError
+	var cve *tls.CertificateVerificationError
+	var rhe tls.RecordHeaderError
+	var ae tls.AlertError
+	switch {
+	case errors.As(err, &uae):
+		subject := "?"
+		if uae.Cert != nil {
+			subject = cmp.Or(uae.Cert.Subject.String(), uae.Cert.Issuer.String(), subject)
+		}
+		if len(subject) > 60 {
+			subject = subject[:60] + "..."
+		}
+		return fmt.Sprintf("the BMC's certificate (%s) is signed by an unknown authority: put it, or the CA that signed it, in tls.ca_file", subject)
+	case errors.As(err, &he):
+		return fmt.Sprintf("the BMC's certificate does not match the endpoint (%v): use a host name the certificate names, or reissue it", he)
+	case errors.As(err, &cie):
+		return fmt.Sprintf("the BMC's certificate is not valid (%v): renew it, or fix this host's clock", cie)
+	case errors.As(err, &cve):
+		return fmt.Sprintf("the BMC's certificate cannot be verified (%v): check tls.ca_file", cve.Err)
+	case errors.As(err, &rhe):
+		return "the BMC did not answer in TLS: is the endpoint plain http?"
+	case errors.As(err, &ae):
+		return fmt.Sprintf("the BMC refused the TLS handshake (%v)", ae)
+	case strings.Contains(err.Error(), "x509: ") || strings.Contains(err.Error(), "tls: "):
+		return "TLS handshake failed: " + err.Error()
+	}
+	return ""
 }
 
 // redfishMessage is the human part of a Redfish error answer.
@@ -220,11 +299,13 @@ func (b *bmc) client(ctx context.Context) (*gofish.APIClient, error) {
 	return api, nil
 }
 
-// login connects and authenticates once: no retry, so rejected credentials cost exactly one attempt.
+// login reads the credentials, connects and authenticates once: no retry, so rejected credentials cost
+// exactly one attempt. It ends with an authenticated call (creating the session, or with basic auth a
+// read of the Systems collection), so wrong credentials fail here and are never kept.
 func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
 	pass, err := b.s.password()
 	if err != nil {
-		return nil, &BMCError{Op: "log in", Class: ErrConfig, Detail: err.Error()}
+		return nil, &BMCError{Op: fmt.Sprintf("log in to BMC %s (route %q)", b.s.Endpoint, b.route), Class: ErrConfig, Detail: err.Error()}
 	}
 	b.addSecret(pass)
 	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
@@ -233,7 +314,7 @@ func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
 	if b.s.Username != "" && !basic {
 		sessions, err := b.offersSessions(cctx)
 		if err != nil {
-			return nil, b.classify(ctx, "read service root", err)
+			return nil, b.classify(ctx, fmt.Sprintf("read service root of BMC %s (route %q)", b.s.Endpoint, b.route), err)
 		}
 		switch {
 		case !sessions && b.s.Auth == AuthSession:
@@ -251,23 +332,40 @@ func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
 		NoModifyTransport: true,
 		ReuseConnections:  true,
 	}
-	api, err := gofish.ConnectContext(cctx, cfg)
-	if err != nil {
-		return nil, b.classify(ctx, "log in", err)
-	}
-	if tok, err := api.GetSession(); err == nil {
-		b.addSecret(tok.Token)
-	}
-	mode := "none"
+	mode := "no"
 	switch {
 	case b.s.Username != "" && basic:
 		mode = AuthBasic
 	case b.s.Username != "":
 		mode = AuthSession
 	}
+	op := fmt.Sprintf("log in to BMC %s as %q (%s auth, route %q)", b.s.Endpoint, b.s.Username, mode, b.route)
+	if b.s.Username == "" {
+		op = fmt.Sprintf("connect to BMC %s (no auth, route %q)", b.s.Endpoint, b.route)
+	}
+	api, err := gofish.ConnectContext(cctx, cfg)
+	if err != nil {
+		return nil, b.classify(ctx, op, err)
+	}
+	if tok, err := api.GetSession(); err == nil {
+		b.addSecret(tok.Token)
+	}
+	if b.s.Username != "" && basic {
+		// Basic auth sends the password with each request, and the service root needs none: prove it
+		// now, so that a wrong password fails at login instead of being kept.
+		resp, err := api.WithContext(cctx).Get(systemsURI)
+		if err != nil {
+			return nil, b.classify(ctx, op, err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+	}
 	b.log.Debug("logged in to BMC", "auth", mode)
 	return api, nil
 }
+
+// systemsURI is the Systems collection, at the URI Redfish mandates for it.
+const systemsURI = "/redfish/v1/Systems"
 
 // offersSessions reads the service root (no authentication needed) and reports whether it links a
 // SessionService.
@@ -315,8 +413,9 @@ func (b *bmc) forget(api *gofish.APIClient) {
 }
 
 // call runs fn once with a logged-in client bound to a per-call timeout, and classifies its error. When
-// a reused session is rejected (the BMC forgot or expired it), it logs in again once and repeats fn;
-// a rejected fresh login is final.
+// a reused client is rejected (401 or 403: the BMC forgot or expired the session, or the password was
+// rotated), it logs in again once, reading the credentials afresh, and repeats fn; a rejected fresh
+// login is final.
 func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) error) error {
 	for try := 0; ; try++ {
 		b.mu.Lock()
@@ -330,11 +429,9 @@ func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) 
 		err = b.classify(ctx, op, fn(api.WithContext(cctx)))
 		cancel()
 		if errors.Is(err, ErrCredentials) && reused && try == 0 {
-			if _, serr := api.GetSession(); serr == nil {
-				b.log.Info("BMC rejected the session; logging in again", "op", op)
-				b.forget(api)
-				continue
-			}
+			b.log.Info("BMC rejected the credentials in use; reading them again and logging in once more", "op", op, "err", err)
+			b.forget(api)
+			continue
 		}
 		return err
 	}

@@ -23,6 +23,9 @@ var (
 	ErrAmbiguous = errors.New("BMC unreachable or failing")
 	// ErrRejected: the BMC refused the request (400, 405, 409, ...). Terminal.
 	ErrRejected = errors.New("request rejected by BMC")
+	// ErrTLS: the TLS connection to the BMC failed: its certificate is not trusted (unknown authority,
+	// wrong host name, expired) or the handshake failed. Terminal: retrying cannot fix a certificate.
+	ErrTLS = errors.New("TLS connection to BMC failed")
 	// ErrNotReached: a power state was not reached within its phase budget (see *StateError).
 	ErrNotReached = errors.New("power state not reached")
 )
@@ -68,6 +71,13 @@ type StateError struct {
 	// Cause is why the wait ended: context.DeadlineExceeded when the phase budget or the caller's
 	// deadline ran out, or context.Canceled.
 	Cause error
+	// BMC and Silent are set when the BMC had stopped answering by the end of the wait: its endpoint, and
+	// when the first request it left unanswered was sent. LastAnswer is then how long after the wake
+	// (or sleep) began the BMC last answered, or negative when it did not answer since.
+	BMC        string
+	Silent     time.Time
+	LastAnswer time.Duration
+	op         string // "wake" or "sleep", for LastAnswer
 }
 
 func (e *StateError) Error() string {
@@ -75,7 +85,19 @@ func (e *StateError) Error() string {
 	if last == "" {
 		last = "in an unknown power state"
 	}
-	return fmt.Sprintf("%s still %s after %v (want %s)", e.Node, last, e.After.Round(time.Millisecond), e.Want)
+	msg := fmt.Sprintf("%s still %s after %v (want %s)", e.Node, last, e.After.Round(time.Millisecond), e.Want)
+	if e.Silent.IsZero() {
+		return msg
+	}
+	answer := fmt.Sprintf("no answer since the %s began", e.op)
+	if e.LastAnswer >= 0 {
+		round := 100 * time.Millisecond
+		if e.LastAnswer < time.Second {
+			round = time.Millisecond
+		}
+		answer = fmt.Sprintf("last answer %v into the %s", e.LastAnswer.Round(round), e.op)
+	}
+	return fmt.Sprintf("BMC %s stopped answering at %s (%s); %s", e.BMC, e.Silent.Format("15:04:05"), answer, msg)
 }
 
 func (e *StateError) Unwrap() []error { return []error{ErrNotReached, e.Cause} }

@@ -14,8 +14,13 @@
 // While a node is awake, a background poll of PowerState (every watch_interval) ends its Life when it
 // powers off on its own. The poll belongs to the Backend and stops on Sleep and Close.
 //
-// Credentials are read from a file or the environment at each login and never appear in logs, errors
-// or metrics.
+// A failed wake is undone: once it has issued a power-on Reset (or found the node powering on), a
+// background undo powers the node off as Sleep would, at once if it is on its way up, or when it turns
+// on within the route's sleep_budget after the failure (a BMC that carried the Reset out late). The
+// undo belongs to the Backend; the next Wake, Sleep or Close stops and joins it first.
+//
+// Credentials are read from a file or the environment at each login, and again after the BMC rejects
+// a reused client; they never appear in logs, errors or metrics.
 package redfish
 
 import (
@@ -119,6 +124,7 @@ type Backend struct {
 	mu    sync.Mutex   // guards the fields below
 	life  *tenant.Life // the current Life while awake, nil while asleep
 	watch *watcher     // the background poll of the current Life
+	undo  *watcher     // the background undo of the last failed wake (see startUndo)
 }
 
 var (
@@ -137,7 +143,7 @@ func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
 	if node == "" {
 		node = name
 	}
-	m, err := newBMC(s, log, node)
+	m, err := newBMC(s, log, name, node)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +164,9 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 }
 
 // Wake powers the node on, unless it is already On, and returns once PowerState is On. On an awake
-// node it returns the current Life at once. Phases: "reset", then "power_on".
+// node it returns the current Life at once. Phases: "reset", then "power_on". It first stops (and
+// joins) the undo of a previous failed wake. When it fails after issuing the Reset (or finding the
+// node powering on), it starts an undo (see startUndo) unless sleep is none, and notes so on t.
 func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	if t == nil {
 		t = tenant.Discard
@@ -171,39 +179,66 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	}
 	b.mu.Unlock()
 	b.stopWatch()
+	b.stopUndo()
 
+	life, started, err := b.wake(ctx, t)
+	if err != nil && started && b.s.Sleep != SleepNone {
+		t.Note(fmt.Sprintf("wake failed: %s will be powered off should it come on within %v", b.bmc.nodeName(), b.s.undoWindow))
+		b.startUndo()
+	}
+	return life, err
+}
+
+// wake is Wake's work; started reports whether it issued a power-on Reset (or found one under way),
+// so that a failure has something to undo.
+func (b *Backend) wake(ctx context.Context, t tenant.Tracker) (life *tenant.Life, started bool, err error) {
+	op := &operation{name: "wake", began: time.Now()}
 	t.Phase(PhaseReset)
 	st, err := b.bmc.read(ctx)
 	if err != nil {
-		return nil, b.wakeErr(PhaseReset, err)
+		return nil, false, b.wakeErr(PhaseReset, err)
 	}
+	op.last = st.PowerState
 	if st.PowerState == statePoweringOff {
 		// Let the shutdown finish: a Reset now might be refused or be taken as a second button press.
 		t.Note(fmt.Sprintf("%s is powering off: waiting for Off before the Reset", b.bmc.nodeName()))
-		if err := b.await(ctx, stateOff, b.s.PowerOnBudget.D()); err != nil {
-			return nil, b.wakeErr(PhaseReset, err)
+		if err := b.await(ctx, op, stateOff, b.s.PowerOnBudget.D()); err != nil {
+			return nil, false, b.wakeErr(PhaseReset, err)
 		}
 		if st, err = b.bmc.read(ctx); err != nil {
-			return nil, b.wakeErr(PhaseReset, err)
+			return nil, false, b.wakeErr(PhaseReset, err)
 		}
+		op.last = st.PowerState
 	}
 	switch st.PowerState {
 	case stateOn:
 		t.Note(fmt.Sprintf("%s is already On: no Reset", b.bmc.nodeName()))
-		return b.awake(), nil
+		return b.awake(), false, nil
 	case statePoweringOn:
 		t.Note(fmt.Sprintf("%s is already powering on: no Reset", b.bmc.nodeName()))
 	default:
+		if _, err := b.pickReset(st); err != nil {
+			return nil, false, b.wakeErr(PhaseReset, err)
+		}
+		// From here on the Reset may land, even when its answer says otherwise or comes too late.
 		if err := b.powerOn(ctx, t, st); err != nil {
-			return nil, b.wakeErr(PhaseReset, err)
+			return nil, true, b.wakeErr(PhaseReset, err)
 		}
 	}
 
 	t.Phase(PhasePowerOn)
-	if err := b.await(ctx, stateOn, b.s.PowerOnBudget.D()); err != nil {
-		return nil, b.wakeErr(PhasePowerOn, err)
+	if err := b.await(ctx, op, stateOn, b.s.PowerOnBudget.D()); err != nil {
+		return nil, true, b.wakeErr(PhasePowerOn, err)
 	}
-	return b.awake(), nil
+	return b.awake(), true, nil
+}
+
+// operation is one wake or sleep, for the messages of its waits: its name, when it began, and the last
+// PowerState read.
+type operation struct {
+	name  string
+	began time.Time
+	last  string
 }
 
 // powerOn issues the first allowed Reset of reset_order. When the answer is ambiguous (or throttled),
@@ -264,33 +299,47 @@ func (b *Backend) allows(st *systemState, rt string) bool {
 }
 
 // await polls PowerState until it equals want, within budget (and ctx). A read error ends the wait at
-// once (reads retry ambiguous failures themselves); running out of time reports the last state seen.
-func (b *Backend) await(ctx context.Context, want string, budget time.Duration) error {
+// once (reads retry ambiguous failures themselves); running out of time reports the last state seen
+// (op.last, updated by every read) and, when the BMC had stopped answering for at least a poll
+// interval, since when. The loop is bounded by budget in time and by its poll count.
+func (b *Backend) await(ctx context.Context, op *operation, want string, budget time.Duration) error {
 	if want == "" || want == stateUnknown {
 		return fmt.Errorf("cannot wait for power state %q", want)
 	}
 	start := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	last := ""
-	for {
+	timedOut := func(cause error) error {
+		e := &StateError{Node: b.bmc.nodeName(), Want: want, Last: op.last, After: time.Since(start), Cause: cause}
+		if since, last, ok := b.bmc.live.silence(b.s.PollInterval.D()); ok {
+			e.BMC, e.Silent, e.op = b.s.Endpoint, since, op.name
+			e.LastAnswer = -1
+			if !last.Before(op.began) {
+				e.LastAnswer = last.Sub(op.began)
+			}
+		}
+		return e
+	}
+	polls := int(budget/max(b.s.PollInterval.D(), time.Millisecond)) + 2
+	for range polls {
 		st, err := b.bmc.read(pctx)
 		if err == nil {
-			last = st.PowerState
-			if last == want {
+			op.last = st.PowerState
+			if op.last == want {
 				return nil
 			}
 		}
 		if pctx.Err() != nil {
-			return &StateError{Node: b.bmc.nodeName(), Want: want, Last: last, After: time.Since(start), Cause: context.Cause(pctx)}
+			return timedOut(context.Cause(pctx))
 		}
 		if err != nil {
 			return err
 		}
 		if err := pause(pctx, b.s.PollInterval.D()); err != nil {
-			return &StateError{Node: b.bmc.nodeName(), Want: want, Last: last, After: time.Since(start), Cause: err}
+			return timedOut(err)
 		}
 	}
+	return timedOut(context.DeadlineExceeded)
 }
 
 func (b *Backend) wakeErr(phase string, err error) error {
@@ -310,6 +359,7 @@ func (b *Backend) sleepErr(phase string, err error) error {
 // node is off; when Sleep fails, the Life goes on and stays watched.
 func (b *Backend) Sleep(ctx context.Context) error {
 	b.stopWatch()
+	b.stopUndo()
 	b.mu.Lock()
 	life := b.life
 	b.mu.Unlock()
@@ -318,7 +368,7 @@ func (b *Backend) Sleep(ctx context.Context) error {
 		b.endLife(life)
 		return nil
 	}
-	err := b.powerOff(ctx)
+	err := b.powerOff(ctx, "sleep")
 	if err != nil {
 		if life != nil && life.Err() == nil {
 			b.startWatch(life)
@@ -329,11 +379,16 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	return nil
 }
 
-func (b *Backend) powerOff(ctx context.Context) error {
+// powerOff shuts the node down for Sleep (name "sleep") or the undo of a failed wake ("undo"):
+// GracefulShutdown awaited within shutdown_grace, then, with force_off, ForceOff awaited within
+// power_off_budget, when the node ignored the GracefulShutdown or the BMC refused it.
+func (b *Backend) powerOff(ctx context.Context, name string) error {
+	op := &operation{name: name, began: time.Now()}
 	st, err := b.bmc.read(ctx)
 	if err != nil {
 		return b.sleepErr(PhaseShutdown, err)
 	}
+	op.last = st.PowerState
 	if st.PowerState == stateOff {
 		return nil
 	}
@@ -341,19 +396,25 @@ func (b *Backend) powerOff(ctx context.Context) error {
 	canForce := b.s.ForceOff && b.allows(st, "ForceOff")
 	if b.allows(st, "GracefulShutdown") {
 		b.log.Info("shutting node down", "system", st.ID, "power_state", st.PowerState, "reset_type", "GracefulShutdown")
+		err := error(nil)
 		if st.PowerState != statePoweringOff {
-			if err := b.action(ctx, st, "GracefulShutdown", offLanded); err != nil {
+			err = b.action(ctx, st, "GracefulShutdown", offLanded)
+		}
+		switch {
+		case err == nil:
+			err = b.await(ctx, op, stateOff, b.s.ShutdownGrace.D())
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, ErrNotReached) || !canForce || ctx.Err() != nil {
 				return b.sleepErr(PhaseShutdown, err)
 			}
-		}
-		err := b.await(ctx, stateOff, b.s.ShutdownGrace.D())
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, ErrNotReached) || !canForce || ctx.Err() != nil {
+			b.log.Warn("node ignored GracefulShutdown within shutdown_grace: ForceOff", "shutdown_grace", b.s.ShutdownGrace.D(), "err", err)
+		case errors.Is(err, ErrRejected) && canForce && ctx.Err() == nil:
+			b.log.Warn("BMC refused GracefulShutdown: ForceOff", "err", err)
+		default:
 			return b.sleepErr(PhaseShutdown, err)
 		}
-		b.log.Warn("node ignored GracefulShutdown within shutdown_grace: ForceOff", "shutdown_grace", b.s.ShutdownGrace.D(), "err", err)
 	} else if !canForce {
 		return b.sleepErr(PhaseShutdown, &BMCError{Op: "choose Reset type", Class: ErrConfig,
 			Detail: fmt.Sprintf("the system allows %v: neither GracefulShutdown nor (with force_off) ForceOff", st.Resets)})
@@ -367,16 +428,17 @@ func (b *Backend) powerOff(ctx context.Context) error {
 			return b.sleepErr(PhasePowerOff, err)
 		}
 	}
-	if err := b.await(ctx, stateOff, b.s.PowerOffBudget.D()); err != nil {
+	if err := b.await(ctx, op, stateOff, b.s.PowerOffBudget.D()); err != nil {
 		return b.sleepErr(PhasePowerOff, err)
 	}
 	return nil
 }
 
-// Close stops the background poll and logs out of the BMC. It leaves the node's power as it is: a node
-// left On is adopted by the next activator.
+// Close stops the background poll and the undo of a failed wake, and logs out of the BMC. It leaves
+// the node's power as it is: a node left On is adopted by the next activator.
 func (b *Backend) Close(ctx context.Context) error {
 	b.stopWatch()
+	b.stopUndo()
 	b.bmc.logout(ctx)
 	return nil
 }

@@ -46,7 +46,13 @@ func TestConformance(t *testing.T) {
 							t.Fatal(err)
 						}
 					},
-					Awake: func(t *testing.T) bool { return e.sim.PowerState("node-1") == redfishtest.On },
+					// On or on its way: a node left PoweringOn by a failed wake is not asleep.
+					Awake: func(t *testing.T) bool { return e.sim.PowerState("node-1") != redfishtest.Off },
+					FailWake: func(t *testing.T) func() {
+						e.sim.SetStuckPoweringOn("node-1", true)
+						return func() { e.sim.SetStuckPoweringOn("node-1", false) }
+					},
+					HoldWake: func(t *testing.T) func() { return e.sim.HoldResets("node-1") },
 				}
 			})
 		})

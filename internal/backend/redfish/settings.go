@@ -1,6 +1,7 @@
 package redfish
 
 import (
+	"cmp"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -75,6 +76,10 @@ type Settings struct {
 	// WatchInterval is the pause between the background PowerState reads that notice a node powering
 	// off on its own while awake.
 	WatchInterval registry.Duration `yaml:"watch_interval"`
+
+	// undoWindow is how long after a failed wake the node is watched for a late power-on: the route's
+	// sleep_budget.
+	undoWindow time.Duration
 }
 
 // TLS is the `tls:` block.
@@ -223,6 +228,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 				s.ShutdownGrace.D(), s.PowerOffBudget.D(), r.SleepBudget)
 		}
 	}
+	s.undoWindow = cmp.Or(r.SleepBudget, s.PowerOnBudget.D())
 	if s.PollInterval.D() > s.PowerOnBudget.D() {
 		bad("poll_interval", "%v is longer than power_on_budget %v", s.PollInterval.D(), s.PowerOnBudget.D())
 	}

@@ -13,8 +13,9 @@ import (
 // asking.
 var ErrPoweredOff = errors.New("node powered off on its own")
 
-// watcher is the background poll of one Life. It is owned by the Backend: started when a node is
-// found On, stopped (and joined) by Sleep, Close and the next Wake.
+// watcher is one background goroutine of the Backend: the poll of one Life (started when a node is
+// found On) or the undo of a failed wake (see startUndo). Both are stopped (and joined) by Sleep, Close
+// and the next Wake.
 type watcher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -71,13 +72,78 @@ func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 func (b *Backend) stopWatch() { b.swapWatch(nil) }
 
 // swapWatch makes w (nil for none) the Backend's poll, then stops the previous one and waits for it.
-func (b *Backend) swapWatch(w *watcher) {
+func (b *Backend) swapWatch(w *watcher) { b.swap(&b.watch, w) }
+
+// swap makes w (nil for none) the goroutine in *slot (a field guarded by b.mu), then stops the
+// previous one and waits for it.
+func (b *Backend) swap(slot **watcher, w *watcher) {
 	b.mu.Lock()
-	old := b.watch
-	b.watch = w
+	old := *slot
+	*slot = w
 	b.mu.Unlock()
 	if old != nil {
 		old.cancel()
 		<-old.done
+	}
+}
+
+// startUndo starts undoing a failed wake in the background: for the route's sleep_budget (undoWindow)
+// it reads PowerState every poll_interval, and as soon as the node is On or PoweringOn (at once when it
+// was on its way up at the failure, later when the BMC carried the Reset out after the wake had given
+// up) it powers the node off as Sleep does, within a sleep_budget of its own, and ends. The undo is
+// owned by the Backend: the next Wake, Sleep or Close stops and joins it before touching the node.
+func (b *Backend) startUndo() {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watcher{cancel: cancel, done: make(chan struct{})}
+	b.swap(&b.undo, w)
+	go func() {
+		defer close(w.done)
+		b.undoLoop(ctx)
+	}()
+}
+
+// stopUndo stops the undo of a failed wake, if any, and waits for it to return.
+func (b *Backend) stopUndo() { b.swap(&b.undo, nil) }
+
+func (b *Backend) undoLoop(ctx context.Context) {
+	window := b.s.undoWindow
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	every := b.s.PollInterval.D()
+	polls := int(window/max(every, time.Millisecond)) + 2
+	failing := false
+	for range polls {
+		st, err := b.bmc.readOnce(wctx)
+		switch {
+		case wctx.Err() != nil:
+		case errors.Is(err, ErrCredentials) || errors.Is(err, ErrConfig) || errors.Is(err, ErrTLS):
+			// Retrying these cannot help, and repeated logins with rejected credentials lock accounts.
+			b.log.Error("cannot undo the failed wake: the node's power state cannot be read", "err", err)
+			return
+		case err != nil:
+			if !failing {
+				b.log.Warn("undo of the failed wake: cannot read the node's power state; will keep trying", "err", err)
+			}
+			failing = true
+		case st.PowerState == stateOn || st.PowerState == statePoweringOn:
+			b.log.Warn("node came on after its wake failed: powering it off", "system", st.ID, "power_state", st.PowerState)
+			sctx, scancel := context.WithTimeout(ctx, b.s.undoWindow)
+			err := b.powerOff(sctx, "undo")
+			scancel()
+			if err != nil {
+				b.log.Error("undo of the failed wake: the node could not be powered off", "err", err)
+			} else {
+				b.log.Info("undo of the failed wake: node powered off", "system", st.ID)
+			}
+			return
+		default:
+			failing = false
+		}
+		if err := pause(wctx, every); err != nil {
+			break
+		}
+	}
+	if ctx.Err() == nil {
+		b.log.Info("undo of the failed wake: the node did not come on", "window", window)
 	}
 }

@@ -6,9 +6,11 @@
 //
 // Tests drive it through controls: a power transition delay, a log of Reset POSTs and of every request,
 // faults injected into the next requests (any status such as 401, 500 or 429 with Retry-After, or a
-// dropped connection), systems that never power on or ignore GracefulShutdown, and an optional "node
-// service": an HTTP listener on a fixed loopback address that is open exactly while the system's
-// PowerState is On, so a health gate can be exercised for real.
+// dropped connection), systems that never power on, stay stuck PoweringOn or ignore GracefulShutdown,
+// Resets that are accepted at once but carried out later (HoldResets), a password changed on the BMC
+// side (SetPassword), a count of accepted connections (TLS handshakes included), a broadcast of every
+// change (Changed), and an optional "node service": an HTTP listener on a fixed loopback address that
+// is open exactly while the system's PowerState is On, so a health gate can be exercised for real.
 //
 // The Server owns every goroutine it starts (power transitions, node services); Close stops and joins
 // them. All methods are safe for concurrent use.
@@ -136,11 +138,14 @@ type Server struct {
 
 	mu       sync.Mutex // guards the fields below
 	closed   bool
+	password string // the account's password: Options.Password until SetPassword
 	systems  []*system
 	sessions map[string]string // X-Auth-Token -> session id
 	nextSess int
 	faults   []Fault
 	requests []Request
+	conns    int           // connections accepted by the Redfish service
+	changed  chan struct{} // closed and replaced by every power change or Reset (see Changed)
 }
 
 // system is one ComputerSystem's live state, guarded by Server.mu.
@@ -149,6 +154,9 @@ type system struct {
 	state          string
 	gen            int // bumped by every power change; a pending transition only lands if unchanged
 	neverOn        bool
+	stuckOn        bool     // power-on Resets leave the system PoweringOn
+	held           bool     // Resets are accepted but not carried out until released
+	pending        []string // the held Resets, in order
 	ignoreGraceful bool
 	resets         []string
 	svc            *http.Server          // nil without a node service
@@ -165,7 +173,8 @@ func New(opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, log: log, stop: make(chan struct{}), sessions: map[string]string{}}
+	s := &Server{opts: opts, log: log, stop: make(chan struct{}), sessions: map[string]string{},
+		password: opts.Password, changed: make(chan struct{})}
 	seen := map[string]bool{}
 	for _, c := range opts.Systems {
 		if c.ID == "" || strings.ContainsAny(c.ID, "/?#") {
@@ -226,6 +235,13 @@ func New(opts Options) (*Server, error) {
 	s.srv.Listener.Close()
 	s.srv.Listener = ln
 	s.srv.Config.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) { // httptest chains its own hook after it
+		if st == http.StateNew {
+			s.mu.Lock()
+			s.conns++
+			s.mu.Unlock()
+		}
+	}
 	if opts.TLS {
 		s.srv.StartTLS()
 	} else {
@@ -310,6 +326,37 @@ func (s *Server) ServiceAddr(id string) string {
 	return ""
 }
 
+// Connections reports how many connections the Redfish service has accepted. With TLS each is one
+// handshake attempt, so a client that gives up on an untrusted certificate shows as exactly one.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conns
+}
+
+// Changed returns a channel that is closed at the next change of any system's PowerState or Reset log.
+// Wait for a condition by checking it, then waiting on Changed, in a loop (bounded by the caller).
+func (s *Server) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *Server) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// SetPassword changes the account's password on the BMC side, as an operator rotating it does. Open
+// sessions are closed, as BMCs do when a user's password changes; basic auth with the old password is
+// rejected from now on.
+func (s *Server) SetPassword(p string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.password = p
+	clear(s.sessions)
+}
+
 // Sessions reports how many sessions are open.
 func (s *Server) Sessions() int {
 	s.mu.Lock()
@@ -334,7 +381,7 @@ func (s *Server) PowerState(id string) string {
 	return ""
 }
 
-// Resets returns the ResetTypes of the Reset POSTs the system carried out, in order.
+// Resets returns the ResetTypes of the Reset POSTs the system accepted, in order (held ones included).
 func (s *Server) Resets(id string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -370,6 +417,39 @@ func (s *Server) SetNeverPowersOn(id string, v bool) {
 	}
 }
 
+// SetStuckPoweringOn makes power-on Resets take the system to PoweringOn and leave it there (a node
+// hanging in POST) until a power-off Reset or SetPowerState.
+func (s *Server) SetStuckPoweringOn(id string, v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sys := s.systemLocked(id); sys != nil {
+		sys.stuckOn = v
+	}
+}
+
+// HoldResets makes the system accept Reset POSTs (204, logged in Resets) without acting on them, as a
+// BMC that queues a Reset and carries it out long after answering does. The returned release carries
+// the held Resets out in order, before it returns, and ends the hold; it is idempotent.
+func (s *Server) HoldResets(id string) (release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sys := s.systemLocked(id)
+	if sys == nil {
+		return func() {}
+	}
+	sys.held = true
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		pending := sys.pending
+		sys.held, sys.pending = false, nil
+		for _, rt := range pending {
+			s.log.Info("held reset carried out", "system", sys.cfg.ID, "reset_type", rt)
+			s.applyLocked(sys, rt)
+		}
+	}
+}
+
 // SetIgnoreGraceful makes the system accept GracefulShutdown (and PushPowerButton while On) without
 // ever powering off, as an OS that ignores ACPI power button events does.
 func (s *Server) SetIgnoreGraceful(id string, v bool) {
@@ -399,7 +479,7 @@ func (s *Server) transitionLocked(sys *system, to string) {
 		return
 	}
 	d := sys.cfg.TransitionDelay
-	if d <= 0 {
+	if d <= 0 && !(to == On && sys.stuckOn) {
 		s.settleLocked(sys, to)
 		return
 	}
@@ -407,6 +487,10 @@ func (s *Server) transitionLocked(sys *system, to string) {
 		sys.state = PoweringOn
 	} else {
 		sys.state = PoweringOff
+	}
+	s.notifyLocked()
+	if to == On && sys.stuckOn {
+		return
 	}
 	gen := sys.gen
 	s.wg.Add(1)
@@ -430,6 +514,7 @@ func (s *Server) transitionLocked(sys *system, to string) {
 // settleLocked puts sys in a final state; Off cuts the node service's open connections.
 func (s *Server) settleLocked(sys *system, state string) {
 	sys.state = state
+	s.notifyLocked()
 	if state != On {
 		for c := range sys.conns {
 			_ = c.Close()
@@ -492,12 +577,24 @@ func (l *gatedListener) Accept() (net.Conn, error) {
 	}
 }
 
-// resetLocked carries out one Reset action and reports whether the type is allowed.
+// resetLocked accepts one Reset action, carrying it out unless the system's Resets are held, and
+// reports whether the type is allowed.
 func (s *Server) resetLocked(sys *system, rt string) bool {
 	if !slices.Contains(sys.cfg.ResetTypes, rt) {
 		return false
 	}
 	sys.resets = append(sys.resets, rt)
+	s.notifyLocked()
+	if sys.held {
+		sys.pending = append(sys.pending, rt)
+		return true
+	}
+	s.applyLocked(sys, rt)
+	return true
+}
+
+// applyLocked carries out one accepted Reset.
+func (s *Server) applyLocked(sys *system, rt string) {
 	on := sys.state == On || sys.state == PoweringOn
 	switch rt {
 	case "On", "ForceOn":
@@ -525,7 +622,6 @@ func (s *Server) resetLocked(sys *system, rt string) bool {
 			s.transitionLocked(sys, On)
 		}
 	}
-	return true
 }
 
 // --- HTTP --------------------------------------------------------------------------------------
@@ -854,8 +950,11 @@ func (s *Server) authorized(r *http.Request) bool {
 }
 
 func (s *Server) credentialsOK(user, pass string) bool {
+	s.mu.Lock()
+	want := s.password
+	s.mu.Unlock()
 	u := subtle.ConstantTimeCompare([]byte(user), []byte(s.opts.Username))
-	p := subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.Password))
+	p := subtle.ConstantTimeCompare([]byte(pass), []byte(want))
 	return u&p == 1
 }
 

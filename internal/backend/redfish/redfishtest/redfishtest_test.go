@@ -257,3 +257,130 @@ func TestContextCancelsGofish(t *testing.T) {
 }
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
+
+// postReset POSTs a Reset and checks it was accepted.
+func postReset(t *testing.T, s *Server, id, rt string) {
+	t.Helper()
+	resp, err := http.Post(s.URL+"/redfish/v1/Systems/"+id+"/Actions/ComputerSystem.Reset", "application/json",
+		stringsReader(`{"ResetType":"`+rt+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 204 {
+		t.Fatalf("Reset %s: status %d", rt, resp.StatusCode)
+	}
+}
+
+// waitChanged waits, through Changed, for the system to reach want.
+func waitChanged(t *testing.T, s *Server, id, want string) {
+	t.Helper()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for {
+		ch := s.Changed()
+		if s.PowerState(id) == want {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			t.Fatalf("%s never reached %s (is %s)", id, want, s.PowerState(id))
+		}
+	}
+}
+
+func TestHoldResets(t *testing.T) {
+	s := newServer(t, Options{Systems: []System{{ID: "n1", TransitionDelay: 5 * time.Millisecond}}})
+	release := s.HoldResets("n1")
+	postReset(t, s, "n1", "On")
+	if got := s.PowerState("n1"); got != Off {
+		t.Fatalf("PowerState with the Reset held = %s, want Off", got)
+	}
+	if got := s.Resets("n1"); !slices.Equal(got, []string{"On"}) {
+		t.Fatalf("Resets = %v, want the held [On]", got)
+	}
+	release()
+	if got := s.PowerState("n1"); got != PoweringOn {
+		t.Fatalf("PowerState right after release = %s, want PoweringOn", got)
+	}
+	waitChanged(t, s, "n1", On)
+	release() // idempotent
+	postReset(t, s, "n1", "ForceOff")
+	if got := s.PowerState("n1"); got != Off {
+		t.Fatalf("after release, ForceOff left %s, want Off at once", got)
+	}
+}
+
+func TestStuckPoweringOn(t *testing.T) {
+	s := newServer(t, Options{Systems: []System{{ID: "n1"}}})
+	s.SetStuckPoweringOn("n1", true)
+	postReset(t, s, "n1", "On")
+	if got := s.PowerState("n1"); got != PoweringOn {
+		t.Fatalf("PowerState = %s, want PoweringOn (stuck)", got)
+	}
+	postReset(t, s, "n1", "GracefulShutdown")
+	if got := s.PowerState("n1"); got != Off {
+		t.Fatalf("GracefulShutdown of a stuck node left %s, want Off", got)
+	}
+	s.SetStuckPoweringOn("n1", false)
+	postReset(t, s, "n1", "On")
+	if got := s.PowerState("n1"); got != On {
+		t.Fatalf("unstuck: PowerState = %s, want On", got)
+	}
+}
+
+func TestSetPassword(t *testing.T) {
+	s := newServer(t, Options{Username: "admin", Password: "old-pass"})
+	api, err := gofish.ConnectContext(t.Context(), gofish.ClientConfig{Endpoint: s.URL, Username: "admin", Password: "old-pass"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPassword("new-pass")
+	if n := s.Sessions(); n != 0 {
+		t.Fatalf("%d sessions survived the password change", n)
+	}
+	if _, err := api.Service.Systems(); err == nil {
+		t.Fatal("the old session still reads the systems")
+	}
+	get := func(pass string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, s.URL+"/redfish/v1/Systems", nil)
+		req.SetBasicAuth("admin", pass)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get("old-pass"); got != 401 {
+		t.Fatalf("basic auth with the old password: %d, want 401", got)
+	}
+	if got := get("new-pass"); got != 200 {
+		t.Fatalf("basic auth with the new password: %d, want 200", got)
+	}
+}
+
+func TestConnectionsCountsHandshakes(t *testing.T) {
+	s := newServer(t, Options{TLS: true})
+	tr := &http.Transport{} // trusts only the system roots: the self-signed certificate fails
+	defer tr.CloseIdleConnections()
+	if _, err := (&http.Client{Transport: tr}).Get(s.URL + "/redfish/v1/"); err == nil {
+		t.Fatal("an untrusting client got through")
+	}
+	if n, r := s.Connections(), len(s.Requests()); n != 1 || r != 0 {
+		t.Fatalf("connections %d, requests %d; want 1 and 0", n, r)
+	}
+	c := tlsClient(t, s)
+	for range 3 {
+		resp, err := c.Get(s.URL + "/redfish/v1/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if n := s.Connections(); n != 2 {
+		t.Fatalf("connections = %d, want 2 (three requests on one kept-alive connection)", n)
+	}
+}
