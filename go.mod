@@ -29,5 +29,6 @@ require (
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
+	github.com/robfig/cron/v3 v3.0.1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

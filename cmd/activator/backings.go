@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/activator/activator/internal/backend/exec"
@@ -22,13 +23,15 @@ import (
 type backings struct {
 	decoders map[string]registry.SettingsDecoder
 	provider *split.Provider
-	secrets  *secretNames // what the exec backing scrubs from its children's environments
+	exec     *exec.Provider // also in provider: contain sets up its tenants' containment
+	secrets  *secretNames   // what the exec backing scrubs from its children's environments
 }
 
 // newBackings wires the backings. ctx is the process lifetime: backings that hold connections (the
 // unit backing's D-Bus) keep them on it.
 func newBackings(ctx context.Context, log *slog.Logger) *backings {
 	secrets := newSecretNames()
+	ex := exec.NewProvider(exec.Options{Logger: log, SecretEnv: secrets.list})
 	return &backings{
 		decoders: map[string]registry.SettingsDecoder{
 			"exec":    secrets.noting(exec.Decode),
@@ -37,12 +40,57 @@ func newBackings(ctx context.Context, log *slog.Logger) *backings {
 			"unit":    secrets.noting(unit.Decode),
 		},
 		provider: split.New(map[string]tenant.Opener{
-			"exec":    exec.NewProvider(exec.Options{Logger: log, SecretEnv: secrets.list}),
+			"exec":    ex,
 			"kvm":     kvm.New(kvm.Options{Logger: log}),
 			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),
 			"unit":    unit.NewProvider(unit.Options{Context: ctx, Logger: log}),
 		}),
+		exec:    ex,
 		secrets: secrets,
+	}
+}
+
+// contain settles how exec tenants are contained, once, at start-up before any route is applied (so
+// before anything spawns): in a cgroup each below cfg.CgroupRoot, where what an earlier activator left
+// is killed now, or by process group (exec.Contain logs which, and why). It registers the tenants'
+// cgroup usage on reg. An error (a cgroup_root another activator holds) must stop the start-up.
+// cgroup_root is read here only: a reload that changes it takes effect at the next start.
+func (bk *backings) contain(ctx context.Context, cfg *registry.Config, reg prometheus.Registerer) error {
+	if err := bk.exec.Contain(ctx, cfg.CgroupRoot); err != nil {
+		return err
+	}
+	return reg.Register(tenantUsage{bk.exec})
+}
+
+// tenantUsage exports the exec tenants' cgroup usage (exec.Provider.Usage) at each scrape. A series
+// exists only while its route's Backend does, so none outlives its route; memory and pids series
+// only while the tenant runs (or is frozen) and where their controller is enabled for it.
+type tenantUsage struct{ p *exec.Provider }
+
+var (
+	tenantCPUDesc = prometheus.NewDesc("activator_tenant_cpu_seconds_total",
+		"CPU time used by an exec tenant's processes (its cgroup's cpu.stat usage_usec), over all its wakes.", []string{"route"}, nil)
+	tenantMemoryDesc = prometheus.NewDesc("activator_tenant_memory_bytes",
+		"Memory used by an exec tenant's cgroup (memory.current), while it runs or is frozen.", []string{"route"}, nil)
+	tenantPidsDesc = prometheus.NewDesc("activator_tenant_pids",
+		"Processes and threads in an exec tenant's cgroup (pids.current), while it runs or is frozen.", []string{"route"}, nil)
+)
+
+func (tenantUsage) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tenantCPUDesc
+	ch <- tenantMemoryDesc
+	ch <- tenantPidsDesc
+}
+
+func (u tenantUsage) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range u.p.Usage() {
+		ch <- prometheus.MustNewConstMetric(tenantCPUDesc, prometheus.CounterValue, t.CPU.Seconds(), t.Route)
+		if t.HasMemory {
+			ch <- prometheus.MustNewConstMetric(tenantMemoryDesc, prometheus.GaugeValue, float64(t.Memory), t.Route)
+		}
+		if t.HasPids {
+			ch <- prometheus.MustNewConstMetric(tenantPidsDesc, prometheus.GaugeValue, float64(t.Pids), t.Route)
+		}
 	}
 }
 

@@ -173,20 +173,27 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 			}
 			phases = strings.Join(ps, " ")
 		}
-		note := s.LastError
-		if s.LastSleepError != "" {
-			if note != "" {
-				note += "; "
-			}
-			note += s.LastSleepError
+		state := s.State
+		if s.LastSleepError != "" && s.State == "awake" {
+			state = "awake, sleep failed" // the reason is the note
 		}
+		var notes []string
+		for _, n := range []string{s.CheckError, s.LastError, s.LastSleepError} {
+			if n != "" {
+				notes = append(notes, n)
+			}
+		}
+		if s.CheckError != "" {
+			notes[0] = "host check failed: " + notes[0]
+		}
+		note := strings.Join(notes, "; ")
 		if note == "" && wr != nil && len(wr.Notes) > 0 {
 			note = strings.Join(wr.Notes, "; ")
 		}
 		if len(note) > 100 {
 			note = note[:97] + "..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Route, s.Backing, s.State,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Route, s.Backing, state,
 			now.Sub(s.Since).Round(time.Second), s.InFlight, s.Held, last, phases, strings.ReplaceAll(note, "\n", " "))
 	}
 	tw.Flush()

@@ -25,14 +25,18 @@ func TestPrintStatus(t *testing.T) {
 		{Route: "herd", Backing: "exec", State: "awake", Since: now, LastWake: wake(1000)},
 		{Route: "one", Backing: "exec", State: "awake", Since: now, LastWake: wake(1)},
 		{Route: "never", Backing: "unit", State: "asleep", Since: now, LastError: "unit x.service: start job result \"failed\""},
-		{Route: "cold", Backing: "unit", State: "asleep", Since: now, LastWake: wake(1), LastSleepError: `route "cold": sleep (idle) failed; the tenant may still run: freeze: not supported`},
+		{Route: "cold", Backing: "unit", State: "awake", Since: now, LastWake: wake(1), LastSleepError: `route "cold": sleep (idle) failed; the tenant may still run: freeze: not supported`},
+		{Route: "held", Backing: "unit", State: "failed", Since: now, LastError: "wake failed", CheckError: "127.0.0.1:8080 is held by pid 42 (nginx)"},
 	}, now)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("got %d lines, want a header and 4 routes:\n%s", len(lines), out.String())
+	if len(lines) != 6 {
+		t.Fatalf("got %d lines, want a header and 5 routes:\n%s", len(lines), out.String())
 	}
-	if !strings.Contains(lines[4], "sleep (idle) failed; the tenant may still run") {
+	if !strings.Contains(lines[4], "awake, sleep failed") || !strings.Contains(lines[4], "sleep (idle) failed; the tenant may still run") {
 		t.Errorf("the line %q of a route whose sleep failed does not say so", lines[4])
+	}
+	if !strings.Contains(lines[5], "host check failed: 127.0.0.1:8080 is held by pid 42 (nginx); wake failed") {
+		t.Errorf("the line %q of a route whose host check failed does not say so", lines[5])
 	}
 	for _, want := range []string{"ok 5.7ms (3s ago)", "spawn=1.2ms health=4.5ms", "released=1000/2.5ms"} {
 		if !strings.Contains(lines[1], want) {

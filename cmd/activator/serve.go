@@ -100,10 +100,13 @@ func serve(o serveOptions) int {
 		printConfigErrors(os.Stderr, o.configPath, err)
 		return 1
 	}
-	liveCheck(ctx, log, bk.provider, cfg)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := bk.contain(ctx, cfg, reg); err != nil { // before anything spawns: kills an earlier run's tenants
+		log.Error("cannot contain exec tenants", "err", err)
+		return 1
+	}
 	// One Pacer for every route's health gate; closed on return, after srv.Shutdown has joined the
 	// gates.
 	pacer := health.NewPacer()
@@ -118,18 +121,22 @@ func serve(o serveOptions) int {
 		Metrics: activator.NewMetrics(reg),
 		Pacer:   pacer,
 	})
-	if err := srv.Apply(cfg); err != nil {
-		log.Error("cannot start routes", "err", err)
-		return 1
-	}
-	releaseLoadGarbage()
-
+	// The listeners bind first, so the ports open (and READY is sent) without waiting for any
+	// backing; the routes' host checks run after READY, concurrently (liveCheck).
 	edgeLn, adminLn, err := listeners(cfg, o)
 	if err != nil {
 		log.Error("cannot listen", "err", err)
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
+	if err := srv.Apply(cfg); err != nil {
+		log.Error("cannot start routes", "err", err)
+		edgeLn.Close()
+		adminLn.Close()
+		_ = srv.Shutdown(context.Background())
+		return 1
+	}
+	releaseLoadGarbage()
 	edge := newEdgeServer(srv, cfg.Edge, log)
 	door := watchEdge(edge, edgeLn) // lets the shutdown stop accepting before it stops the edge
 	edgeLn = door
@@ -170,6 +177,7 @@ func serve(o serveOptions) int {
 	if o.onReady != nil {
 		o.onReady(edgeLn.Addr(), adminLn.Addr())
 	}
+	g.Go(func() error { liveCheck(gctx, log, bk.provider, cfg.Routes, srv.SetCheckError); return nil })
 
 	<-gctx.Done()
 	grace := time.Duration(applied.grace.Load())
@@ -350,13 +358,13 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 			}
 			return
 		}
-		liveCheck(ctx, log, bk.provider, cfg)
 		if err := srv.Apply(cfg); err != nil {
 			log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
 			return
 		}
 		releaseLoadGarbage()
 		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
+		liveCheck(ctx, log, bk.provider, cfg.Routes, srv.SetCheckError)
 		for _, a := range []struct{ key, bound, next, override string }{
 			{"listen", running.Listen, cfg.Listen, o.listen},
 			{"admin", running.Admin, cfg.Admin, o.admin},
@@ -434,16 +442,33 @@ func (l *reloadLoop) touches(ev fsnotify.Event) bool {
 	return filepath.Base(ev.Name) == l.file && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
 }
 
-// liveCheck runs each backing's host checks (e.g. "this systemd cannot freeze units") and logs what
-// fails; the route still loads, and its wakes will fail with the same message.
-func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, cfg *registry.Config) {
-	for _, r := range cfg.Routes {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := p.Check(cctx, r); err != nil {
-			log.Error("route check failed", "route", r.Name, "err", err)
-		}
-		cancel()
+// Host checks run this many at a time, each within checkBound: a route whose BMC or bus does not
+// answer is marked failed after checkBound and delays no other route.
+const (
+	checkParallel = 16
+	checkBound    = 10 * time.Second
+)
+
+// liveCheck runs each route's backing host checks (e.g. "this systemd cannot freeze units"), at most
+// checkParallel at once, and reports each result to mark (nil: passed) and what fails to the log. The
+// route still loads, and its wakes fail with the same message. It returns once every check has ended,
+// within about checkBound per checkParallel routes.
+func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, routes []*registry.Route, mark func(route string, err error)) {
+	var g errgroup.Group
+	g.SetLimit(checkParallel)
+	for _, r := range routes {
+		g.Go(func() error {
+			cctx, cancel := context.WithTimeout(ctx, checkBound)
+			defer cancel()
+			err := p.Check(cctx, r)
+			if err != nil {
+				log.Error("route check failed", "route", r.Name, "err", err)
+			}
+			mark(r.Name, err)
+			return nil
+		})
 	}
+	_ = g.Wait()
 }
 
 func printConfigErrors(w io.Writer, path string, err error) {

@@ -212,9 +212,11 @@ func (d *edgeDoor) waitFirstRequests(wait time.Duration) {
 	}
 }
 
-// applier applies a config: the reloader's view of the activator.
+// applier applies a config and records its routes' host checks: the reloader's view of the
+// activator.
 type applier interface {
 	Apply(cfg *registry.Config) error
+	SetCheckError(route string, err error)
 }
 
 // graceTracker applies configs to srv and keeps the shutdown_grace of the one last applied, which is
@@ -223,6 +225,8 @@ type graceTracker struct {
 	srv   *activator.Server
 	grace atomic.Int64 // a time.Duration
 }
+
+func (a *graceTracker) SetCheckError(route string, err error) { a.srv.SetCheckError(route, err) }
 
 func (a *graceTracker) Apply(cfg *registry.Config) error {
 	if err := a.srv.Apply(cfg); err != nil {

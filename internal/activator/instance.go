@@ -108,6 +108,7 @@ type instance struct {
 	lastAtt  *attempt    // lastRec's attempt, for its release figures
 	lastSlp  string      // reason of the last sleep
 	slpErr   *SleepError // the last sleep's failure; nil once a sleep succeeds
+	checkErr error       // the route's host check at start-up failed with this (Server.SetCheckError)
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
 	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
@@ -157,4 +158,10 @@ func (in *instance) setStateLocked(s State) {
 	in.series.setState(s)
 	in.state = s
 	in.since = in.now()
+}
+
+func (in *instance) setCheckError(err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.checkErr = err
 }

@@ -68,8 +68,9 @@ func (m *Metrics) requestCounter(route string) func(code int) {
 // instanceMetrics is one instance's hold on its route's series: it adds to the route's counters, and
 // its state is the one exported while it is the route's newest instance. A nil one records nothing.
 type instanceMetrics struct {
-	rm *routeMetrics
-	st atomic.Int32 // the instance's State
+	rm           *routeMetrics
+	st           atomic.Int32 // the instance's State
+	sleepFailing atomic.Bool  // the instance's last sleep failed
 }
 
 func (im *instanceMetrics) setState(s State) {
@@ -154,8 +155,14 @@ func (im *instanceMetrics) slept(reason string) {
 	}
 }
 
-func (im *instanceMetrics) sleepFailed() {
-	if im != nil {
+// sleepFailed records a sleep's outcome: a failure is counted, and activator_sleep_failing says
+// whether the last sleep failed until one succeeds.
+func (im *instanceMetrics) sleepFailed(failed bool) {
+	if im == nil {
+		return
+	}
+	if failed {
 		im.rm.sleepFailures.Add(1)
 	}
+	im.sleepFailing.Store(failed)
 }

@@ -113,6 +113,7 @@ func TestRouteSeriesExistFromStart(t *testing.T) {
 		`activator_held_requests{}`:                0,
 		`activator_wake_joined_requests_total{}`:   0,
 		`activator_sleep_failures_total{}`:         0,
+		`activator_sleep_failing{}`:                0,
 		`activator_sleeps_total{reason="idle"}`:    0,
 		`activator_sleeps_total{reason="admin"}`:   0,
 		`activator_sleeps_total{reason="exited"}`:  0,

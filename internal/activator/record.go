@@ -15,7 +15,7 @@ type WakeRecord struct {
 	ID          string        `json:"wake_id"`
 	Route       string        `json:"route"`
 	Backing     string        `json:"backing"`
-	Trigger     string        `json:"trigger"` // a trigger: "request", "admin", "adopt"
+	Trigger     string        `json:"trigger"` // a trigger: "request", "admin", "adopt", "sleep_failed"
 	Started     time.Time     `json:"started"`
 	Duration    time.Duration `json:"duration_ns"`
 	Phases      []PhaseRecord `json:"phases"`
@@ -53,6 +53,8 @@ const (
 	triggerRequest trigger = "request" // a request found the route asleep
 	triggerAdmin   trigger = "admin"   // the admin API
 	triggerAdopt   trigger = "adopt"   // a new instance asks the backend for a tenant already running
+	// triggerSleepFailed: a sleep failed and the tenant may still run; the route takes it back.
+	triggerSleepFailed trigger = "sleep_failed"
 )
 
 // tracker is the Tracker the activator hands to a backend: it builds a WakeRecord. The admin API reads

@@ -129,10 +129,10 @@ func (m *Metrics) release(im *instanceMetrics) {
 
 // routeSet is every live route's routeMetrics, and the Collector that exports their counters and
 // gauges. Between scrapes those are plain atomics, a word per series where a client_golang child costs
-// a few hundred bytes: a route has ten such series from the start, and a config may have 10,000
+// a few hundred bytes: a route has eleven such series from the start, and a config may have 10,000
 // routes.
 type routeSet struct {
-	wakes, joined, held, state, sleeps, sleepFailures *prometheus.Desc
+	wakes, joined, held, state, sleeps, sleepFailures, sleepFailing *prometheus.Desc
 	// The label pairs of the fixed label values, made once and shared, read-only, by every scrape.
 	routeLabel  string
 	statePairs  [Failed + 1]*dto.LabelPair
@@ -157,6 +157,8 @@ func newRouteSet() *routeSet {
 			[]string{"route", "reason"}, nil),
 		sleepFailures: prometheus.NewDesc("activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.",
 			[]string{"route"}, nil),
+		sleepFailing: prometheus.NewDesc("activator_sleep_failing", "1 while the route's last sleep failed (the tenant runs on), until a sleep succeeds.",
+			[]string{"route"}, nil),
 		routeLabel: "route",
 		byName:     map[string]*routeMetrics{},
 	}
@@ -176,7 +178,7 @@ func labelPair(name, value string) *dto.LabelPair { return &dto.LabelPair{Name: 
 
 // Describe implements prometheus.Collector.
 func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.wakes, s.joined, s.held, s.state, s.sleeps, s.sleepFailures} {
+	for _, d := range []*prometheus.Desc{s.wakes, s.joined, s.held, s.state, s.sleeps, s.sleepFailures, s.sleepFailing} {
 		ch <- d
 	}
 }
@@ -185,17 +187,19 @@ func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
 // instance.
 func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
 	type row struct {
-		rm    *routeMetrics
-		state State
+		rm      *routeMetrics
+		state   State
+		failing bool
 	}
 	s.mu.Lock()
 	rows := make([]row, 0, len(s.byName))
 	for _, rm := range s.byName {
-		rows = append(rows, row{rm, State(rm.holders[len(rm.holders)-1].st.Load())})
+		newest := rm.holders[len(rm.holders)-1]
+		rows = append(rows, row{rm, State(newest.st.Load()), newest.sleepFailing.Load()})
 	}
 	s.mu.Unlock()
 	for _, r := range rows {
-		sc := s.scrape(r.rm, r.state)
+		sc := s.scrape(r.rm, r.state, r.failing)
 		for i := range sc.samples {
 			ch <- &sc.samples[i]
 		}
@@ -203,8 +207,8 @@ func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
 }
 
 // numRouteSamples is how many series a route has in routeSet: state, held, joined, sleep failures,
-// sleeps by reason, wakes by result.
-const numRouteSamples = 4 + numSleepReasons + numWakeResults
+// sleep failing, sleeps by reason, wakes by result.
+const numRouteSamples = 5 + numSleepReasons + numWakeResults
 
 // routeScrape is one route's series in one scrape, made in one allocation.
 type routeScrape struct {
@@ -215,7 +219,7 @@ type routeScrape struct {
 
 // scrape reads rm's series. Their label lists are sorted by name, as the registry requires: "reason"
 // and "result" sort before "route", "state" after it.
-func (s *routeSet) scrape(rm *routeMetrics, state State) *routeScrape {
+func (s *routeSet) scrape(rm *routeMetrics, state State, sleepFailing bool) *routeScrape {
 	sc := &routeScrape{}
 	sc.route.Name, sc.route.Value = &s.routeLabel, &rm.route
 	n := 0
@@ -230,6 +234,11 @@ func (s *routeSet) scrape(rm *routeMetrics, state State) *routeScrape {
 	add(s.held, true, float64(rm.held.Load()), &sc.route)
 	add(s.joined, false, float64(rm.joined.Load()), &sc.route)
 	add(s.sleepFailures, false, float64(rm.sleepFailures.Load()), &sc.route)
+	failing := 0.0
+	if sleepFailing {
+		failing = 1
+	}
+	add(s.sleepFailing, true, failing, &sc.route)
 	for i := range rm.sleeps {
 		add(s.sleeps, false, float64(rm.sleeps[i].Load()), s.reasonPairs[i], &sc.route)
 	}

@@ -59,7 +59,8 @@ type Server struct {
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
 	retiring  []*instance
-	closed    bool // set by Drain: no config is applied any more
+	checks    map[string]error // SetCheckError's findings, by route name
+	closed    bool             // set by Drain: no config is applied any more
 }
 
 // New returns a Server whose wakes live until Shutdown.
@@ -76,7 +77,8 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	root, stop := context.WithCancel(context.Background())
-	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, drain: make(chan struct{}), instances: map[string]*instance{}}
+	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, drain: make(chan struct{}), instances: map[string]*instance{},
+		checks: map[string]error{}}
 	s.table.Store(&table{})
 	return s
 }
@@ -113,6 +115,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
 		in.after = s.predecessorsLocked(r.Name)
 		in.drain = s.drain
+		in.checkErr = s.checks[r.Name]
 		next[r.Name] = in
 		opened = append(opened, in)
 	}
@@ -128,6 +131,11 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		}
 	}
 	s.instances = next
+	for name := range s.checks {
+		if next[name] == nil {
+			delete(s.checks, name)
+		}
+	}
 	s.table.Store(buildTable(cfg, next))
 	for _, in := range opened {
 		in.start()
@@ -379,4 +387,22 @@ func hostOnly(h string) string {
 		return host
 	}
 	return strings.TrimSuffix(h, ".")
+}
+
+// SetCheckError records that route's live host check (tenant.Checker) failed at start-up; nil clears
+// it. It neither blocks nor wakes anything, so a slow or failing check holds up no other route. The
+// route's status shows it (check_error), and a wake of the route that fails carries it in its error
+// and its record. It holds for the route's name across reloads until cleared, or until a config
+// without that route is applied.
+func (s *Server) SetCheckError(route string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.checks, route)
+	} else {
+		s.checks[route] = err
+	}
+	if in := s.instances[route]; in != nil {
+		in.setCheckError(err)
+	}
 }

@@ -55,23 +55,28 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	in.series.slept(reason)
 	in.slpErr = nil
 	if err != nil {
-		// The instance is marked asleep all the same: the next request wakes it, and a backing's
-		// wake takes a tenant it finds still running as it is (a unit still active, a node still
-		// on). The failure stays in the status and the admin sleep's answer until a sleep succeeds.
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
-		in.series.sleepFailed()
-		in.logger().Error("sleep failed; the tenant may still run", "reason", reason, "err", err)
+		in.logger().Error("sleep failed; taking the tenant back as awake", "reason", reason, "err", err)
 	} else {
 		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start))
 	}
+	in.series.sleepFailed(err != nil)
 	in.setStateLocked(Asleep)
 	close(done)
+	if err != nil && !in.retiring && !in.closed && !in.draining() {
+		// A failed sleep is not a sleep: the tenant may still run (a freeze the host cannot do, a
+		// node that will not power off). The route takes it back at once, through the backing's Wake
+		// (which takes a running tenant as it is) and the health gate, so that its state is the
+		// tenant's; the failure stays in the status until a sleep succeeds. A retiring instance
+		// closes its backend instead, and a draining one starts no wake.
+		in.beginWakeLocked(triggerSleepFailed)
+	}
 	in.maybeRetireLocked()
 }
 
 // sleepNow puts the instance to sleep (admin API). It waits for a wake in progress, and returns once
 // the instance is asleep; requests that arrive meanwhile wake it again afterwards. When the sleep it
-// started failed, it returns that *SleepError (the instance is marked asleep all the same).
+// started failed, it returns that *SleepError; the instance is then waking again (see runSleep).
 func (in *instance) sleepNow(ctx context.Context, reason string) error {
 	for {
 		in.mu.Lock()

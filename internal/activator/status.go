@@ -23,6 +23,8 @@ type Status struct {
 	LastSleep   string      `json:"last_sleep_reason,omitempty"`
 	// LastSleepError is the last sleep's failure (the tenant may still run), until a sleep succeeds.
 	LastSleepError string `json:"last_sleep_error,omitempty"`
+	// CheckError is what the route's host check found at start-up (Server.SetCheckError).
+	CheckError string `json:"check_error,omitempty"`
 }
 
 func (in *instance) status() Status {
@@ -46,6 +48,9 @@ func (in *instance) status() Status {
 	}
 	if in.slpErr != nil {
 		s.LastSleepError = in.slpErr.Error()
+	}
+	if in.checkErr != nil {
+		s.CheckError = in.checkErr.Error()
 	}
 	if in.state == Failed {
 		u := in.until

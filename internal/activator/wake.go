@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -114,8 +115,8 @@ type wakeOutcome struct {
 const phaseAdopt = "adopt"
 
 // wakeAndGate starts (or adopts) the tenant and waits for its health gate, on a context detached from
-// every request and bounded by the wake budget. A tenant it started that never passes the gate is
-// stopped before it returns. It runs without the lock; only the wake goroutine uses in.prober.
+// every request and bounded by the wake budget. A tenant it started or adopted that never passes the
+// gate is stopped before it returns. It runs without the lock; only the wake goroutine uses in.prober.
 func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
@@ -133,7 +134,10 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	}
 	if out.err == nil && out.awake {
 		out.err = in.gate(ctx, rec, out.life)
-		if out.err != nil && trig != triggerAdopt {
+		if out.err != nil {
+			// Adopted or started, a tenant that does not pass is stopped: left running, the next wake
+			// would take the same broken tenant again (an adopted unit still SIGSTOPped by an
+			// activator in another sleep mode failed every gate until someone stopped it by hand).
 			in.stopUnhealthy(rec)
 		}
 	}
@@ -190,9 +194,9 @@ func (in *instance) gate(ctx context.Context, rec *tracker, life *tenant.Life) e
 	return err
 }
 
-// stopUnhealthy stops a tenant that started but never turned healthy: it must not keep running behind
-// our back. The stop is a phase of its own, so the record shows how long the gate took (at most its
-// budget) apart from how long the tenant took to stop.
+// stopUnhealthy stops a tenant that started (or was adopted) but never turned healthy: it must not
+// keep running behind our back. The stop is a phase of its own, so the record shows how long the gate
+// took (at most its budget) apart from how long the tenant took to stop.
 func (in *instance) stopUnhealthy(rec *tracker) {
 	rec.failed()
 	rec.Phase(tenant.PhaseStop)
@@ -224,6 +228,11 @@ func wakeResult(trig trigger, awake bool, err error) string {
 // publishLocked applies a wake's outcome: Failed with a backoff, Asleep (an adopt that found nothing),
 // or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
 func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
+	if out.err != nil && in.checkErr != nil {
+		// What the host check found at start-up (a port held by another process) is likely the cause.
+		out.rec.Notes = append(slices.Clip(out.rec.Notes), "the host check at start-up failed: "+in.checkErr.Error())
+		out.err = fmt.Errorf("%w (the host check at start-up had found: %v)", out.err, in.checkErr)
+	}
 	in.lastRec, in.lastAtt = &out.rec, att
 	switch {
 	case out.err != nil:

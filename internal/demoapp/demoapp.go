@@ -10,6 +10,8 @@
 //
 // Behaviour knobs:
 //   - DEMOAPP_START_DELAY=200ms   wait this long before listening (a slow-starting app);
+//   - DEMOAPP_HOLD_FILE=/path     while this file exists, wait before listening (a start that hangs
+//     until a test lets it go);
 //   - DEMOAPP_EXIT_CODE=3         print DEMOAPP_EXIT_MESSAGE (or a default) to stderr and exit before listening;
 //   - DEMOAPP_UNHEALTHY=1         /healthz always answers 503;
 //   - DEMOAPP_BODY=text           the body of GET / (default "hello from demoapp");
@@ -62,6 +64,14 @@ func Main() int {
 	}
 	if d, err := time.ParseDuration(os.Getenv("DEMOAPP_START_DELAY")); err == nil && d > 0 {
 		time.Sleep(d) // the app is deliberately slow to start; this is its behaviour, not test timing
+	}
+	if hold := os.Getenv("DEMOAPP_HOLD_FILE"); hold != "" {
+		for range 100 * 60 * 10 { // ten minutes at most: a hung start, not a hung test
+			if _, err := os.Stat(hold); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the app's own behaviour: it polls for its release
+		}
 	}
 	if n, _ := strconv.Atoi(os.Getenv("DEMOAPP_CHATTY")); n > 0 {
 		line := fmt.Sprintf("%0200d", 0)

@@ -93,6 +93,9 @@ func listenerInode(fs procfs.FS, network, address string) (uint64, bool) {
 	}
 	const tcpListen = 10 // TCP_LISTEN in include/net/tcp_states.h
 	var fallback uint64
+	// procfs prefers netlink sock_diag; /proc/net/tcp is the kernel's stable text interface, read here
+	// only on the error path (something already answers), where its cost does not matter.
+	//lint:ignore SA1019 see above
 	for _, read := range []func() (procfs.NetTCP, error){fs.NetTCP, fs.NetTCP6} {
 		lines, err := read()
 		if err != nil {

@@ -57,6 +57,7 @@ type fileConfig struct {
 	Listen        string      `yaml:"listen"`
 	Admin         string      `yaml:"admin"`
 	ShutdownGrace *Duration   `yaml:"shutdown_grace"`
+	CgroupRoot    string      `yaml:"cgroup_root"`
 	Edge          edgeKeys    `yaml:"edge"`
 	Routes        []yaml.Node `yaml:"routes"`
 	AdminKeys     adminKeys   `yaml:",inline"` // admin_socket, admin_token_file, … (admin.go)
@@ -99,6 +100,10 @@ type routeKeys struct {
 		Initial Duration `yaml:"initial"`
 		Max     Duration `yaml:"max"`
 	} `yaml:"backoff"`
+	WaitingPage yaml.Node    `yaml:"waiting_page"` // true, false or {template: PATH}
+	Ignore      ignoreKeys   `yaml:"ignore"`
+	KeepWarm    []windowKeys `yaml:"keep_warm"`
+	WakeAt      []yaml.Node  `yaml:"wake_at"` // "cron spec" or {cron, time_zone}
 }
 
 type healthKey struct {
@@ -158,6 +163,7 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	top := topCheck{l: &l, doc: &doc}
 	own := top.checkAddrs(cfg.Listen, cfg.Admin)
 	cfg.ShutdownGrace = top.duration("shutdown_grace", fc.ShutdownGrace, DefaultShutdownGrace)
+	cfg.CgroupRoot = top.checkCgroupRoot(fc.CgroupRoot)
 	cfg.Edge = top.checkEdge(fc.Edge)
 	cfg.AdminAccess = top.checkAdmin(cfg.Admin, fc.AdminKeys)
 	if len(fc.Routes) == 0 && !topBad["routes"] {
@@ -206,6 +212,8 @@ func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecod
 	c.checkHold()
 	c.checkBackoff()
 	c.checkHealth()
+	c.checkPeople()
+	c.checkSchedules()
 	c.checkBacking(blocks, backings)
 	return c.r, len(l.list) == c.start
 }
@@ -489,6 +497,28 @@ type topCheck struct {
 
 func (c topCheck) add(key, format string, args ...any) {
 	c.l.add("", key, KeyLine(c.doc, key), format, args...)
+}
+
+// checkCgroupRoot validates cgroup_root: "" (automatic), "off", or an absolute cgroup path, returned
+// cleaned. The path is the cgroup's as /proc/self/cgroup shows it, not a file system path, and never
+// the hierarchy's root: every group below cgroup_root is killed at start-up.
+func (c topCheck) checkCgroupRoot(v string) string {
+	switch {
+	case v == "" || v == "off":
+		return v
+	case !strings.HasPrefix(v, "/"):
+		c.add("cgroup_root", "%q must be \"off\" or an absolute cgroup path, as in /system.slice/activator.service/tenants (leave the key out for a group below the activator's own)", v)
+	case slices.Contains(strings.Split(v, "/"), ".."):
+		c.add("cgroup_root", "%q must not contain \"..\"", v)
+	case filepath.Clean(v) == "/":
+		c.add("cgroup_root", "%q is the root of the cgroup hierarchy: every cgroup below cgroup_root is killed at start-up, so it must be a group of the activator's own", v)
+	case strings.HasPrefix(v, "/sys/fs/cgroup/"):
+		rel := strings.TrimPrefix(strings.TrimPrefix(v, "/sys/fs/cgroup"), "/unified")
+		c.add("cgroup_root", "%q is a file system path: write the cgroup's path as /proc/self/cgroup shows it, without the mount point (%s)", v, rel)
+	default:
+		return filepath.Clean(v)
+	}
+	return ""
 }
 
 // The forms listen and admin take, for their problems' hints.

@@ -994,3 +994,21 @@ func TestLoadSyntaxErrorsNameALine(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadCgroupRoot covers cgroup_root: automatic when left out, off, an absolute cgroup path
+// (cleaned), and each way a value can be wrong.
+func TestLoadCgroupRoot(t *testing.T) {
+	runTopKeys(t, []topKey{
+		{"cgroup_root", func(c *registry.Config) any { return c.CgroupRoot }, []keyCase{
+			{value: "", want: ""},
+			{value: "off", want: "off"},
+			{value: "/system.slice/activator.service/tenants", want: "/system.slice/activator.service/tenants"},
+			{value: "/a//b/", want: "/a/b"},
+			{value: "tenants", problem: `"tenants" must be "off" or an absolute cgroup path, as in /system.slice/activator.service/tenants (leave the key out for a group below the activator's own)`},
+			{value: "/", problem: `"/" is the root of the cgroup hierarchy: every cgroup below cgroup_root is killed at start-up, so it must be a group of the activator's own`},
+			{value: "/a/../b", problem: `"/a/../b" must not contain ".."`},
+			{value: "/sys/fs/cgroup/x", problem: `"/sys/fs/cgroup/x" is a file system path: write the cgroup's path as /proc/self/cgroup shows it, without the mount point (/x)`},
+			{value: "[a]", problem: "cannot unmarshal !!seq into string"},
+		}},
+	})
+}

@@ -27,6 +27,11 @@ type Config struct {
 	// ShutdownGrace bounds a shutdown on SIGTERM as a whole: answering held requests, draining in-flight
 	// ones and putting tenants to sleep (default 30s, always positive).
 	ShutdownGrace time.Duration
+	// CgroupRoot is where exec tenants' cgroups go (cgroup_root): "" for a group below the activator's
+	// own cgroup, chosen at start-up; "off" for no cgroups (process groups only); otherwise a cleaned
+	// absolute cgroup v2 path such as /system.slice/activator.service/tenants, never "/". Read at
+	// start-up only.
+	CgroupRoot string
 	// Edge is the edge's limits on its clients, shared by all routes.
 	Edge EdgeLimits
 	// Routes in file order.
@@ -98,6 +103,15 @@ type Route struct {
 	SleepBudget time.Duration
 	Hold        Hold
 	Backoff     Backoff
+	// WaitingPage is what browser navigations get while the tenant wakes (people.go).
+	WaitingPage WaitingPage
+	// Ignore matches requests that neither wake the tenant nor keep it awake (people.go).
+	Ignore Ignore
+	// KeepWarm are windows in which the tenant is woken at the start and never idle-stopped
+	// (schedule.go).
+	KeepWarm []Window
+	// WakeAt are schedules that pre-wake the tenant (schedule.go).
+	WakeAt []Schedule
 	// Settings is what the backing's SettingsDecoder returned for this route.
 	Settings any
 }

@@ -1,11 +1,20 @@
 // Package exec is the exec backing: a route's tenant is a plain executable the activator starts as a
-// child process on Wake and stops on Sleep.
+// child process on Wake and stops (or freezes) on Sleep.
 //
 // The child is started directly from argv (never through a shell) in its own process group, with the
-// parent-death signal set to SIGKILL so it dies with the activator even when the activator is
-// SIGKILLed (the forking OS thread is kept alive for the child's whole life: see startLocked). Stop
-// signals go to the whole group, and when the child exits, whatever is left of its group is killed;
-// a grandchild that leaves the group (setsid, double fork) is beyond the backend's reach. Its stdout and
+// parent-death signal set to SIGKILL (the forking OS thread is kept alive for the child's whole life:
+// see startLocked). Where the activator has a writable cgroup v2 (Containment, decided at start-up by
+// Contain), the child is also cloned straight into a cgroup of its own, named after the route below
+// the activator's cgroup_root, so its whole process tree is known whatever it does: Sleep and Close end
+// that tree with cgroup.kill (a grandchild that left the process group with setsid or a double fork
+// included), a tenant whose main process exits cleanly while its cgroup still holds processes has
+// daemonized and is reported so (*DaemonError), and the next activator kills what a SIGKILLed one
+// left. `sleep: freeze` freezes that cgroup instead of stopping the tenant, and memory_max, cpu_max
+// and pids_max are written to it. Without cgroups, stop signals and SIGKILL go to the process group,
+// the activator is a child subreaper and reaps the group's grandchildren on sleep, and a process that
+// leaves the group is beyond the backend's reach.
+//
+// Its stdout and
 // stderr are drained continuously (a chatty child never blocks), logged line by line at Info within a
 // rate limit (100 lines at once, then 20 a second; suppressed lines are counted and reported at Warn),
 // and the last 64 KiB kept whole: a child that exits on its own ends its Life with an *ExitError that
@@ -29,24 +38,30 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/activator/activator/internal/backend/exec/shim"
-	"github.com/activator/activator/internal/tenant"
+	"golang.org/x/sys/unix"
 
+	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/cgroup"
+	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Phases this backing reports to the wake Tracker.
 const (
 	PhaseSpawn       = "spawn"        // fork and exec of the child
 	PhaseReadyMarker = "ready_marker" // waiting for the ready marker in the child's output
+	PhaseThaw        = "thaw"         // sleep: freeze: thawing the tenant's cgroup
 )
 
 // ErrClosed is returned by Wake after Close, and ends the Life of a child that Close stopped.
@@ -67,35 +82,124 @@ type Options struct {
 	// environment. It is called at every spawn, so a reload that names a new secret applies to the next
 	// child; it must be safe for concurrent use. Nil: no names.
 	SecretEnv func() []string
+	// Containment is how children are contained (Contain); nil: process groups only, without the
+	// child subreaper, as before cgroups (tests). Provider.Open sets it to the Provider's.
+	Containment *Containment
 }
 
 // The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
 // activator would silently stop finding the ability.
 var (
-	_ tenant.Opener  = (*Provider)(nil)
-	_ tenant.Backend = (*Backend)(nil)
-	_ tenant.Closer  = (*Backend)(nil)
+	_ tenant.Opener       = (*Provider)(nil)
+	_ tenant.Checker      = (*Provider)(nil)
+	_ tenant.SharedCloser = (*Provider)(nil)
+	_ tenant.Backend      = (*Backend)(nil)
+	_ tenant.Closer       = (*Backend)(nil)
+	_ tenant.Stopper      = (*Backend)(nil)
 )
 
-// Provider opens exec backends. It holds no resources.
+// Provider opens exec backends. It holds the Containment (from Contain until Close) and knows the
+// latest Backend of each route, for Usage.
 type Provider struct {
 	opts Options
+
+	mu   sync.Mutex // guards the fields below
+	cont *Containment
+	live map[string]*Backend // route -> its latest Backend; closed ones are dropped by Usage
 }
 
-// NewProvider returns a Provider.
-func NewProvider(o Options) *Provider { return &Provider{opts: o} }
+// NewProvider returns a Provider. Its backends use o.Containment until Contain sets one.
+func NewProvider(o Options) *Provider {
+	return &Provider{opts: o, cont: o.Containment, live: map[string]*Backend{}}
+}
+
+// Contain decides how this Provider's tenants are contained (see Contain, the function) and, with
+// cgroups, kills what an earlier activator left in the cgroup root. Call it once, at start-up, before
+// the first Open; root is the config's cgroup_root.
+func (p *Provider) Contain(ctx context.Context, root string) error {
+	c, err := Contain(ctx, root, p.opts.Logger)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cont = c
+	return nil
+}
+
+// Close releases the Containment (tenant.SharedCloser), after every Backend has been closed.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	c := p.cont
+	p.cont = nil
+	p.mu.Unlock()
+	return c.Close()
+}
 
 // Open returns the Backend of r, whose Settings must be what Decode returned.
 func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
-	b, err := New(r, p.opts)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.opts
+	o.Containment = p.cont
+	b, err := New(r, o)
 	if err != nil {
 		return nil, err
 	}
+	p.live[r.Name] = b
 	return b, nil
 }
 
-// Backend runs one route's child process. It implements tenant.Backend and tenant.Closer.
-// Wake, Sleep, Close and PID are safe for concurrent use.
+// Check reports what of r's settings this host cannot honour (tenant.Checker): `sleep: freeze` and
+// limits without cgroups, and limits whose controller is not enabled for the cgroup root; and, unless
+// cgroup_root is off, that tenants are contained by process group only. Before Contain (`activator
+// check`) it looks at the automatic root, creating nothing.
+func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil {
+		return fmt.Errorf("route %q has no exec settings (got %T)", r.Name, r.Settings)
+	}
+	p.mu.Lock()
+	c := p.cont
+	p.mu.Unlock()
+	if c == nil {
+		c = probe()
+	}
+	err := c.check(s)
+	if !c.cgroup && c.reason != "cgroup_root: off" {
+		err = errors.Join(fmt.Errorf("exec tenants are contained by process group only here (%s): a process that leaves its group (setsid, double fork) can outlive the activator", c.reason), err)
+	}
+	return err
+}
+
+// Usage is one tenant cgroup's usage, for metrics.
+type Usage struct {
+	Route string
+	cgroup.Stat
+}
+
+// Usage reads the cgroup usage of each route's latest Backend that has had a cgroup (from its first
+// wake until Close), sorted by route: CPU time summed over all its wakes, and the memory and pids of
+// a tenant that runs or is frozen (HasMemory and HasPids false otherwise).
+func (p *Provider) Usage() []Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var us []Usage
+	for _, route := range slices.Sorted(maps.Keys(p.live)) {
+		st, ok, closed := p.live[route].usage()
+		if closed {
+			delete(p.live, route)
+			continue
+		}
+		if ok {
+			us = append(us, Usage{Route: route, Stat: st})
+		}
+	}
+	return us
+}
+
+// Backend runs one route's child process. It implements tenant.Backend, tenant.Closer and
+// tenant.Stopper. Wake, Sleep, Stop, Close and PID are safe for concurrent use.
 type Backend struct {
 	baseLog  *slog.Logger
 	logOnce  sync.Once
@@ -105,20 +209,19 @@ type Backend struct {
 	upstream registry.Upstream
 	shim     string
 	secrets  func() []string // Options.SecretEnv; nil for none
+	cont     *Containment    // nil: process groups only
 	closing  chan struct{}   // closed by Close: aborts a Wake waiting for the ready marker
 	wg       sync.WaitGroup
 
+	cpuUsed atomic.Int64 // CPU time of the tenant's earlier cgroups, in ns (each wake gets a new one)
+
 	mu     sync.Mutex // guards the fields below
 	closed bool
-	proc   *proc        // the latest child, possibly exited; nil before the first Wake
-	ln     net.Listener // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
-	lnFile *os.File     // a dup of ln's socket, handed to each child as fd 3
+	group  *cgroup.Group // the name of the tenant's cgroups, claimed at the first wake; nil before
+	proc   *proc         // the latest child, possibly exited; nil before the first Wake
+	ln     net.Listener  // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
+	lnFile *os.File      // a dup of ln's socket, handed to each child as fd 3
 }
-
-var (
-	_ tenant.Backend = (*Backend)(nil)
-	_ tenant.Closer  = (*Backend)(nil)
-)
 
 // logger is the route's logger. It is made on first use: with thousands of configured routes that
 // never wake, a logger each (a copy of the handler with the route's attributes) was a tenth of the
@@ -146,6 +249,7 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		upstream: r.Upstream,
 		shim:     o.Shim,
 		secrets:  o.SecretEnv,
+		cont:     o.Containment,
 		closing:  make(chan struct{}),
 	}
 	if s.Listen == ListenFDs && b.shim == "" {
@@ -171,17 +275,43 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		b.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if p := b.proc; p != nil && p.running() {
-		b.mu.Unlock()
-		return p.life, nil
+	if p := b.proc; p != nil && p.isFrozen() && !p.exited() {
+		defer b.mu.Unlock()
+		t.Phase(PhaseThaw)
+		return b.thawLocked(ctx, p)
+	}
+	if p := b.proc; p != nil {
+		if life := p.liveLife(); life != nil {
+			b.mu.Unlock()
+			return life, nil
+		}
+		// Its Life ended but its owner is still killing what is left and reaping: wait, so that the old
+		// tree is gone (and its port free) before a new child starts.
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			b.mu.Unlock()
+			return nil, fmt.Errorf("exec: wake: the previous child (pid %d) is still being reaped: %w", p.pid, ctx.Err())
+		}
 	}
 	t.Phase(PhaseSpawn)
+	if b.settings.Listen != ListenFDs { // in listen_fds mode the activator holds the upstream itself
+		if err := foreign.Check(ctx, b.upstream.Network, b.upstream.Address); err != nil {
+			b.mu.Unlock()
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+	}
+	g, err := b.groupLocked(ctx)
+	if err != nil {
+		b.mu.Unlock()
+		return nil, err
+	}
 	sp, err := b.specLocked()
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err
 	}
-	p, err := b.startLocked(sp)
+	p, err := b.startLocked(sp, g)
 	if err != nil {
 		b.mu.Unlock()
 		return nil, fmt.Errorf("exec: start %s: %w", sp.path, err)
@@ -191,21 +321,21 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	b.logger().Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen))
 
 	if p.marker == nil {
-		return p.life, nil
+		return p.currentLife(), nil
 	}
 	t.Phase(PhaseReadyMarker)
 	var cause error
 	select {
 	case <-p.ready:
-		return p.life, nil
+		return p.currentLife(), nil
 	case <-p.done:
 		select {
 		case <-p.ready: // printed the marker, then exited: the Life tells
-			return p.life, nil
+			return p.currentLife(), nil
 		default:
 		}
 		t.Note(fmt.Sprintf("exited before printing the ready marker %q", b.settings.ReadyMarker))
-		return nil, p.exit
+		return nil, p.failed
 	case <-ctx.Done():
 		cause = ctx.Err()
 	case <-b.closing:
@@ -218,9 +348,12 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	return nil, fmt.Errorf("exec: waiting for ready marker %q: %w", b.settings.ReadyMarker, cause)
 }
 
-// Sleep sends the stop signal to the child's process group, SIGKILLs the group after the stop grace
-// (or at once when ctx ends), and returns once the child has been reaped; its Life ends with
-// tenant.ErrSlept. Sleep with no child running returns nil.
+// Sleep puts the tenant to sleep in the route's mode. stop (the default): the stop signal to the
+// child's process group, SIGKILL to the whole tenant (its cgroup, or its process group) after the
+// stop grace or at once when ctx ends, and it returns once the child has been reaped. freeze: it
+// freezes the tenant's cgroup and returns once the kernel says it is frozen; the processes stay, and
+// the next Wake thaws them. Either way the Life ends with tenant.ErrSlept. A failed freeze leaves the
+// tenant running (thawed) and its Life going on. Sleep with no child running returns nil.
 func (b *Backend) Sleep(ctx context.Context) error {
 	b.mu.Lock()
 	p := b.proc
@@ -228,7 +361,159 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
+	if b.settings.Sleep == SleepFreeze && p.running() {
+		return b.freeze(ctx, p)
+	}
 	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, tenant.ErrSlept)
+}
+
+// Stop stops the tenant for real whatever the sleep mode (tenant.Stopper), thawing a frozen one
+// first: the stop signal, then SIGKILL after the stop grace. The activator calls it after a failed
+// health gate, so a broken tenant is never parked to be thawed broken.
+func (b *Backend) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	p := b.proc
+	b.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	b.unfreeze(ctx, p)
+	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, tenant.ErrSlept)
+}
+
+// freeze freezes p's cgroup and ends its Life with ErrSlept.
+func (b *Backend) freeze(ctx context.Context, p *proc) error {
+	if p.group == nil {
+		return fmt.Errorf("exec: sleep: freeze needs the tenant in a cgroup of its own, and exec tenants are not in cgroups here (%s); the tenant keeps running", b.cont.reasonOr())
+	}
+	if err := p.group.Freeze(ctx); err != nil {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reapGrace)
+		defer cancel()
+		if terr := p.group.Thaw(tctx); terr != nil {
+			b.logger().Error("thaw after a failed freeze", "pid", p.pid, "err", terr)
+		}
+		return fmt.Errorf("exec: sleep: freeze: %w; the tenant keeps running", err)
+	}
+	p.mu.Lock()
+	p.frozen = true
+	life := p.life
+	p.mu.Unlock()
+	life.End(tenant.ErrSlept)
+	b.logger().Info("frozen", "pid", p.pid, "cgroup", p.group.Dir())
+	return nil
+}
+
+// thawLocked thaws a frozen p and gives it a new Life. A thaw that fails kills the tenant: a failed
+// Wake leaves nothing running.
+func (b *Backend) thawLocked(ctx context.Context, p *proc) (*tenant.Life, error) {
+	if err := p.group.Thaw(ctx); err != nil {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reapGrace)
+		defer cancel()
+		if kerr := b.stop(kctx, p, syscall.SIGKILL, 0, tenant.ErrSlept); kerr != nil {
+			b.logger().Error("kill after a failed thaw", "pid", p.pid, "err", kerr)
+		}
+		return nil, fmt.Errorf("exec: thaw %s: %w", p.group.Dir(), err)
+	}
+	life := tenant.NewLife()
+	p.mu.Lock()
+	p.frozen = false
+	p.life = life
+	p.mu.Unlock()
+	b.logger().Info("thawed", "pid", p.pid)
+	if p.exited() { // died while thawing: its owner ended the old Life only, so end this one too
+		life.End(p.failed)
+		return nil, fmt.Errorf("exec: the tenant died while it was thawed: %w", p.failed)
+	}
+	return life, nil
+}
+
+// unfreeze thaws p if Sleep froze it, so that a stop signal reaches it; best effort (SIGKILL reaches a
+// frozen tenant anyway).
+func (b *Backend) unfreeze(ctx context.Context, p *proc) {
+	if !p.isFrozen() {
+		return
+	}
+	if err := p.group.Thaw(ctx); err != nil {
+		b.logger().Warn("thaw before stop", "pid", p.pid, "err", err)
+	}
+	p.mu.Lock()
+	p.frozen = false
+	p.mu.Unlock()
+}
+
+// groupLocked makes a new cgroup for the next child, with its limits, or returns nil without cgroups.
+// The group is new at every spawn, never one reused after cgroup.kill: on some kernels (seen on 6.18)
+// every process cloned into a group that was once killed is SIGKILLed at birth (clone3's
+// CLONE_INTO_CGROUP compares the kill counts of the wrong groups). Its owner removes it once the
+// child is gone. The name, the route's, is claimed at the first spawn and kept until Close.
+func (b *Backend) groupLocked(ctx context.Context) (*cgroup.Group, error) {
+	if b.cont == nil || !b.cont.cgroup {
+		if b.settings.Sleep == SleepFreeze || len(b.settings.Limits.controllers()) > 0 {
+			return nil, b.cont.checkOrOff(b.settings)
+		}
+		return nil, nil
+	}
+	if b.group == nil {
+		if err := b.cont.check(b.settings); err != nil {
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+		if err := b.cont.enable(b.settings.Limits); err != nil {
+			return nil, fmt.Errorf("exec: enable cgroup controllers: %w", err)
+		}
+		g := b.cont.claim(b.route)
+		b.group = &g
+	}
+	g := *b.group
+	if _, err := os.Stat(g.Dir()); err == nil { // a group whose removal failed: clear it away
+		if err := g.Kill(ctx); err != nil {
+			return nil, fmt.Errorf("exec: clear the tenant's old cgroup: %w", err)
+		}
+		if err := g.Remove(); err != nil {
+			return nil, fmt.Errorf("exec: clear the tenant's old cgroup: %w", err)
+		}
+	}
+	if err := g.Make(); err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	if b.cont.mark {
+		_ = unix.Setxattr(g.Dir(), markAttr, []byte(b.route), 0)
+	}
+	for _, l := range b.settings.Limits.controllers() {
+		if err := g.Write(l.file, l.value); err != nil {
+			_ = g.Remove()
+			return nil, fmt.Errorf("exec: %s: %w", l.key, err)
+		}
+	}
+	return &g, nil
+}
+
+// retire removes the cgroup of a child that is gone, adding its CPU time to the tenant's total.
+func (b *Backend) retire(g *cgroup.Group) {
+	if st, err := g.Stat(); err == nil {
+		b.cpuUsed.Add(int64(st.CPU))
+	}
+	if err := g.Remove(); err != nil {
+		b.logger().Warn("remove the tenant's cgroup", "err", err)
+	}
+}
+
+// usage is the tenant's cgroup usage: the CPU time of all its cgroups so far, and the running one's
+// memory and pids. ok is false before the first cgroup; closed reports whether b is closed.
+func (b *Backend) usage() (st cgroup.Stat, ok, closed bool) {
+	b.mu.Lock()
+	p, named, closed := b.proc, b.group != nil, b.closed
+	b.mu.Unlock()
+	if !named {
+		return st, false, closed
+	}
+	if p != nil && p.group != nil && !p.exited() {
+		st, _ = p.group.Stat()
+		if p.exited() { // retired meanwhile: its CPU may be counted in cpuUsed already
+			st = cgroup.Stat{}
+		}
+	}
+	st.CPU += time.Duration(b.cpuUsed.Load())
+	return st, true, closed
 }
 
 // Close stops the child as Sleep does (stop signal, SIGKILL after the grace or as soon as ctx ends;
@@ -247,6 +532,7 @@ func (b *Backend) Close(ctx context.Context) error {
 
 	var errs []error
 	if p != nil {
+		b.unfreeze(ctx, p)
 		if err := b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, ErrClosed); err != nil {
 			errs = append(errs, err)
 		}
@@ -257,6 +543,9 @@ func (b *Backend) Close(ctx context.Context) error {
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if g := b.group; g != nil && len(errs) == 0 {
+		b.cont.release(*g) // its last group is gone: the owner removed it
+	}
 	if b.ln != nil {
 		if err := b.ln.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("exec: close listener: %w", err))
@@ -277,8 +566,9 @@ func (b *Backend) PID() int {
 	return b.proc.pid
 }
 
-// stop stops p: sig to its group, then SIGKILL after grace or when ctx ends (at once when sig is
-// SIGKILL or grace is 0); it returns once p has been reaped. why is the Life's end reason.
+// stop stops p: sig to its process group, then SIGKILL to the whole tenant (its cgroup, or its
+// process group) after grace or when ctx ends (at once when sig is SIGKILL or grace is 0); it returns
+// once p has been reaped and its cgroup emptied. why is the Life's end reason.
 func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace time.Duration, why error) error {
 	p.markStopping(why)
 	if sig != syscall.SIGKILL && grace > 0 {
@@ -296,7 +586,7 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 			b.logger().Warn("stop interrupted, killing", "pid", p.pid, "err", ctx.Err())
 		}
 	}
-	if err := p.signal(syscall.SIGKILL); err != nil {
+	if err := p.kill(); err != nil {
 		return fmt.Errorf("exec: kill pid %d: %w", p.pid, err)
 	}
 	t := time.NewTimer(reapGrace)

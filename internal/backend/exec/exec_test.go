@@ -27,6 +27,7 @@ import (
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/backend/exec/shim"
 	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
@@ -690,5 +691,30 @@ func TestShellSafeEnv(t *testing.T) {
 		if got := shellSafeEnv([]string{"OK=1", env}); got != want {
 			t.Errorf("shellSafeEnv(%q) = %v, want %v", env, got, want)
 		}
+	}
+}
+
+// TestForeignListener: a stray server from an earlier run already holds the tenant's upstream. The
+// wake fails at once naming the holder, spawns nothing, and never passes a gate against the stray.
+func TestForeignListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	up := registry.Upstream{Network: "tcp", Address: ln.Addr().String()}
+	f := newFixture(t, up, "")
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	life, err := f.b.Wake(ctx, tenant.Discard)
+	var held *foreign.HeldError
+	if !errors.As(err, &held) {
+		t.Fatalf("Wake with the upstream held by another listener = %v, %v; want a *foreign.HeldError", life, err)
+	}
+	if held.PID != os.Getpid() {
+		t.Errorf("holder pid %d, want this process's %d", held.PID, os.Getpid())
+	}
+	if pids := tagged(f.tag); len(pids) > 0 {
+		t.Errorf("the failed wake spawned %v anyway", pids)
 	}
 }

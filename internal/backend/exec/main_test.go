@@ -21,6 +21,10 @@ import (
 const (
 	parentEnv     = "EXEC_TEST_PARENT"
 	parentPortEnv = "EXEC_TEST_PARENT_PORT"
+	// parentRootEnv, when set, is the parent's cgroup_root; its tenant is then a wrapper,
+	// sh -c '"$0" & wait' around a demoapp child, tagged with parentTagEnv's value.
+	parentRootEnv = "EXEC_TEST_PARENT_ROOT"
+	parentTagEnv  = "EXEC_TEST_PARENT_TAG"
 )
 
 // floodEnv makes a demoapp child print that many lines, "flood 0" to "flood N-1", on stdout as fast as
@@ -56,9 +60,18 @@ func runParent(mode ListenMode, port string) int {
 		Listen:    mode,
 		StopGrace: DefaultStopGrace,
 	}
-	b, err := New(&registry.Route{Name: "parent", Upstream: up, Settings: s}, Options{
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var cont *Containment
+	if root := os.Getenv(parentRootEnv); root != "" {
+		if cont, err = Contain(context.Background(), root, log); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		s.Argv = []string{"/bin/sh", "-c", `"$0" & wait`, self}
+		s.Path = "/bin/sh"
+		s.Env["EXEC_TEST_TAG"] = os.Getenv(parentTagEnv)
+	}
+	b, err := New(&registry.Route{Name: "parent", Upstream: up, Settings: s}, Options{Logger: log, Containment: cont})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

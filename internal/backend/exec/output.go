@@ -39,6 +39,22 @@ func (e *ExitError) Error() string {
 	return e.Status() + " (no output)"
 }
 
+// DaemonError ends the Life of a tenant that forked into the background: its main process exited
+// cleanly while its cgroup still held processes. Those were killed.
+type DaemonError struct {
+	PID       int   // the main process
+	Leftovers []int // the processes it left in its cgroup, all killed
+	Exit      *ExitError
+}
+
+func (e *DaemonError) Error() string {
+	return fmt.Sprintf("the tenant forked into the background; run it in the foreground (nginx: `daemon off;`): pid %d %s and left %d process(es) %v in its cgroup, now killed",
+		e.PID, e.Exit.Status(), len(e.Leftovers), e.Leftovers)
+}
+
+// Unwrap returns the main process's *ExitError.
+func (e *DaemonError) Unwrap() error { return e.Exit }
+
 // Status is how the process ended, without output: "exited with code 3", "killed by SIGKILL".
 func (e *ExitError) Status() string {
 	if e.Signal != 0 {

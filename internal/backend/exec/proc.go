@@ -5,16 +5,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	osexec "os/exec"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/activator/activator/internal/cgroup"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -28,9 +33,9 @@ const reapGrace = 10 * time.Second
 
 // proc is one child process, from spawn to reap.
 type proc struct {
-	pid    int // set before start returns
-	tid    int // the OS thread that forked the child and stays locked to its owner goroutine
-	life   *tenant.Life
+	pid    int           // set before start returns
+	tid    int           // the OS thread that forked the child and stays locked to its owner goroutine
+	group  *cgroup.Group // the tenant's cgroup, which the child was spawned into; nil: process group only
 	out    tail
 	log    *outputLog    // logs the output, rate-limited; set before the drains start
 	marker []byte        // nil: no ready marker
@@ -38,11 +43,28 @@ type proc struct {
 	once   sync.Once     // closes ready
 	done   chan struct{} // closed after the child is reaped, its output drained and life ended
 	exit   *ExitError    // how it ended; written before done is closed
+	failed error         // the Life's end when the child ended on its own: exit or a *DaemonError
 
-	mu       sync.Mutex // guards the fields below
-	reaped   bool       // the pid may be reused: signal nothing any more
-	stopWhy  error      // non-nil once the backend decided to stop it: the Life's end reason
+	mu       sync.Mutex   // guards the fields below
+	life     *tenant.Life // the current Life: a thaw after a freeze starts a new one
+	frozen   bool         // Sleep froze its cgroup (sleep: freeze); Wake thaws it
+	reaped   bool         // the pid may be reused: signal nothing any more
+	stopWhy  error        // non-nil once the backend decided to stop it: the Life's end reason
 	stopping bool
+}
+
+// currentLife is the child's current Life.
+func (p *proc) currentLife() *tenant.Life {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.life
+}
+
+// isFrozen reports whether Sleep froze the child (and no Wake has thawed it yet).
+func (p *proc) isFrozen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.frozen
 }
 
 // exited reports whether the child has been reaped and its Life ended.
@@ -55,11 +77,21 @@ func (p *proc) exited() bool {
 	}
 }
 
+// liveLife returns the child's current Life if it goes on, or nil once it has ended or the child has
+// exited: one read, so that an ended Life never slips out between the check and the return.
+func (p *proc) liveLife() *tenant.Life {
+	life := p.currentLife()
+	if life.Err() != nil || p.exited() {
+		return nil
+	}
+	return life
+}
+
 // running reports whether the child's Life goes on: false as soon as the Life ended, even while the
 // owner goroutine is still finishing.
 func (p *proc) running() bool {
 	select {
-	case <-p.life.Done():
+	case <-p.currentLife().Done():
 		return false
 	default:
 		return !p.exited()
@@ -77,6 +109,16 @@ func (p *proc) signal(sig syscall.Signal) error {
 		return err
 	}
 	return nil
+}
+
+// kill SIGKILLs the whole tenant: every process in its cgroup (cgroup.kill), or its process group.
+func (p *proc) kill() error {
+	if p.group == nil {
+		return p.signal(syscall.SIGKILL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reapGrace)
+	defer cancel()
+	return p.group.Kill(ctx)
 }
 
 // markStopping records why the backend is stopping the child; the first reason wins.
@@ -105,8 +147,23 @@ type spec struct {
 // exactly as long as the child, or until the whole activator dies (even by SIGKILL), which is when
 // SIGKILL must reach the child.
 //
+// With a tenant cgroup g, the child is cloned straight into it (clone3 with CLONE_INTO_CGROUP), so
+// not even its first instruction runs outside, and no fork of it can escape before it is moved.
+//
 // The caller holds b.mu and has checked that b is not closed.
-func (b *Backend) startLocked(sp spec) (*proc, error) {
+func (b *Backend) startLocked(sp spec, g *cgroup.Group) (*proc, error) {
+	attr := &syscall.SysProcAttr{
+		Setpgid:   true, // its own group, so stop signals reach its children too
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if g != nil {
+		dir, err := g.OpenDir()
+		if err != nil {
+			return nil, err
+		}
+		defer dir.Close() // after the start: the child holds no reference to it
+		attr.UseCgroupFD, attr.CgroupFD = true, int(dir.Fd())
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -118,19 +175,17 @@ func (b *Backend) startLocked(sp spec) (*proc, error) {
 		return nil, err
 	}
 	cmd := &osexec.Cmd{
-		Path:       sp.path,
-		Args:       sp.args,
-		Env:        sp.env,
-		Dir:        sp.dir,
-		Stdout:     outW, // *os.File: the child writes to the pipe directly, no copying goroutine
-		Stderr:     errW,
-		ExtraFiles: sp.extra,
-		SysProcAttr: &syscall.SysProcAttr{
-			Setpgid:   true, // its own group, so stop signals reach its children too
-			Pdeathsig: syscall.SIGKILL,
-		},
+		Path:        sp.path,
+		Args:        sp.args,
+		Env:         sp.env,
+		Dir:         sp.dir,
+		Stdout:      outW, // *os.File: the child writes to the pipe directly, no copying goroutine
+		Stderr:      errW,
+		ExtraFiles:  sp.extra,
+		SysProcAttr: attr,
 	}
 	p := &proc{
+		group: g,
 		life:  tenant.NewLife(),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
@@ -159,7 +214,8 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread() // only after the child is reaped: see startLocked
 	p.tid = unix.Gettid()
-	if err := cmd.Start(); err != nil {
+	cmd, err := b.startInto(cmd, p.group)
+	if err != nil {
 		outR.Close()
 		errR.Close()
 		started <- err
@@ -186,10 +242,30 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 		}
 	}
 	p.mu.Lock()
-	_ = unix.Kill(-p.pid, syscall.SIGKILL) // leftovers of the group; the leader is a zombie already
+	stopping := p.stopping
+	p.mu.Unlock()
+	var leftovers []int
+	if p.group != nil {
+		// Everything else in the tenant's cgroup: workers, and what left the process group.
+		if pids, err := p.group.Procs(); err == nil {
+			leftovers = slices.DeleteFunc(pids, func(pid int) bool { return pid == p.pid })
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), reapGrace)
+		if err := p.group.Kill(ctx); err != nil {
+			b.logger().Error("killing what is left in the tenant's cgroup", "pid", p.pid, "err", err)
+		}
+		cancel()
+	} else {
+		_ = unix.Kill(-p.pid, syscall.SIGKILL) // leftovers of the group; the leader is a zombie already
+		reapGroup(p.pid)
+	}
+	p.mu.Lock()
 	p.reaped = true
 	p.mu.Unlock()
 	_ = cmd.Wait() // reaps; the status is in cmd.ProcessState
+	if p.group != nil {
+		b.retire(p.group)
+	}
 
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
@@ -207,17 +283,51 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	<-reported
 
 	p.exit = exitError(p.pid, cmd.ProcessState, p.out.Bytes())
+	p.failed = p.exit
+	if !stopping && len(leftovers) > 0 && p.exit.Signal == 0 && p.exit.Code == 0 {
+		p.failed = &DaemonError{PID: p.pid, Leftovers: leftovers, Exit: p.exit}
+	}
 	p.mu.Lock()
-	stopping, why := p.stopping, p.stopWhy
+	stopping, why, life := p.stopping, p.stopWhy, p.life
 	p.mu.Unlock()
-	if stopping {
-		b.logger().Info("stopped", "pid", p.pid, "status", p.exit.Status())
-		p.life.End(why)
-	} else {
-		b.logger().Warn("exited on its own", "pid", p.pid, "err", p.exit)
-		p.life.End(p.exit)
+	switch {
+	case stopping:
+		b.logger().Info("stopped", "pid", p.pid, "status", p.exit.Status(), "leftovers_killed", len(leftovers))
+		life.End(why)
+	default:
+		b.logger().Warn("exited on its own", "pid", p.pid, "err", p.failed, "leftovers_killed", len(leftovers))
+		life.End(p.failed)
 	}
 	close(p.done)
+}
+
+// startInto starts cmd, cloned into g when cmd asks for it (SysProcAttr.UseCgroupFD). Where clone3
+// is refused with ENOSYS (a seccomp filter: systemd's RestrictNamespaces= blocks clone3 as a whole),
+// it starts the child as a plain fork and moves it into g at once; a process the tenant forks before
+// the move stays in the activator's cgroup then. That is logged once per Containment. It returns the
+// Cmd that started.
+func (b *Backend) startInto(cmd *osexec.Cmd, g *cgroup.Group) (*osexec.Cmd, error) {
+	err := cmd.Start()
+	if g == nil || !errors.Is(err, unix.ENOSYS) {
+		return cmd, err
+	}
+	if b.cont.noClone3.CompareAndSwap(false, true) {
+		b.logger().Warn("clone3 is refused here (a seccomp filter, such as systemd's RestrictNamespaces=): each exec tenant is moved into its cgroup just after it starts, and what it forks before that escapes it",
+			"err", err)
+	}
+	attr := *cmd.SysProcAttr
+	attr.UseCgroupFD, attr.CgroupFD = false, 0
+	retry := &osexec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Stdout: cmd.Stdout, Stderr: cmd.Stderr,
+		ExtraFiles: cmd.ExtraFiles, SysProcAttr: &attr}
+	if err := retry.Start(); err != nil {
+		return nil, err
+	}
+	if err := g.Write("cgroup.procs", strconv.Itoa(retry.Process.Pid)); err != nil {
+		_ = unix.Kill(-retry.Process.Pid, unix.SIGKILL)
+		_ = retry.Wait()
+		return nil, fmt.Errorf("move the child into its cgroup: %w", err)
+	}
+	return retry, nil
 }
 
 // drain reads one of the child's streams until EOF (or until its read end is closed), keeping the
@@ -237,6 +347,75 @@ func (p *proc) drain(r io.Reader, stream string) {
 			return
 		}
 	}
+}
+
+// reapGroup reaps the members of process group pgid (but its leader, whom cmd.Wait reaps) that were
+// reparented to the activator, its child subreaper, once they have died of the group's SIGKILL: without
+// cgroups, that is how a tenant's grandchildren are reaped on sleep. It waits for the group's other
+// members to die, at most reapGrace. Only processes of that group are waited for, so no other child
+// of the activator (another backing's) loses its exit status.
+func reapGroup(pgid int) {
+	self := os.Getpid()
+	deadline := time.Now().Add(reapGrace)
+	for time.Now().Before(deadline) {
+		pending := false
+		for _, m := range groupMembers(pgid) {
+			if m.pid == pgid {
+				continue
+			}
+			switch {
+			case m.zombie && m.ppid == self:
+				var ws unix.WaitStatus
+				_, _ = unix.Wait4(m.pid, &ws, unix.WNOHANG, nil)
+			case !m.zombie:
+				pending = true // SIGKILLed, not dead yet; or a zombie's parent may die and hand it to us
+			}
+		}
+		if !pending {
+			return
+		}
+		t := time.NewTimer(5 * time.Millisecond) // external process state: nothing to wait on but /proc
+		<-t.C
+	}
+}
+
+type member struct {
+	pid, ppid int
+	zombie    bool
+}
+
+// groupMembers lists the processes of process group pgid, from /proc.
+func groupMembers(pgid int) []member {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var ms []member
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "pid (comm) S ppid pgrp ...": the fields after the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 3 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		pgrp, _ := strconv.Atoi(f[2])
+		if pgrp == pgid {
+			ms = append(ms, member{pid: pid, ppid: ppid, zombie: f[0] == "Z" || f[0] == "X"})
+		}
+	}
+	return ms
 }
 
 func exitError(pid int, st *os.ProcessState, out []byte) *ExitError {

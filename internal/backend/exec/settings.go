@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +34,27 @@ const (
 	ListenNone ListenMode = "none"
 )
 
+// SleepMode is what Sleep does to the tenant.
+type SleepMode string
+
+const (
+	// SleepStop stops the tenant: stop signal, SIGKILL after the stop grace, then its whole cgroup.
+	SleepStop SleepMode = "stop"
+	// SleepFreeze freezes the tenant's cgroup (cgroup.freeze); Wake thaws it. Needs cgroup containment.
+	SleepFreeze SleepMode = "freeze"
+)
+
+// Limits are the cgroup v2 limits of a tenant, each the exact text written to its control file, or ""
+// when the route sets none. Each needs its controller enabled for the activator's cgroup_root.
+type Limits struct {
+	Memory string // memory.max: bytes, or "max"
+	CPU    string // cpu.max: "QUOTA PERIOD" in microseconds, or "max PERIOD"
+	Pids   string // pids.max: a count, or "max"
+}
+
+// cpuPeriod is the cpu.max period cpu_max is written with, in microseconds (the kernel's default).
+const cpuPeriod = 100000
+
 // Settings is one route's validated `exec:` block, as Decode returns it (a *Settings in
 // registry.Route.Settings). It is immutable once decoded.
 type Settings struct {
@@ -53,6 +75,10 @@ type Settings struct {
 	StopGrace time.Duration
 	// Listen is how the child learns its address (default ListenEnv).
 	Listen ListenMode
+	// Sleep is what Sleep does (default SleepStop).
+	Sleep SleepMode
+	// Limits are the tenant's cgroup limits (memory_max, cpu_max, pids_max).
+	Limits Limits
 }
 
 // rawSettings is the YAML shape of the block. Durations and signals are strings so that every problem
@@ -65,6 +91,10 @@ type rawSettings struct {
 	StopSignal  string            `yaml:"stop_signal"`
 	StopGrace   string            `yaml:"stop_grace"`
 	Listen      string            `yaml:"listen"`
+	Sleep       string            `yaml:"sleep"`
+	MemoryMax   string            `yaml:"memory_max"`
+	CPUMax      string            `yaml:"cpu_max"`
+	PidsMax     string            `yaml:"pids_max"`
 }
 
 // problems collects *registry.Error values with keys relative to the exec block.
@@ -122,6 +152,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		StopSignal:  syscall.SIGTERM,
 		StopGrace:   DefaultStopGrace,
 		Listen:      ListenEnv,
+		Sleep:       SleepStop,
 	}
 
 	// dir first: a relative argv[0] with a slash is resolved against it.
@@ -214,12 +245,63 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		}
 	}
 
+	switch SleepMode(raw.Sleep) {
+	case "":
+	case SleepStop, SleepFreeze:
+		s.Sleep = SleepMode(raw.Sleep)
+	default:
+		p.add("sleep", "%q is not a sleep mode (one of: stop, freeze)", raw.Sleep)
+	}
+	s.Limits = decodeLimits(p, raw)
+
 	if len(p.list) > 0 {
 		// In file order, whatever order the checks ran in.
 		slices.SortStableFunc(p.list, func(a, b error) int { return a.(*registry.Error).Line - b.(*registry.Error).Line })
 		return nil, errors.Join(p.list...)
 	}
 	return s, nil
+}
+
+// decodeLimits checks memory_max, cpu_max and pids_max and turns each into its control file's text.
+func decodeLimits(p *problems, raw rawSettings) Limits {
+	var l Limits
+	switch v := raw.MemoryMax; v {
+	case "", "max":
+		l.Memory = v
+	default:
+		n, err := registry.ParseByteSize(v)
+		switch {
+		case err != nil:
+			p.add("memory_max", "%q is not a size (e.g. 512MiB, 2GiB) or \"max\"", v)
+		case n == 0:
+			p.add("memory_max", "must be positive, got 0 (or \"max\" for no limit)")
+		default:
+			l.Memory = strconv.FormatInt(n, 10)
+		}
+	}
+	switch v := raw.CPUMax; v {
+	case "":
+	case "max":
+		l.CPU = fmt.Sprintf("max %d", cpuPeriod)
+	default:
+		cpus, err := strconv.ParseFloat(v, 64)
+		if quota := cpus * cpuPeriod; err != nil || quota < 100 || quota > 1e12 {
+			p.add("cpu_max", "%q is not a number of CPUs above 0.001, such as 0.5 or 2 (or \"max\")", v)
+		} else {
+			l.CPU = fmt.Sprintf("%d %d", int64(quota), cpuPeriod)
+		}
+	}
+	switch v := raw.PidsMax; v {
+	case "", "max":
+		l.Pids = v
+	default:
+		if n, err := strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
+			p.add("pids_max", "%q is not a positive whole number of processes (or \"max\")", v)
+		} else {
+			l.Pids = strconv.FormatInt(n, 10)
+		}
+	}
+	return l
 }
 
 // shapeOK records the line of each key and reports argv and env of the wrong YAML kind with their key

@@ -102,7 +102,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"multi-line marker", tcp, "argv: [$D/app]\nready_marker: \"a\\nb\"\n",
 			[]string{`line 2: ready_marker: must be one line: it is matched within a line of output`}},
 		{"unknown key", tcp, "argv: [$D/app]\nstop_timeout: 5s\n",
-			[]string{`line 2: stop_timeout: unknown key (known keys: argv, dir, env, listen, ready_marker, stop_grace, stop_signal)`}},
+			[]string{`line 2: stop_timeout: unknown key (known keys: argv, cpu_max, dir, env, listen, memory_max, pids_max, ready_marker, sleep, stop_grace, stop_signal)`}},
 		{"not a mapping", tcp, "[a, b]\n",
 			[]string{`line 1: must be a mapping with at least argv`}},
 		{"every problem at once", tcp, "argv: [$D/data.txt]\ndir: rel\nstop_signal: NOPE\nstop_grace: -5s\nlisten: tcp\n", []string{
@@ -171,7 +171,7 @@ listen: listen_fds
 	want := &Settings{
 		Argv: []string{"tool", "-v"}, Path: filepath.Join(d, "bin", "tool"),
 		Env: map[string]string{"PATH": d + "/bin", "GREETING": "hi"}, Dir: filepath.Join(d, "sub"),
-		ReadyMarker: "listening on", StopSignal: syscall.SIGINT, StopGrace: 0, Listen: ListenFDs,
+		ReadyMarker: "listening on", StopSignal: syscall.SIGINT, StopGrace: 0, Listen: ListenFDs, Sleep: SleepStop,
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("got  %+v\nwant %+v", s, want)
@@ -213,5 +213,46 @@ routes:
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("errors:\n got  %q\n want %q", got, want)
+	}
+}
+
+// sleep and the cgroup limits: defaults, valid values, and each way a value can be wrong.
+func TestDecodeContainment(t *testing.T) {
+	cases := []struct {
+		block string
+		want  Limits
+		sleep SleepMode
+		err   string
+	}{
+		{block: "", sleep: SleepStop},
+		{block: "sleep: freeze\n", sleep: SleepFreeze},
+		{block: "sleep: stop\n", sleep: SleepStop},
+		{block: "sleep: pause\n", err: `line 2: sleep: "pause" is not a sleep mode (one of: stop, freeze)`},
+		{block: "memory_max: 512MiB\ncpu_max: 1.5\npids_max: 64\n", sleep: SleepStop,
+			want: Limits{Memory: "536870912", CPU: "150000 100000", Pids: "64"}},
+		{block: "memory_max: max\ncpu_max: max\npids_max: max\n", sleep: SleepStop,
+			want: Limits{Memory: "max", CPU: "max 100000", Pids: "max"}},
+		{block: "memory_max: lots\n", err: `line 2: memory_max: "lots" is not a size (e.g. 512MiB, 2GiB) or "max"`},
+		{block: "memory_max: 0\n", err: `line 2: memory_max: must be positive, got 0 (or "max" for no limit)`},
+		{block: "cpu_max: 0\n", err: `line 2: cpu_max: "0" is not a number of CPUs above 0.001, such as 0.5 or 2 (or "max")`},
+		{block: "cpu_max: 50%\n", err: `line 2: cpu_max: "50%" is not a number of CPUs above 0.001, such as 0.5 or 2 (or "max")`},
+		{block: "pids_max: -1\n", err: `line 2: pids_max: "-1" is not a positive whole number of processes (or "max")`},
+	}
+	for _, c := range cases {
+		t.Run(c.block, func(t *testing.T) {
+			s, errs, _ := decodeYAML(t, tcp, "argv: [/bin/true]\n"+c.block)
+			if c.err != "" {
+				if len(errs) != 1 || errs[0].Error() != c.err {
+					t.Fatalf("errors %q, want [%q]", errs, c.err)
+				}
+				return
+			}
+			if errs != nil {
+				t.Fatal(errs)
+			}
+			if s.Limits != c.want || s.Sleep != c.sleep {
+				t.Errorf("limits %+v sleep %q, want %+v %q", s.Limits, s.Sleep, c.want, c.sleep)
+			}
+		})
 	}
 }

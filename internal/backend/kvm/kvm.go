@@ -14,11 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
@@ -131,10 +134,12 @@ var (
 	_ tenant.Closer  = (*Backend)(nil)
 )
 
-// Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued; in
-// snapshot mode a snapshot file is restored (a missing or unusable one falls back to a cold boot, with
-// the reason noted); otherwise QEMU boots the guest. Wake returns once the guest runs; the health gate
-// is the activator's. A failed Wake leaves no QEMU running.
+// Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued, under
+// a new Life (a guest paused under a Life that has not ended, which a sleep that failed half-way
+// leaves, counts as paused: that Life ends); in snapshot mode a snapshot file is restored (a missing
+// or unusable one falls back to a cold boot, with the reason noted); otherwise QEMU boots the guest.
+// Wake returns once the guest runs; the health gate is the activator's. A failed Wake leaves no QEMU
+// running.
 func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
@@ -148,7 +153,14 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		return nil, ErrClosed
 	}
 	if inst != nil && life != nil {
-		return life, nil
+		if st, _ := inst.state(); st == "running" && life.Err() == nil {
+			return life, nil
+		}
+		// A guest that does not run is not awake, whatever its Life says: a pause that failed
+		// half-way (the guest stopped, the wait for it did not end) leaves exactly that. That
+		// Life is over; the guest is continued under a new one.
+		t.Note("guest not running under its Life (a sleep that failed half-way?): continuing it")
+		b.asleep(inst, false)
 	}
 	if inst != nil {
 		life, err := b.resume(ctx, t, inst)
@@ -161,6 +173,9 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		if ctx.Err() != nil {
 			return nil, err
 		}
+	}
+	if err := b.checkForeign(ctx); err != nil {
+		return nil, err
 	}
 	if b.s.Sleep == SleepSnapshot {
 		life, err := b.restore(ctx, t)
@@ -178,6 +193,23 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		}
 	}
 	return b.boot(ctx, t)
+}
+
+// checkForeign fails a wake that would launch QEMU when something else already answers on the
+// guest's forwarded host port (foreign.Check): the host-forward would fail, or the stranger answer for
+// the guest. It runs once per wake, before any QEMU of ours is launched (an orphan of this route is
+// reaped first): a restore that fails leaves a QEMU child (its exec: reader) holding the port for a
+// moment after QEMU is gone, which the cold boot that follows must not take for a stranger.
+func (b *Backend) checkForeign(ctx context.Context) error {
+	if b.s.Network.Mode != NetUser {
+		return nil
+	}
+	b.reapOrphan()
+	addr := net.JoinHostPort(b.s.hostAddr, strconv.Itoa(b.s.hostPort))
+	if err := foreign.Check(ctx, "tcp", addr); err != nil {
+		return fmt.Errorf("kvm wake: qemu not launched: %w", err)
+	}
+	return nil
 }
 
 // resume continues a paused guest.

@@ -2,6 +2,8 @@ package kvm
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -301,5 +304,118 @@ func TestGuestEndsOnItsOwn(t *testing.T) {
 				t.Errorf("same boot after the next Wake = %v, want %v", got, c.sameBoot)
 			}
 		})
+	}
+}
+
+// TestReloadChangesModeWhileParked: a reload that changes a paused guest's sleep mode gives the route
+// a new backend, which adopts the guest the old one left paused (keep_running_on_exit). The paused
+// guest is asleep, not awake: the next Wake continues it (same boot), and the new mode's Sleep then
+// does what that mode does.
+func TestReloadChangesModeWhileParked(t *testing.T) {
+	g := needGuest(t)
+	for _, to := range []string{SleepSnapshot, SleepPoweroff} {
+		t.Run("pause→"+to, func(t *testing.T) {
+			r := route(t, g, SleepPause, "keep_running_on_exit: true")
+			b1 := open(t, r)
+			wake(t, b1, r.Upstream, tenant.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			pid1 := qemuPid(b1.p)
+			sleepB(t, b1)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := b1.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+
+			r2 := *r
+			s2 := *r.Settings.(*Settings)
+			s2.Sleep, s2.KeepRunningOnExit = to, false
+			r2.Settings = &s2
+			b2 := open(t, &r2)
+			life, awake, err := b2.Adopt(ctx)
+			if err != nil || awake || life != nil {
+				t.Fatalf("Adopt of the paused guest = (life %v, awake %v, %v), want asleep", life != nil, awake, err)
+			}
+			rec := &recorder{}
+			wake(t, b2, r.Upstream, rec)
+			if phases, _ := rec.get(); !slices.Equal(phases, []string{PhaseRunning}) {
+				t.Errorf("wake of the adopted paused guest: phases %q, want %q (cont, no boot)", phases, PhaseRunning)
+			}
+			if pid := qemuPid(b2.p); pid != pid1 {
+				t.Fatalf("qemu pid %d after the wake, want %d", pid, pid1)
+			}
+			if boot2 := get(t, r.Upstream, "/boot_id"); boot2 != boot1 {
+				t.Fatalf("boot id changed: %s -> %s", boot1, boot2)
+			}
+			sleepB(t, b2)
+			if pid := qemuPid(b2.p); pid != 0 {
+				t.Fatalf("%s sleep left qemu %d running", to, pid)
+			}
+			if to == SleepSnapshot {
+				if _, err := os.Stat(filepath.Join(s2.SnapshotDir, snapBase)); err != nil {
+					t.Fatalf("snapshot sleep wrote no snapshot: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestWakeOfPausedGuestWithLife: a pause sleep that fails half-way (QEMU stopped the guest, the wait
+// for it did not finish) leaves a paused guest whose Life never ended. The next Wake must not hand
+// that Life out as awake: it continues the guest, under a new Life, and the old one ends.
+func TestWakeOfPausedGuestWithLife(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPause, "")
+	b := open(t, r)
+	life := wake(t, b, r.Upstream, tenant.Discard)
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// What pause does before it waits; here the wait never happens.
+	inst.setWantRun(false)
+	if err := inst.mon.run(ctx, nil, "stop", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.waitFor(ctx, func(s, _ string) (bool, error) { return s == "paused", nil }); err != nil {
+		t.Fatal(err)
+	}
+	if life.Err() != nil {
+		t.Fatalf("the half-done pause ended the Life: %v", life.Err())
+	}
+	l2 := wake(t, b, r.Upstream, tenant.Discard)
+	if l2 == life {
+		t.Fatal("Wake returned the Life of the paused guest")
+	}
+	if life.Err() == nil {
+		t.Error("the paused guest's old Life did not end")
+	}
+	if st := qmpStatus(t, b); st != "running" {
+		t.Fatalf("after Wake the guest is %q, want running", st)
+	}
+}
+
+// TestForeignHolderFailsTheWake: when something else already listens on the guest's forwarded host
+// port, the wake fails naming the holder and no QEMU is launched: its host-forward would fail, or
+// requests would reach the stranger.
+func TestForeignHolderFailsTheWake(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPause, "")
+	b := open(t, r)
+	ln, err := net.Listen("tcp", r.Upstream.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = b.Wake(ctx, tenant.Discard)
+	var he *foreign.HeldError
+	if !errors.As(err, &he) || he.PID != os.Getpid() {
+		t.Fatalf("Wake with the forwarded port held by this test: %v, want a *foreign.HeldError naming pid %d", err, os.Getpid())
+	}
+	if pid := qemuPid(b.p); pid != 0 {
+		t.Fatalf("qemu %d launched although the port is held", pid)
 	}
 }

@@ -211,19 +211,38 @@ func readPid(file string) (int, error) {
 	return pid, nil
 }
 
-// alive reports whether pid is a live (not zombie) process.
+// alive reports whether pid is a live process: not a zombie, or a zombie main thread whose other
+// threads still run.
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
+	switch procState(fmt.Sprintf("/proc/%d/stat", pid)) {
+	case 0:
 		return false
+	case 'Z', 'X':
+		// A killed QEMU's main thread can be a zombie while its other threads still exit, holding
+		// its files (the guest's forwarded port among them) until the last of them is gone.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		for _, t := range tasks {
+			if st := procState(t); st != 0 && st != 'Z' && st != 'X' {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// procState is the state letter in a /proc stat file, or 0 when it cannot be read.
+func procState(path string) byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
 	}
 	// The state follows the parenthesised command name, which may itself contain ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
-		return false
+		return 0
 	}
-	st := b[i+2]
-	return st != 'Z' && st != 'X'
+	return b[i+2]
 }
 
 // isOurQEMU reports whether pid is alive and was started with our QMP socket, which guards against a

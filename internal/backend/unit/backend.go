@@ -11,6 +11,8 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 
+	"github.com/activator/activator/internal/foreign"
+	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -31,6 +33,7 @@ type Backend struct {
 	bus         *bus
 	log         *slog.Logger
 	sleepBudget time.Duration // bounds the cleanup stop after a failed or canceled wake
+	upstream    registry.Upstream
 
 	mu      sync.Mutex   // guards the fields below
 	life    *tenant.Life // the current awake period; nil while asleep
@@ -59,6 +62,8 @@ func (b *Backend) Settings() Settings { return b.s }
 //     active (started by someone else) systemd finishes it at once and nothing restarts.
 //   - In sigstop and freeze modes the unit's state is read first: an active unit is taken as it is,
 //     with SIGCONT (harmless when its processes run) or a thaw; no start job.
+//   - Before a start job, a unit without a paired .socket fails the wake when something else already
+//     answers at the route's upstream (see checkForeign).
 //   - A start job that ends in anything but "done" ends the Life with a *JobError naming the job
 //     result and the unit's Result/ActiveState/SubState and main process status. A canceled ctx before
 //     the job is queued stops the unit: a failed Wake leaves nothing running.
@@ -91,6 +96,9 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		}
 	}
 	t.Phase(tenant.PhaseStart)
+	if err := b.checkForeign(ctx, b.s.Sleep == SleepStop); err != nil {
+		return nil, err
+	}
 	ch, l, err := b.queueJob(ctx, "start")
 	if err != nil {
 		if ctx.Err() != nil {
@@ -120,6 +128,27 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	b.mu.Unlock()
 	go b.finishStart(jctx, p, ch, l)
 	return life, nil
+}
+
+// checkForeign fails a start when something already answers at the route's upstream (foreign.Check):
+// started, the unit would fail to bind while the stranger passed the health gate. A unit paired with
+// a .socket is not checked (systemd's socket listens there by design). unread says the unit's state
+// was not read yet (stop mode skips that read): then a held address may be the unit itself, active
+// behind the backend's back, which is read only when the address is held.
+func (b *Backend) checkForeign(ctx context.Context, unread bool) error {
+	if b.s.Socket != "" || b.upstream.Address == "" {
+		return nil
+	}
+	err := foreign.Check(ctx, b.upstream.Network, b.upstream.Address)
+	if err == nil {
+		return nil
+	}
+	if unread {
+		if st, serr := b.quickState(ctx); serr == nil && st.Active() {
+			return nil
+		}
+	}
+	return fmt.Errorf("unit %s not started: %w", b.s.Unit, err)
 }
 
 func notLoaded(unit, loadState string) error {
@@ -464,21 +493,27 @@ func (b *Backend) sigstop(ctx context.Context) error {
 }
 
 // Adopt reports whether the unit is already awake and, if so, adopts it as it is (same MainPID, no
-// restart) and watches it. A frozen unit (freeze mode) counts as asleep; in sigstop mode an active
-// unit gets SIGCONT, since a previous activator may have left it stopped.
+// restart) and watches it. A reload that changes the route's sleep mode while the unit is parked
+// adopts what the old mode left, so whatever the mode a park is undone first (see adoptPlan): a frozen
+// unit is thawed (it counts as asleep in freeze mode, where Wake thaws it), and an active unit's
+// processes get SIGCONT, since SIGSTOP leaves no trace in the unit's state.
 func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, false, err
 	}
-	if !st.Active() {
+	awake, thaw, cont := adoptPlan(b.s.Sleep, st)
+	if !awake {
 		return nil, false, nil
 	}
-	if b.s.Sleep == SleepFreeze && st.FreezerState != "running" && st.FreezerState != "" {
-		return nil, false, nil
+	if thaw {
+		if err := b.bus.do(ctx, func(l *link) error { return l.c.ThawUnit(ctx, b.s.Unit) }); err != nil {
+			return nil, false, unsupported(b.s.Unit, "thaw before adopting", err)
+		}
+		b.log.Info("thawed a frozen unit before adopting it", "sleep", b.s.Sleep)
 	}
-	if b.s.Sleep == SleepSIGSTOP {
-		if err := b.resume(ctx, st, tenant.Discard); err != nil {
+	if cont {
+		if err := b.signal(ctx, syscall.SIGCONT); err != nil {
 			return nil, false, err
 		}
 	}
@@ -488,6 +523,24 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	}
 	b.log.Info("adopted an active unit", "main_pid", st.MainPID)
 	return life, true, nil
+}
+
+// adoptPlan decides what Adopt does with a unit in state st when the route's mode is mode: whether it
+// is awake, and whether a park must be undone first, by thawing it or by SIGCONT to its processes.
+// An activator in another mode (before a reload, or before a restart) may have parked it either way.
+// SIGCONT goes to every active unit: a SIGSTOPped process shows nowhere in the unit's state, and to a
+// process that runs SIGCONT does nothing.
+func adoptPlan(mode SleepMode, st UnitState) (awake, thaw, cont bool) {
+	frozen := st.FreezerState != "running" && st.FreezerState != "" // frozen, freezing or thawing
+	switch {
+	case !st.Active():
+		return false, false, false
+	case frozen && mode == SleepFreeze:
+		return false, false, false // parked in this route's own mode: Wake thaws it
+	case frozen:
+		return true, true, true
+	}
+	return true, false, true
 }
 
 // Close stops watching the unit and leaves it as it is: units outlive the activator (the next one

@@ -106,6 +106,7 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 		bus:         p.bus(s.Bus),
 		log:         p.log.With("route", r.Name, "unit", s.Unit),
 		sleepBudget: r.SleepBudget,
+		upstream:    r.Upstream,
 	}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/demoapp"
+	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/systemdtest"
 	"github.com/activator/activator/internal/tenant"
@@ -55,8 +57,10 @@ func newProvider(t testing.TB) *Provider {
 
 var unitSeq atomic.Int64
 
-// uniq returns a unit stem no other test in this process uses.
-func uniq(stem string) string { return fmt.Sprintf("%s%d", stem, unitSeq.Add(1)) }
+// uniq returns a unit stem no other test uses, in this process or in another one running at the same
+// time: root's user managers share one cgroup tree, so units of the same name in two test processes
+// would share a cgroup (and see, signal and stop each other's processes).
+func uniq(stem string) string { return fmt.Sprintf("%s%d-%d", stem, os.Getpid(), unitSeq.Add(1)) }
 
 // route builds a route for the unit on m's private bus.
 func route(m *systemdtest.Manager, unit string, port int, sleep SleepMode) *registry.Route {
@@ -662,3 +666,150 @@ type phaseNames []string
 
 func (p *phaseNames) Phase(name string) { *p = append(*p, name) }
 func (p *phaseNames) Note(string)       {}
+
+// TestReloadChangesModeWhileParked: a reload that changes a SIGSTOPped unit's sleep mode gives the route
+// a new backend, which adopts the unit the old one left parked. It must continue the unit's processes
+// before it calls the unit awake: adopted as it was, every request hung until the health gate gave up.
+// The adopted Life, once stopped, is never handed out again by Wake.
+func TestReloadChangesModeWhileParked(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	for _, to := range []SleepMode{SleepStop, SleepFreeze} {
+		t.Run("sigstop→"+string(to), func(t *testing.T) {
+			f := newFixture(t, m, p, SleepSIGSTOP, systemdtest.Demo{})
+			f.wake(t)
+			// Read before the SIGSTOP: GetUnitProcesses on a unit whose processes are stopped
+			// sometimes gets no answer from the manager here.
+			pids := m.PIDs(t, f.unit)
+			f.sleep(t)
+			for _, pid := range pids {
+				waitProcState(t, pid, func(s string) bool { return s == "T" }, "T (stopped)")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			if err := f.b.Close(ctx); err != nil { // the old instance retires; the unit stays parked
+				t.Fatal(err)
+			}
+
+			r2 := *f.r
+			s2 := *f.r.Settings.(*Settings)
+			s2.Sleep = to
+			r2.Settings = &s2
+			ob, err := p.Open(&r2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b2 := ob.(*Backend)
+			t.Cleanup(func() { _ = b2.Stop(context.Background()) })
+			life, awake, err := b2.Adopt(ctx)
+			if err != nil || !awake {
+				t.Fatalf("Adopt of the parked unit: awake %v, err %v; want awake", awake, err)
+			}
+			for _, pid := range pids {
+				waitProcState(t, pid, func(s string) bool { return s != "T" }, "running (SIGCONT before adopting)")
+			}
+			s := f.subject()
+			s.Backend = b2
+			backendtest.Get(t, s)
+
+			// The adopted period, stopped (as after a failed gate), is over: the next Wake starts a new one.
+			if err := b2.Stop(ctx); err != nil {
+				t.Fatalf("Stop: %v", err)
+			}
+			if !errors.Is(life.Err(), tenant.ErrSlept) {
+				t.Fatalf("adopted Life after Stop: %v, want ErrSlept", life.Err())
+			}
+			l2 := backendtest.Wake(t, s)
+			if l2 == life || l2.Err() != nil {
+				t.Fatalf("Wake after Stop returned the adopted Life again (same %v, ended %v)", l2 == life, l2.Err())
+			}
+			backendtest.Get(t, s)
+		})
+	}
+}
+
+// TestAdoptPlan: what Adopt does with a unit as it finds it, in each mode, including a park another
+// mode left (a reload changed the mode): a frozen unit is thawed unless the new mode is freeze (then it
+// is asleep, and Wake thaws it), and an active unit always gets SIGCONT (SIGSTOP leaves no trace in
+// the unit's state; to processes that run, SIGCONT does nothing). The hybrid cgroup layout here cannot
+// freeze, so freeze→stop is covered by this table alone.
+func TestAdoptPlan(t *testing.T) {
+	active := UnitState{ActiveState: "active", FreezerState: "running"}
+	frozen := UnitState{ActiveState: "active", FreezerState: "frozen"}
+	inactive := UnitState{ActiveState: "inactive"}
+	cases := []struct {
+		mode              SleepMode
+		st                UnitState
+		awake, thaw, cont bool
+	}{
+		{SleepStop, inactive, false, false, false},
+		{SleepStop, active, true, false, true},
+		{SleepStop, frozen, true, true, true},
+		{SleepSIGSTOP, active, true, false, true},
+		{SleepSIGSTOP, frozen, true, true, true},
+		{SleepFreeze, active, true, false, true},
+		{SleepFreeze, frozen, false, false, false},
+		{SleepFreeze, UnitState{ActiveState: "active", FreezerState: "freezing"}, false, false, false},
+		{SleepStop, UnitState{ActiveState: "active"}, true, false, true}, // a systemd without a freezer
+	}
+	for _, c := range cases {
+		awake, thaw, cont := adoptPlan(c.mode, c.st)
+		if awake != c.awake || thaw != c.thaw || cont != c.cont {
+			t.Errorf("adoptPlan(%s, %s/%s) = awake %v thaw %v cont %v, want %v %v %v", c.mode, c.st.ActiveState, c.st.FreezerState,
+				awake, thaw, cont, c.awake, c.thaw, c.cont)
+		}
+	}
+}
+
+// TestForeignHolderFailsTheWake: when something the backend did not start already listens on the
+// route's upstream (a stray daemon), the wake fails naming the holder and the unit is not started:
+// started, it would fail to bind while the stranger passed the health gate. A unit already active
+// (started by someone else) holds its own address, which is no stranger.
+func TestForeignHolderFailsTheWake(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	for _, mode := range []SleepMode{SleepStop, SleepSIGSTOP} {
+		t.Run(string(mode), func(t *testing.T) {
+			f := newFixture(t, m, p, mode, systemdtest.Demo{})
+			ln, err := net.Listen("tcp", f.r.Upstream.Address)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			_, err = f.b.Wake(ctx, tenant.Discard)
+			ln.Close()
+			var he *foreign.HeldError
+			if !errors.As(err, &he) || he.PID != os.Getpid() || !strings.Contains(err.Error(), f.unit) {
+				t.Fatalf("Wake with the upstream held by this test: %v, want a *foreign.HeldError naming pid %d and the unit", err, os.Getpid())
+			}
+			if st := m.ActiveState(t, f.unit); st != "inactive" {
+				t.Fatalf("unit %s after the refused wake, want inactive (not started)", st)
+			}
+			// The unit itself, started behind the backend's back, is not a stranger.
+			m.StartUnit(t, f.unit)
+			waitListening(t, f.r.Upstream.Address)
+			f.wake(t)
+			backendtest.Get(t, f.subject())
+		})
+	}
+}
+
+// waitListening dials addr until it accepts (bounded: an outcome checked from outside, as WaitState).
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(budget)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not accept: %v", addr, err)
+		}
+		<-tick.C
+	}
+}

@@ -1,0 +1,261 @@
+package registry
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"go.yaml.in/yaml/v3"
+)
+
+// Window is a keep_warm window: on Days, from From to To (minutes after midnight in Zone; To may be
+// less than From for a window past midnight, which then belongs to the day it starts on). Inside a
+// window the tenant is woken at its start and never idle-stopped.
+type Window struct {
+	Days     [7]bool // indexed by time.Weekday
+	From, To int     // minutes after midnight, To up to 24*60
+	Zone     *time.Location
+	Text     string // as written, for status and explain
+}
+
+// Contains reports whether t lies inside the window.
+func (w Window) Contains(t time.Time) bool {
+	t = t.In(w.Zone)
+	m := t.Hour()*60 + t.Minute()
+	day := t.Weekday()
+	if w.From < w.To {
+		return w.Days[day] && m >= w.From && m < w.To
+	}
+	// Past midnight: the evening part belongs to today, the morning part to yesterday.
+	return (w.Days[day] && m >= w.From) || (w.Days[(day+6)%7] && m < w.To)
+}
+
+// NextStart returns the first start of the window after t.
+func (w Window) NextStart(t time.Time) time.Time {
+	t = t.In(w.Zone)
+	for d := 0; d <= 7; d++ {
+		day := time.Date(t.Year(), t.Month(), t.Day()+d, 0, 0, 0, 0, w.Zone)
+		if !w.Days[day.Weekday()] {
+			continue
+		}
+		start := time.Date(day.Year(), day.Month(), day.Day(), w.From/60, w.From%60, 0, 0, w.Zone)
+		if start.After(t) {
+			return start
+		}
+	}
+	return time.Time{} // no day set: checkKeepWarm rejects that
+}
+
+// End returns the end of the window occurrence that contains t (t must be inside the window).
+func (w Window) End(t time.Time) time.Time {
+	t = t.In(w.Zone)
+	m := t.Hour()*60 + t.Minute()
+	day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, w.Zone)
+	if w.From >= w.To && m >= w.From { // the evening part: it ends tomorrow
+		day = day.AddDate(0, 0, 1)
+	}
+	return day.Add(time.Duration(w.To) * time.Minute)
+}
+
+// Schedule is a wake_at entry: a cron schedule whose times pre-wake the tenant.
+type Schedule struct {
+	Text string // as written
+	spec cron.Schedule
+}
+
+// Next returns the first scheduled time after t.
+func (s Schedule) Next(t time.Time) time.Time { return s.spec.Next(t) }
+
+type windowKeys struct {
+	Days     yaml.Node `yaml:"days"`
+	From     string    `yaml:"from"`
+	To       string    `yaml:"to"`
+	TimeZone string    `yaml:"time_zone"`
+}
+
+type wakeAtKeys struct {
+	Cron     string `yaml:"cron"`
+	TimeZone string `yaml:"time_zone"`
+}
+
+var weekdays = map[string]time.Weekday{
+	"sun": time.Sunday, "mon": time.Monday, "tue": time.Tuesday, "wed": time.Wednesday,
+	"thu": time.Thursday, "fri": time.Friday, "sat": time.Saturday,
+}
+
+// parseDays reads "mon-fri", "sat,sun", "mon-fri,sun" or a list of such; empty means every day.
+func parseDays(n *yaml.Node) ([7]bool, error) {
+	var days [7]bool
+	var items []string
+	switch n.Kind {
+	case 0:
+		return [7]bool{true, true, true, true, true, true, true}, nil
+	case yaml.ScalarNode:
+		items = strings.Split(n.Value, ",")
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			if c.Kind != yaml.ScalarNode {
+				return days, fmt.Errorf("want day names, e.g. mon-fri")
+			}
+			items = append(items, strings.Split(c.Value, ",")...)
+		}
+	default:
+		return days, fmt.Errorf("want day names, e.g. mon-fri or [sat, sun]")
+	}
+	for _, it := range items {
+		it = strings.ToLower(strings.TrimSpace(it))
+		a, b, isRange := strings.Cut(it, "-")
+		from, ok1 := weekdays[a]
+		to, ok2 := from, true
+		if isRange {
+			to, ok2 = weekdays[b]
+		}
+		if !ok1 || !ok2 {
+			return days, fmt.Errorf("%q is not a day or a range of days (mon, tue, wed, thu, fri, sat, sun; e.g. mon-fri)", it)
+		}
+		for d := from; ; d = (d + 1) % 7 {
+			days[d] = true
+			if d == to {
+				break
+			}
+		}
+	}
+	return days, nil
+}
+
+// parseClock reads "HH:MM" (24-hour; "24:00" only when end is set) as minutes after midnight.
+func parseClock(s string, end bool) (int, error) {
+	h, m, ok := strings.Cut(s, ":")
+	hh, err1 := strconv.Atoi(h)
+	mm, err2 := strconv.Atoi(m)
+	if !ok || err1 != nil || err2 != nil || len(m) != 2 || hh < 0 || mm < 0 || mm > 59 || hh > 24 || (hh == 24 && (mm != 0 || !end)) || (hh == 24 && !end) {
+		return 0, fmt.Errorf("%q is not a time of day (HH:MM, 24-hour%s)", s, map[bool]string{true: "; 24:00 for midnight", false: ""}[end])
+	}
+	return hh*60 + mm, nil
+}
+
+// zone loads an IANA time zone name; "" is the host's local zone, as cron(8) uses.
+func zone(name string) (*time.Location, error) {
+	if name == "" {
+		return time.Local, nil
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not an IANA time zone (e.g. Europe/Berlin, UTC): %v", name, err)
+	}
+	return loc, nil
+}
+
+// checkSchedules checks keep_warm and wake_at.
+func (c *routeCheck) checkSchedules() {
+	for i := range c.rk.KeepWarm {
+		c.checkWindow(i, &c.rk.KeepWarm[i])
+	}
+	for i := range c.rk.WakeAt {
+		c.checkWakeAt(i, &c.rk.WakeAt[i])
+	}
+	if (len(c.r.KeepWarm) > 0 || len(c.r.WakeAt) > 0) && c.r.Idle == 0 && !c.failed("idle") {
+		c.add("idle", c.at("idle"), "is 0 (never sleep), so keep_warm and wake_at have nothing to do: set an idle window, or drop them")
+	}
+}
+
+func (c *routeCheck) checkWindow(i int, k *windowKeys) {
+	key := fmt.Sprintf("keep_warm[%d]", i)
+	bad := func(sub string, err error) { c.add(key+"."+sub, c.at(key+"."+sub), "%v", err) }
+	w := Window{Text: describeWindow(k)}
+	var err error
+	ok := true
+	if w.Days, err = parseDays(&k.Days); err != nil {
+		bad("days", err)
+		ok = false
+	}
+	if k.From == "" {
+		bad("from", fmt.Errorf("missing: the window's start, e.g. \"08:00\""))
+		ok = false
+	} else if w.From, err = parseClock(k.From, false); err != nil {
+		bad("from", err)
+		ok = false
+	}
+	if k.To == "" {
+		bad("to", fmt.Errorf("missing: the window's end, e.g. \"18:00\""))
+		ok = false
+	} else if w.To, err = parseClock(k.To, true); err != nil {
+		bad("to", err)
+		ok = false
+	}
+	if ok && w.From == w.To {
+		bad("to", fmt.Errorf("equals from (%s): an empty window; for all day write from: \"00:00\", to: \"24:00\"", k.From))
+		ok = false
+	}
+	if w.Zone, err = zone(k.TimeZone); err != nil {
+		bad("time_zone", err)
+		ok = false
+	}
+	if ok {
+		c.r.KeepWarm = append(c.r.KeepWarm, w)
+	}
+}
+
+func describeWindow(k *windowKeys) string {
+	days := "every day"
+	switch k.Days.Kind {
+	case yaml.ScalarNode:
+		days = k.Days.Value
+	case yaml.SequenceNode:
+		var parts []string
+		for _, c := range k.Days.Content {
+			parts = append(parts, c.Value)
+		}
+		days = strings.Join(parts, ",")
+	}
+	z := k.TimeZone
+	if z == "" {
+		z = "local time"
+	}
+	return fmt.Sprintf("%s %s-%s %s", days, k.From, k.To, z)
+}
+
+func (c *routeCheck) checkWakeAt(i int, n *yaml.Node) {
+	key := fmt.Sprintf("wake_at[%d]", i)
+	var k wakeAtKeys
+	switch n.Kind {
+	case yaml.ScalarNode:
+		k.Cron = n.Value
+	case yaml.MappingNode:
+		if err := DecodeStrict(n, &k); err != nil {
+			c.l.addErr(c.label, key, n.Line, err)
+			return
+		}
+	default:
+		c.add(key, n.Line, "want a cron schedule (\"0 7 * * mon-fri\") or {cron: ..., time_zone: ...}")
+		return
+	}
+	if k.Cron == "" {
+		c.add(key, n.Line, "missing: a cron schedule, e.g. \"0 7 * * mon-fri\"")
+		return
+	}
+	if strings.Contains(k.Cron, "TZ=") {
+		c.add(key, n.Line, "%q: give the zone as time_zone:, not inside the schedule", k.Cron)
+		return
+	}
+	loc, err := zone(k.TimeZone)
+	if err != nil {
+		c.add(key+".time_zone", n.Line, "%v", err)
+		return
+	}
+	spec, err := cron.ParseStandard(k.Cron)
+	if err != nil {
+		c.add(key, n.Line, "%q is not a cron schedule (minute hour day-of-month month day-of-week, or @daily, @hourly): %v", k.Cron, err)
+		return
+	}
+	if sc, ok := spec.(*cron.SpecSchedule); ok {
+		sc.Location = loc
+	}
+	text := k.Cron
+	if k.TimeZone != "" {
+		text += " " + k.TimeZone
+	}
+	c.r.WakeAt = append(c.r.WakeAt, Schedule{Text: text, spec: spec})
+}
