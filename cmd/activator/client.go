@@ -37,6 +37,9 @@ func cmdCheck(args []string) int {
 	bk := newBackings(ctx, logger)
 	defer bk.provider.Close()
 	cfg, err := registry.LoadFile(*cfgPath, bk.decoders)
+	if err == nil {
+		err = checkWaitingPages(cfg) // waitpage.go: what the registry cannot check
+	}
 	if err != nil {
 		printConfigErrors(os.Stderr, *cfgPath, err)
 		return 1
@@ -123,6 +126,10 @@ func cmdStatus(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	client := adminFlags(fs)
 	asJSON := fs.Bool("json", false, "print the raw JSON")
+	watch := fs.Bool("watch", false, "redraw the table every --interval until interrupted")
+	interval := fs.Duration("interval", 2*time.Second, "with --watch: how often to redraw")
+	count := fs.Int("count", 0, "with --watch: stop after this many tables (0: until interrupted)")
+	names := fs.Bool("names", false, "print the route names, one a line (for shell completion)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -130,6 +137,16 @@ func cmdStatus(args []string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activator status:", err)
 		return 2
+	}
+	switch {
+	case *names:
+		return printNames(c)
+	case *watch:
+		if *interval <= 0 {
+			fmt.Fprintln(os.Stderr, "activator status: --interval must be positive")
+			return 2
+		}
+		return watchStatus(c, *interval, *count)
 	}
 	body, code, err := c.call(http.MethodGet, "/routes", 10*time.Second)
 	if err != nil {
@@ -189,6 +206,9 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 		note := strings.Join(notes, "; ")
 		if note == "" && wr != nil && len(wr.Notes) > 0 {
 			note = strings.Join(wr.Notes, "; ")
+		}
+		if e := s.NextEvent; e != nil { // the schedule's part stays short: errors come first
+			note = strings.TrimPrefix(note+"; ", "; ") + "next " + e.What + " " + e.At.Format(time.RFC3339)
 		}
 		if len(note) > 100 {
 			note = note[:97] + "..."

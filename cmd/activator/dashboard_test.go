@@ -354,6 +354,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
     wake_budget: 30s
     sleep_budget: 10s
     redfish: {endpoint: %q, sleep: graceful, shutdown_grace: 200ms, poll_interval: 50ms}
+    ignore: {preset: monitors}
 `, bmc.ServiceAddr("node-1"), bmc.URL)
 	s := startServed(t, configYAML(t, web, broken)+metal)
 
@@ -462,7 +463,8 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 }
 
 // exerciseRoutes wakes web with a held request and puts it to sleep, fails a wake of broken, and wakes
-// metal and fails its sleep. Each step waits for its own result.
+// metal and fails its sleep, after a monitor's request to metal that its ignore: filters. Each step
+// waits for its own result.
 func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Client, web, broken appRoute) {
 	t.Helper()
 	if a := getFresh(ctx, s.edge, web.host(), "/"); a.err != nil || a.code != http.StatusOK {
@@ -484,6 +486,10 @@ func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Clien
 		t.Fatalf("broken: last wake %+v (before %+v), want a new failed one", st.LastWake, before)
 	}
 
+	// An uptime monitor's request to metal, which its ignore: filters (activator_filtered_requests_total).
+	if a := getAs(ctx, s.edge, "metal.test", "/", uptimeRobotUA); a.err != nil {
+		t.Fatalf("GET metal as UptimeRobot: %v", a.err)
+	}
 	if code, b := adminPost(t, hc, s.admin, "/routes/metal/wake"); code != http.StatusOK {
 		t.Fatalf("admin wake metal: %d %s, want 200", code, b)
 	}

@@ -4,8 +4,10 @@
 //	activator serve  --config FILE     run the edge and the admin API
 //	activator check  --config FILE     validate a config; print every problem; exit 1 if any
 //	activator status [--admin ADDR]    a table of routes from the admin API
-//	activator wake   ROUTE             wake a route and wait for the result
+//	activator wake   ROUTE             wake a route, showing its phases as they happen
 //	activator sleep  ROUTE             put a route to sleep
+//	activator explain ROUTE            the route's recent wakes and sleeps as a timeline
+//	activator completion bash|zsh      a shell completion script
 //	activator demo                     the embedded demo: a sleeping app that wakes on request
 package main
 
@@ -21,9 +23,11 @@ const usage = `activator: an HTTP edge that wakes sleeping tenants on demand.
 Usage:
   activator serve  --config FILE [--log-format text|json] [--log-level info] [--pprof]
   activator check  --config FILE
-  activator status [--admin 127.0.0.1:9090] [--json]
+  activator status [--admin 127.0.0.1:9090] [--json] [--watch [--interval 2s] [--count N]]
   activator wake   ROUTE [--admin ADDR]
   activator sleep  ROUTE [--admin ADDR]
+  activator explain ROUTE [--last 10] [--json] [--admin ADDR]
+  activator completion bash|zsh
   activator demo   [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090]
 
 See README.md and docs/ for the config reference.
@@ -43,8 +47,14 @@ func main() {
 		code = cmdCheck(args)
 	case "status":
 		code = cmdStatus(args)
-	case "wake", "sleep":
+	case "wake":
+		code = cmdWake(args)
+	case "sleep":
 		code = cmdAct(cmd, args)
+	case "explain":
+		code = cmdExplain(args)
+	case "completion":
+		code = cmdCompletion(args)
 	case "demo":
 		code = cmdDemo(args)
 	case "app": // hidden: the demo tenant

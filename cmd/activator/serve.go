@@ -82,10 +82,20 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 }
 
 func (o serveOptions) load(decoders map[string]registry.SettingsDecoder) (*registry.Config, error) {
-	if o.configPath == "" {
-		return registry.Load(o.configData, decoders)
+	load := func() (*registry.Config, error) {
+		if o.configPath == "" {
+			return registry.Load(o.configData, decoders)
+		}
+		return registry.LoadFile(o.configPath, decoders)
 	}
-	return registry.LoadFile(o.configPath, decoders)
+	cfg, err := load()
+	if err == nil {
+		err = checkWaitingPages(cfg) // waitpage.go: what the registry cannot check
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }
 
 // serve runs until SIGTERM/SIGINT and returns the exit code.

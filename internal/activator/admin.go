@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -15,6 +17,7 @@ import (
 //	GET  /healthz               200 "ok" while the server runs
 //	GET  /routes                every route's Status (JSON)
 //	GET  /routes/{name}         one route's Status
+//	GET  /routes/{name}/wakes   the route's history: its last wakes and sleeps, oldest first (?last=N)
 //	POST /routes/{name}/wake    wake and wait for the result (?wait=false to return at once)
 //	POST /routes/{name}/sleep   put to sleep and wait until asleep
 //
@@ -41,6 +44,23 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 			return
 		}
 		writeJSON(w, http.StatusOK, in.status())
+	})
+	r.Get("/routes/{name}/wakes", func(w http.ResponseWriter, req *http.Request) {
+		name := chi.URLParam(req, "name")
+		in := s.instance(name)
+		if in == nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
+			return
+		}
+		n := 0
+		if v := req.URL.Query().Get("last"); v != "" {
+			var err error
+			if n, err = strconv.Atoi(v); err != nil || n < 1 {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("last: want a number of events from 1 to %d, got %q", HistorySize, v)})
+				return
+			}
+		}
+		writeJSON(w, http.StatusOK, in.hist.last(n))
 	})
 	r.Post("/routes/{name}/wake", func(w http.ResponseWriter, req *http.Request) {
 		name := chi.URLParam(req, "name")

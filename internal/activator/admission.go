@@ -193,6 +193,7 @@ type holdCharge struct {
 
 	taken   bool
 	heldFor time.Duration // how long acquire held the request; 0 if it found the route awake
+	wake    *attempt      // the wake acquire held the request for (the last, after several turns); nil if none
 }
 
 // measureHeader checks r's header against edge.max_header_bytes (ErrHeaderTooLarge) and returns what

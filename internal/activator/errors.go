@@ -110,8 +110,14 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		be *BackoffError
 		ue *UpstreamError
 		se *SleepError
+		ie *IgnoredError
 	)
 	switch {
+	case errors.As(err, &ie):
+		if ie.Status == http.StatusServiceUnavailable {
+			return ie.Status, ignoredRetryAfter
+		}
+		return ie.Status, 0
 	case errors.Is(err, ErrMethod):
 		return http.StatusNotImplemented, 0
 	case errors.Is(err, ErrTarget):
@@ -227,10 +233,12 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	case strings.Contains(accept, "text/html"):
 		h.Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(code)
-		fmt.Fprintf(w, "<!doctype html><title>%d %s</title><h1>%d %s</h1><pre>%s</pre>\n",
+		// Readable on a phone: the message wraps however long it is (a <pre> would run off the screen).
+		fmt.Fprintf(w, "<!doctype html><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"+
+			"<title>%d %s</title><h1>%d %s</h1><p style=\"white-space:pre-wrap;overflow-wrap:anywhere\">%s</p>\n",
 			code, http.StatusText(code), code, http.StatusText(code), html.EscapeString(msg))
 		if wakeID != "" {
-			fmt.Fprintf(w, "<p>wake id: %s</p>\n", html.EscapeString(wakeID))
+			fmt.Fprintf(w, "<p>wake id: <code>%s</code></p>\n", html.EscapeString(wakeID))
 		}
 	default:
 		h.Set("Content-Type", "text/plain; charset=utf-8")

@@ -67,6 +67,7 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 			c.give()
 			return nil, err
 		}
+		c.noteWake(att) // for its Server-Timing (servertiming.go)
 		if timer == nil {
 			heldSince = in.now()
 			in.series.holdBegin()

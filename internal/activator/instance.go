@@ -52,7 +52,7 @@ const (
 
 // instance is one route's tenant as the activator sees it. It owns the state machine, the single wake,
 // the in-flight count, the idle clock and the route's metric series. Its goroutines (wake, sleep, life
-// watch, retirement) are joined by shutdown.
+// watch, retirement, the keep_warm/wake_at scheduler) are joined by shutdown.
 //
 // What only a woken route needs (its upstream client, health gate and route-scoped logger) is built on
 // first use, because most routes of a large config never wake.
@@ -75,9 +75,19 @@ type instance struct {
 	// so two instances never run one tenant.
 	after   []<-chan struct{}
 	retired chan struct{} // closed once the instance has retired (see retire)
+	// hist is the route's history of wakes and sleeps; a changed route's new instance shares its
+	// predecessor's (Apply). It has its own lock.
+	hist *history
+	// pages is the route's waiting page (waiting.go); a changed route's new instance shares its
+	// predecessor's (Apply).
+	pages *routePage
 	// drain is the Server's, closed when the activator begins to shut down (Server.Drain): from then on
 	// no wake starts. Set by Apply, like after.
 	drain <-chan struct{}
+	// filter is the route's ignore: matcher (filter.go); nil without one. releaseIgnoredFn is
+	// in.releaseIgnored bound once, like releaseFn.
+	filter           *filter
+	releaseIgnoredFn func()
 
 	// Built on first use, each by its own synchronisation.
 	logOnce sync.Once
@@ -90,6 +100,10 @@ type instance struct {
 
 	wg sync.WaitGroup // joins every goroutine the instance starts
 
+	// awake mirrors state == Awake (written with it, under mu) for the edge's one lock-free check
+	// before it considers the waiting page.
+	awake atomic.Bool
+
 	mu       sync.Mutex // guards the fields below
 	state    State
 	since    time.Time     // when state last changed
@@ -98,6 +112,8 @@ type instance struct {
 	lifeGen  uint64        // incremented on every state change away from Awake; stale watchers check it
 	awakeEnd chan struct{} // closed when the instance leaves Awake: stops that period's life watcher
 	inflight int           // requests being proxied
+	unseen   int           // ignored requests being proxied: a sleep waits for them, the idle clock does not (filter.go)
+	idleDue  uint64        // the idle timer of this generation found only ignored requests in flight (filter.go)
 	held     int           // requests waiting for a wake
 	idle     *time.Timer   // armed while Awake with no in-flight requests
 	idleGen  uint64        // the idle timer that may fire; older timers are ignored
@@ -111,6 +127,8 @@ type instance struct {
 	checkErr error       // the route's host check at start-up failed with this (Server.SetCheckError)
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
+	// stopSched stops the route's keep_warm/wake_at scheduler (schedule.go); nil when none runs.
+	stopSched context.CancelFunc
 	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
 	// by the next change of what is held, in flight, waking or stopping (noteQuietLocked).
 	quiet chan struct{}
@@ -131,9 +149,12 @@ func newInstance(root context.Context, r *registry.Route, b tenant.Backend, log 
 		now:     now,
 		slots:   make(chan struct{}, upstreamConns(r)),
 		retired: make(chan struct{}),
+		hist:    newHistory(),
+		pages:   &routePage{},
 		since:   now(),
 	}
 	in.releaseFn = in.release
+	in.filter, in.releaseIgnoredFn = newFilter(&r.Ignore, series), in.releaseIgnored
 	return in
 }
 
@@ -157,6 +178,7 @@ func (in *instance) setStateLocked(s State) {
 	}
 	in.series.setState(s)
 	in.state = s
+	in.awake.Store(s == Awake)
 	in.since = in.now()
 }
 

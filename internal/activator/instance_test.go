@@ -401,7 +401,7 @@ func TestEdgeErrors(t *testing.T) {
 	}{
 		{"unknown.test", "", 404, "no route"},
 		{"app.test", "application/json", 503, `"phase": "spawn"`},
-		{"app.test", "text/html", 503, "<pre>"},
+		{"app.test", "text/html", 503, "wake failed in phase spawn"},
 		{"APP.test:8080", "", 503, "backoff"},
 	} {
 		req := httptest.NewRequest("GET", "http://"+tc.host+"/", nil)

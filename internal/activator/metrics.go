@@ -22,6 +22,7 @@ type Metrics struct {
 	phaseDuration *prometheus.HistogramVec
 	holdDuration  *prometheus.HistogramVec
 	requests      *prometheus.CounterVec
+	filtered      *prometheus.CounterVec
 	unknown       func(code int) // activator_requests_total{route="_unknown"}
 	routes        *routeSet
 }
@@ -46,10 +47,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts and requests refused before routing).",
 		}, []string{"route", "code"}),
-		routes: newRouteSet(),
+		filtered: newFilteredVec(),
+		routes:   newRouteSet(),
 	}
 	m.unknown = newRouteMetrics(m, unknownRoute).countFn
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.routes)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.routes)
 	return m
 }
 

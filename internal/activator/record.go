@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"sync"
 	"time"
+
+	"github.com/activator/activator/internal/waitpage"
 )
 
 // WakeRecord explains one wake: what triggered it, each phase and how long it took, the decisions the
@@ -18,6 +20,7 @@ type WakeRecord struct {
 	Trigger     string        `json:"trigger"` // a trigger: "request", "admin", "adopt", "sleep_failed"
 	Started     time.Time     `json:"started"`
 	Duration    time.Duration `json:"duration_ns"`
+	Budget      time.Duration `json:"wake_budget_ns,omitempty"` // the route's wake_budget, which bounds the whole wake
 	Phases      []PhaseRecord `json:"phases"`
 	Notes       []string      `json:"notes,omitempty"`
 	Result      string        `json:"result"` // a Result constant
@@ -29,12 +32,19 @@ type WakeRecord struct {
 	// had left the hold. Both fill in as the requests go, after Result is final.
 	Released      int           `json:"released_requests,omitempty"`
 	ReleaseSpread time.Duration `json:"release_spread_ns,omitempty"`
+	// OutputTail is the end of the tenant's output when the wake's error carries it (outputTail). It is
+	// for the admin API only: edge error bodies never quote it (docs/security.md).
+	OutputTail string `json:"output_tail,omitempty"`
 }
 
-// PhaseRecord is one phase of a wake.
+// PhaseRecord is one phase of a wake: when it began (from the wake's start), how long it took, and the
+// budget of its own that bounded it, if any (health.budget for the health phase; 0 when only the
+// wake's budget applied).
 type PhaseRecord struct {
 	Name     string        `json:"name"`
+	Start    time.Duration `json:"start_ns"`
 	Duration time.Duration `json:"duration_ns"`
+	Budget   time.Duration `json:"budget_ns,omitempty"`
 }
 
 // Result values.
@@ -55,6 +65,7 @@ const (
 	triggerAdopt   trigger = "adopt"   // a new instance asks the backend for a tenant already running
 	// triggerSleepFailed: a sleep failed and the tenant may still run; the route takes it back.
 	triggerSleepFailed trigger = "sleep_failed"
+	triggerSchedule    trigger = "schedule" // a keep_warm window's start or a wake_at time (schedule.go)
 )
 
 // tracker is the Tracker the activator hands to a backend: it builds a WakeRecord. The admin API reads
@@ -68,6 +79,9 @@ type tracker struct {
 	// provisional: the last phase is the activator's generic "start", which the backend's first named
 	// phase replaces (keeping its start time), so records read "spawn=…", not "start=0s spawn=…".
 	provisional bool
+	// progress is the waiting pages' view of this wake (waiting.go), fed with each named phase; set
+	// before the wake starts. nil: none.
+	progress *waitpage.Progress
 }
 
 func newTracker(route, backing string, trig trigger, now func() time.Time) *tracker {
@@ -91,9 +105,11 @@ func (t *tracker) Phase(name string) {
 	if t.provisional {
 		t.provisional = false
 		t.rec.Phases[len(t.rec.Phases)-1].Name = name
+		t.showLocked(name)
 		return
 	}
 	t.nextLocked(name)
+	t.showLocked(name)
 }
 
 // begin starts the activator's generic phase, which the backend's first Phase call renames.
@@ -109,14 +125,36 @@ func (t *tracker) begin(name string) {
 func (t *tracker) then(name string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if n := len(t.rec.Phases); t.provisional && n > 0 {
+		t.showLocked(t.rec.Phases[n-1].Name) // begin's phase, which the backend did not rename
+	}
 	t.provisional = false
 	t.nextLocked(name)
+	t.showLocked(name)
+}
+
+// showLocked tells the waiting pages that phase name began. begin's provisional phase is shown once
+// it is known to keep its name, so a page does not list "start" before the backend's own first phase.
+func (t *tracker) showLocked(name string) {
+	if t.progress != nil {
+		t.progress.Phase(name)
+	}
 }
 
 func (t *tracker) nextLocked(name string) {
 	t.closePhaseLocked()
-	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name})
 	t.phaseStart = t.now()
+	t.rec.Phases = append(t.rec.Phases, PhaseRecord{Name: name, Start: t.phaseStart.Sub(t.rec.Started)})
+}
+
+// budgets records the wake's budget and, when phase > 0, the budget of the phase in progress.
+func (t *tracker) budgets(wake, phase time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rec.Budget = wake
+	if n := len(t.rec.Phases); n > 0 && phase > 0 {
+		t.rec.Phases[n-1].Budget = phase
+	}
 }
 
 // Note implements Tracker.
@@ -165,6 +203,7 @@ func (t *tracker) finish(result string, err error) WakeRecord {
 	t.rec.Result = result
 	if err != nil {
 		t.rec.Error = err.Error()
+		t.rec.OutputTail = outputTail(err)
 	}
 	return t.snapshotLocked()
 }

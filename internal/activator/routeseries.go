@@ -124,6 +124,7 @@ func (m *Metrics) release(im *instanceMetrics) {
 		m.phaseDuration.DeletePartialMatch(l)
 		m.holdDuration.DeletePartialMatch(l)
 		m.requests.DeletePartialMatch(l)
+		m.filtered.DeletePartialMatch(l)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/waitpage"
 )
 
 // Options configure a Server.
@@ -55,12 +55,16 @@ type Server struct {
 
 	table atomic.Pointer[table] // the routing table requests read without locking
 	held  heldAccount           // requests held across all routes, for edge.max_held and max_held_bytes
+	// streams counts the waiting pages' event streams open across all routes (waiting.go).
+	streams atomic.Int64
 
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
 	retiring  []*instance
 	checks    map[string]error // SetCheckError's findings, by route name
 	closed    bool             // set by Drain: no config is applied any more
+	// builtinPage is the built-in waiting page, made by the first Apply that needs it (waiting.go).
+	builtinPage *waitpage.Page
 }
 
 // New returns a Server whose wakes live until Shutdown.
@@ -98,10 +102,14 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	if err := checkBodyDir(cfg.Edge.BodyBufferDir); err != nil {
 		return err
 	}
+	pages, err := s.waitingPagesLocked(cfg)
+	if err != nil {
+		return err
+	}
 	next := make(map[string]*instance, len(cfg.Routes))
 	var opened []*instance
 	for _, r := range cfg.Routes {
-		if old, ok := s.instances[r.Name]; ok && reflect.DeepEqual(old.route, r) {
+		if old, ok := s.instances[r.Name]; ok && old.route.Same(r) {
 			next[r.Name] = old
 			continue
 		}
@@ -114,6 +122,10 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		}
 		in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
 		in.after = s.predecessorsLocked(r.Name)
+		if old, ok := s.instances[r.Name]; ok {
+			in.hist = old.hist // a changed route keeps its history
+			in.pages = old.pages
+		}
 		in.drain = s.drain
 		in.checkErr = s.checks[r.Name]
 		next[r.Name] = in
@@ -131,6 +143,9 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		}
 	}
 	s.instances = next
+	for _, r := range cfg.Routes {
+		next[r.Name].pages.page.Store(pages[r.Name])
+	}
 	for name := range s.checks {
 		if next[name] == nil {
 			delete(s.checks, name)
@@ -139,6 +154,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	s.table.Store(buildTable(cfg, next))
 	for _, in := range opened {
 		in.start()
+		in.startSchedule()
 	}
 	s.pruneRetiredLocked()
 	return nil
@@ -265,6 +281,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.opts.Metrics.requestCounter(unknownRoute)(writeError(w, r, err))
 		return
 	}
+	if r.URL.Path == waitpage.EventsPath {
+		s.serveEvents(w, r, t) // on every host, before routing by path (waiting.go)
+		return
+	}
 	rt := t.lookup(r.Host, r.URL.Path)
 	if rt == nil {
 		writeError(w, r, fmt.Errorf("%w %q", ErrUnknownHost, hostOnly(r.Host)))
@@ -273,6 +293,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { rt.count(sw.statusCode()) }()
+	// A browser navigation to a route that is not awake gets the waiting page at once (waiting.go). The
+	// warm path pays the one atomic load.
+	if !rt.in.awake.Load() && waitpage.Wanted(r) && !rt.in.ignores(r) && rt.in.serveWaiting(sw, r) {
+		return
+	}
 	// The body first: a slow upload must neither wake the tenant nor hold, nor take a slot.
 	body, err := s.takeBody(sw, r, rt.in.route, &t.edge)
 	if err != nil {
@@ -281,7 +306,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer body.Close()
 	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
-	release, err := rt.in.acquireFor(r.Context(), triggerRequest, &charge)
+	release, err := rt.in.acquireRequest(r, &charge)
+	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
 		sw.fail(r, err)
 		return
@@ -293,7 +319,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	rt.in.client().Serve(sw, r)
+	rt.in.client().Serve(out, r)
 }
 
 // Wake wakes the named route and waits for the result (admin API).

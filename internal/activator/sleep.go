@@ -23,8 +23,11 @@ func (in *instance) armIdleLocked() {
 	in.idle = time.AfterFunc(in.route.Idle, func() {
 		in.mu.Lock()
 		defer in.mu.Unlock()
-		if gen != in.idleGen || in.state != Awake || in.inflight > 0 || in.held > 0 {
-			return
+		if gen != in.idleGen || in.state != Awake || in.inflight > 0 || in.held > 0 || in.keptWarm(in.now()) {
+			return // inside a keep_warm window, the window's end starts the idle clock again (schedule.go)
+		}
+		if in.postponeIdleLocked(gen) {
+			return // ignored requests in flight: the last of them starts the sleep (filter.go)
 		}
 		in.beginSleepLocked(ReasonIdle)
 	})
@@ -52,6 +55,7 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.lastSlp = reason
+	in.recordSleep(reason, start, err)
 	in.series.slept(reason)
 	in.slpErr = nil
 	if err != nil {
@@ -124,12 +128,13 @@ func (in *instance) retire() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.retiring = true
+	in.stopScheduleLocked()
 	in.maybeRetireLocked()
 }
 
 func (in *instance) maybeRetireLocked() {
 	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
-	if !in.retiring || in.closed || in.inflight > 0 || in.held > 0 {
+	if !in.retiring || in.closed || in.inflight+in.unseen > 0 || in.held > 0 {
 		return
 	}
 	switch in.state {
@@ -173,7 +178,7 @@ func (in *instance) closableLocked(cut <-chan struct{}) bool {
 	if in.held > 0 || in.state == Waking || in.state == Stopping {
 		return false
 	}
-	if in.inflight == 0 {
+	if in.inflight+in.unseen == 0 {
 		return true
 	}
 	select {
@@ -211,6 +216,7 @@ func (in *instance) shutdown(ctx context.Context, cut <-chan struct{}) {
 	wasClosed := in.closed
 	in.closed = true
 	in.quiet = nil
+	in.stopScheduleLocked()
 	in.idleGen++
 	if in.idle != nil {
 		in.idle.Stop()

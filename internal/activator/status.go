@@ -25,6 +25,13 @@ type Status struct {
 	LastSleepError string `json:"last_sleep_error,omitempty"`
 	// CheckError is what the route's host check found at start-up (Server.SetCheckError).
 	CheckError string `json:"check_error,omitempty"`
+	// Filtered counts the requests the route's ignore: matched since it started (filter.go); none
+	// without ignore:. InFlight includes the ignored requests being served.
+	Filtered *FilterCounts `json:"filtered,omitempty"`
+	// NextEvent is the route's next keep_warm or wake_at event; KeepWarmUntil, inside a keep_warm
+	// window, is when the route stops being kept warm (schedule.go).
+	NextEvent     *ScheduledEvent `json:"next_event,omitempty"`
+	KeepWarmUntil *time.Time      `json:"keep_warm_until,omitempty"`
 }
 
 func (in *instance) status() Status {
@@ -33,7 +40,7 @@ func (in *instance) status() Status {
 	s := Status{
 		Route: in.route.Name, Backing: in.route.Backing, Hosts: in.route.Hosts, PathPrefix: in.route.PathPrefix,
 		Upstream: in.route.Upstream.String(), State: in.state.String(), Since: in.since,
-		InFlight: in.inflight, Held: in.held, Idle: in.route.Idle.String(), LastSleep: in.lastSlp,
+		InFlight: in.inflight + in.unseen, Held: in.held, Idle: in.route.Idle.String(), LastSleep: in.lastSlp,
 	}
 	if in.lastRec != nil {
 		last := in.lastAtt.withRelease(*in.lastRec)
@@ -56,6 +63,8 @@ func (in *instance) status() Status {
 		u := in.until
 		s.RetryAt = &u
 	}
+	in.scheduleStatus(&s)
+	s.Filtered = in.filter.snapshot()
 	return s
 }
 

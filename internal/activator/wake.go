@@ -31,6 +31,9 @@ type attempt struct {
 	// again: a herd released at once would otherwise queue on that one mutex.
 	waiters    int
 	handedOver bool
+	// timing is the wake's phases as Server-Timing entries (servertiming.go), written before done is
+	// closed.
+	timing string
 }
 
 // noteRelease counts one held request let go at now.
@@ -85,6 +88,7 @@ func (in *instance) start() {
 // beginWakeLocked moves to Waking and starts the wake goroutine.
 func (in *instance) beginWakeLocked(trig trigger) *attempt {
 	att := &attempt{done: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trig, in.now)}
+	in.followLocked(att) // the waiting pages' view of it (waiting.go)
 	in.wake = att
 	in.setStateLocked(Waking)
 	in.wg.Add(1)
@@ -120,6 +124,7 @@ const phaseAdopt = "adopt"
 func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
+	rec.budgets(in.route.WakeBudget, 0)
 	for _, prev := range in.after {
 		select {
 		case <-prev:
@@ -171,6 +176,7 @@ func (in *instance) startTenant(ctx context.Context, rec *tracker) (*tenant.Life
 // passed, if the tenant kept it, goes to the route's proxy (see ConnGate).
 func (in *instance) gate(ctx context.Context, rec *tracker, life *tenant.Life) error {
 	rec.then(tenant.PhaseHealth)
+	rec.budgets(in.route.WakeBudget, in.route.Health.Budget)
 	if b := in.route.Health.Budget; b > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b)
@@ -234,6 +240,8 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		out.err = fmt.Errorf("%w (the host check at start-up had found: %v)", out.err, in.checkErr)
 	}
 	in.lastRec, in.lastAtt = &out.rec, att
+	att.timing = timingEntries(out.rec.Phases)
+	in.hist.add(Event{Kind: EventWake, Wake: &out.rec}, att)
 	switch {
 	case out.err != nil:
 		in.failLocked(att, out)
@@ -253,6 +261,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 			in.logger().Info("adopted a running tenant")
 		}
 	}
+	in.endProgressLocked(att, out) // after the state: a page that reloads on ready finds the route awake
 }
 
 // failLocked moves to Failed after a failed wake and sets the backoff, doubled on each consecutive
@@ -311,6 +320,7 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 	in.logger().Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
 	// Before the state changes: a wake after it must keep the connection its gate hands over.
 	in.dropUpstream()
+	in.recordSleep(ReasonExited, in.now(), life.Err())
 	in.lastSlp = ReasonExited
 	in.series.slept(ReasonExited)
 	in.setStateLocked(Asleep)

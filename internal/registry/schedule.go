@@ -2,6 +2,7 @@ package registry
 
 import (
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -52,11 +53,49 @@ func (w Window) NextStart(t time.Time) time.Time {
 func (w Window) End(t time.Time) time.Time {
 	t = t.In(w.Zone)
 	m := t.Hour()*60 + t.Minute()
-	day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, w.Zone)
+	d := t.Day()
 	if w.From >= w.To && m >= w.From { // the evening part: it ends tomorrow
-		day = day.AddDate(0, 0, 1)
+		d++
 	}
-	return day.Add(time.Duration(w.To) * time.Minute)
+	// Wall-clock arithmetic (time.Date normalises 24:00 and day overflow), not elapsed time: on a DST
+	// day "18:00" is not 18 hours after midnight.
+	return time.Date(t.Year(), t.Month(), d, w.To/60, w.To%60, 0, 0, w.Zone)
+}
+
+// Same reports whether r and o configure the route identically: reflect.DeepEqual, except that time
+// zones compare by name. A *time.Location caches the zone period in force when it was loaded, so the
+// same zone loaded on either side of a DST change would otherwise differ, and a reload would replace
+// (and restart) a route nobody changed.
+func (r *Route) Same(o *Route) bool {
+	a, b := *r, *o
+	if len(a.KeepWarm) != len(b.KeepWarm) || len(a.WakeAt) != len(b.WakeAt) {
+		return false
+	}
+	a.KeepWarm, b.KeepWarm = zoneless(a.KeepWarm), zoneless(b.KeepWarm)
+	for i := range r.KeepWarm {
+		if r.KeepWarm[i].Zone.String() != o.KeepWarm[i].Zone.String() {
+			return false
+		}
+	}
+	for i := range r.WakeAt {
+		if r.WakeAt[i].Text != o.WakeAt[i].Text {
+			return false
+		}
+	}
+	a.WakeAt, b.WakeAt = nil, nil // Text (the schedule and its zone's name) compared above
+	return reflect.DeepEqual(a, b)
+}
+
+func zoneless(ws []Window) []Window {
+	if ws == nil {
+		return nil
+	}
+	out := make([]Window, len(ws))
+	for i, w := range ws {
+		w.Zone = nil
+		out[i] = w
+	}
+	return out
 }
 
 // Schedule is a wake_at entry: a cron schedule whose times pre-wake the tenant.

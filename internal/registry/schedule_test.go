@@ -93,3 +93,41 @@ func TestScheduleZone(t *testing.T) {
 		t.Errorf("Next = %v, want %v", got, want)
 	}
 }
+
+// End on the days Europe/Berlin changes its clocks: the window ends at 18:00 wall clock, not 18 hours
+// after midnight.
+func TestWindowEndDST(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := window(t, "", "08:00", "18:00", "Europe/Berlin")
+	for _, day := range []int{29, 25} { // 2026-03-29 and 2026-10-25
+		month := time.March
+		if day == 25 {
+			month = time.October
+		}
+		noon := time.Date(2026, month, day, 12, 0, 0, 0, berlin)
+		if got, want := w.End(noon), time.Date(2026, month, day, 18, 0, 0, 0, berlin); !got.Equal(want) {
+			t.Errorf("End(%v) = %v, want %v", noon, got, want)
+		}
+	}
+}
+
+// Same: a route loaded twice is the same route, even though each load has its own *time.Location.
+func TestRouteSameAcrossLoads(t *testing.T) {
+	a := &Route{Name: "r", KeepWarm: []Window{window(t, "mon", "08:00", "09:00", "Europe/Berlin")}}
+	b := &Route{Name: "r", KeepWarm: []Window{window(t, "mon", "08:00", "09:00", "Europe/Berlin")}}
+	b.KeepWarm[0].Zone = time.FixedZone("Europe/Berlin", 3600) // same name, other internals
+	if !a.Same(b) {
+		t.Error("the same keep_warm window in the same zone reads as a change")
+	}
+	c := &Route{Name: "r", KeepWarm: []Window{window(t, "mon", "08:00", "09:00", "UTC")}}
+	if a.Same(c) {
+		t.Error("a window in another zone reads as unchanged")
+	}
+	d := &Route{Name: "r", KeepWarm: a.KeepWarm, Idle: time.Minute}
+	if a.Same(d) {
+		t.Error("another idle reads as unchanged")
+	}
+}

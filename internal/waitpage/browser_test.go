@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,11 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/cdp"
-	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
-	"github.com/activator/activator/internal/testenv"
+	"github.com/activator/activator/internal/browsertest"
 )
 
 // The browser tests drive a real Chromium (Debian's chromium package) against an edge stand-in that
@@ -131,96 +128,29 @@ func (s *standIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless_shell"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	testenv.Missing(t, "no Chromium found on PATH (Debian: apt-get install chromium)")
-	return ""
-}
-
 // browser starts one headless Chromium for the test, closed at cleanup.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	path := chromiumPath(t)
-	root, cancelRoot := context.WithTimeout(context.Background(), browserTime)
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path),
-		chromedp.NoSandbox, // the tests run as root
-		chromedp.DisableGPU,
-		chromedp.WindowSize(960, 640),
-		chromedp.Flag("hide-scrollbars", true),
-	)
-	alloc, cancelAlloc := chromedp.NewExecAllocator(root, opts...)
-	ctx, cancelBrowser := chromedp.NewContext(alloc)
-	t.Cleanup(func() {
-		_ = chromedp.Cancel(ctx)
-		cancelBrowser()
-		cancelAlloc()
-		cancelRoot()
-	})
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", path, err)
-	}
-	return ctx
+	return browsertest.Start(t, browserTime, chromedp.Flag("hide-scrollbars", true))
 }
 
-// tab opens a new tab of the browser, bounded by stepTime and closed at cleanup. scripts false
-// disables JavaScript in it.
+// tab opens a new tab bounded by stepTime; scripts false disables JavaScript in it.
 func tab(t *testing.T, browser context.Context, scripts bool) context.Context {
 	t.Helper()
-	bounded, cancel := context.WithTimeout(browser, stepTime)
-	ctx, cancelTab := chromedp.NewContext(bounded)
-	t.Cleanup(func() {
-		cancelTab()
-		cancel()
-	})
-	err := chromedp.Do(ctx, func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
-		_, err := cdp.Call(ctx, t, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: !scripts})
-		return chromedp.Void{}, err
-	})
-	if err != nil {
-		t.Fatalf("new tab: %v", err)
-	}
-	return ctx
-}
-
-func run[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
-	t.Helper()
-	v, err := chromedp.Run(ctx, a)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return v
-}
-
-func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
-	t.Helper()
-	if err := chromedp.Do(ctx, steps...); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
+	return browsertest.Tab(t, browser, stepTime, scripts)
 }
 
 // open navigates to url and checks that the answer is the route's page, 503.
-func open(t *testing.T, ctx context.Context, url string) {
-	t.Helper()
-	res := run(t, ctx, "navigate to "+url, chromedp.NavigateResponse(url))
-	if res.Status != http.StatusServiceUnavailable {
-		t.Fatalf("navigate to %s: status %d, want 503", url, res.Status)
-	}
-}
+func open(t *testing.T, ctx context.Context, url string) { t.Helper(); browsertest.Open(t, ctx, url) }
 
 // landsOnApp waits for the app's own page and checks it is the URL first asked for.
 func landsOnApp(t *testing.T, ctx context.Context, path string) {
 	t.Helper()
-	do(t, ctx, "wait for the app's page", chromedp.WaitVisible(chromedp.ID("app")))
-	if got := run(t, ctx, "app text", chromedp.Text(chromedp.ID("app"))); got != appText {
+	browsertest.Do(t, ctx, "wait for the app's page", chromedp.WaitVisible(chromedp.ID("app")))
+	if got := browsertest.Run(t, ctx, "app text", chromedp.Text(chromedp.ID("app"))); got != appText {
 		t.Errorf("app page says %q, want %q", got, appText)
 	}
-	if got := run(t, ctx, "app path", chromedp.Text(chromedp.ID("path"))); got != path {
+	if got := browsertest.Run(t, ctx, "app path", chromedp.Text(chromedp.ID("path"))); got != path {
 		t.Errorf("the app was loaded at %q, want the URL first asked for, %q", got, path)
 	}
 }
@@ -230,7 +160,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	if os.Getenv("WAITPAGE_SCREENSHOTS") != "1" {
 		return
 	}
-	png := run(t, ctx, "screenshot", chromedp.FullScreenshot(100))
+	png := browsertest.Run(t, ctx, "screenshot", chromedp.FullScreenshot(100))
 	path := filepath.Join("..", "..", "docs", "img", "waitpage-"+name+".png")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -252,20 +182,20 @@ func TestBrowser(t *testing.T) {
 		s, base := newStandIn(t, "w-3f9a2c")
 		ctx := tab(t, b, true)
 		open(t, ctx, base+"/cart?item=42")
-		do(t, ctx, "first phase", chromedp.WaitVisible(phaseItem("start")))
+		browsertest.Do(t, ctx, "first phase", chromedp.WaitVisible(phaseItem("start")))
 
 		s.current().Phase("health") // only the event stream can bring this one
-		do(t, ctx, "phase from the stream", chromedp.WaitVisible(phaseItem("health")))
-		bar := run(t, ctx, "progress", chromedp.Evaluate[[]float64](
+		browsertest.Do(t, ctx, "phase from the stream", chromedp.WaitVisible(phaseItem("health")))
+		bar := browsertest.Run(t, ctx, "progress", chromedp.Evaluate[[]float64](
 			`(b => [b.max, b.value, b.hasAttribute("value") ? 1 : 0])(document.getElementById("wp-bar"))`))
 		if bar[0] != 8000 || bar[1] <= 0 || bar[2] != 1 {
 			t.Errorf("progress bar max %v, value %v, determinate %v; want 8000, above 0, determinate", bar[0], bar[1], bar[2])
 		}
-		elapsed := run(t, ctx, "elapsed", chromedp.Text(chromedp.ID("wp-elapsed")))
+		elapsed := browsertest.Run(t, ctx, "elapsed", chromedp.Text(chromedp.ID("wp-elapsed")))
 		if !regexp.MustCompile(`^\d+\.\d s elapsed$`).MatchString(elapsed) {
 			t.Errorf("elapsed reads %q, want like \"3.6 s elapsed\"", elapsed)
 		}
-		if got := run(t, ctx, "expected", chromedp.Text(chromedp.ID("wp-expected"))); got != "usually ready in about 8.0 s" {
+		if got := browsertest.Run(t, ctx, "expected", chromedp.Text(chromedp.ID("wp-expected"))); got != "usually ready in about 8.0 s" {
 			t.Errorf("expected reads %q", got)
 		}
 		screenshot(t, ctx, "waiting")
@@ -281,13 +211,13 @@ func TestBrowser(t *testing.T) {
 		s, base := newStandIn(t, "w-5d01e7")
 		ctx := tab(t, b, true)
 		open(t, ctx, base+"/")
-		do(t, ctx, "first phase", chromedp.WaitVisible(phaseItem("start")))
+		browsertest.Do(t, ctx, "first phase", chromedp.WaitVisible(phaseItem("start")))
 		s.current().Phase("health")
 		s.current().Fail(testCause, 2*time.Second)
 
-		do(t, ctx, "failure shown in place", chromedp.WaitVisible(chromedp.ID("wp-failed")), chromedp.WaitNotVisible(chromedp.ID("wp-waiting")))
+		browsertest.Do(t, ctx, "failure shown in place", chromedp.WaitVisible(chromedp.ID("wp-failed")), chromedp.WaitNotVisible(chromedp.ID("wp-waiting")))
 		checkFailure(t, ctx, "w-5d01e7")
-		if title := run(t, ctx, "title", chromedp.Title()); title != "shop could not start" {
+		if title := browsertest.Run(t, ctx, "title", chromedp.Title()); title != "shop could not start" {
 			t.Errorf("title %q, want %q", title, "shop could not start")
 		}
 		screenshot(t, ctx, "failed")
@@ -295,7 +225,7 @@ func TestBrowser(t *testing.T) {
 		// The route's backoff is over and the next wake succeeds: the retry button brings the app.
 		s.newWake("w-77b410")
 		s.ready()
-		do(t, ctx, "retry", chromedp.Click(chromedp.ID("wp-retry")))
+		browsertest.Do(t, ctx, "retry", chromedp.Click(chromedp.ID("wp-retry")))
 		landsOnApp(t, ctx, "/")
 	})
 
@@ -305,11 +235,11 @@ func TestBrowser(t *testing.T) {
 		s.current().Fail(long, 3*time.Second)
 		ctx := tab(t, b, true)
 		open(t, ctx, base+"/orders")
-		do(t, ctx, "failure page", chromedp.WaitVisible(chromedp.ID("wp-failed")), chromedp.WaitVisible(chromedp.ID("wp-retry")))
-		if got := run(t, ctx, "cause", chromedp.Text(chromedp.ID("wp-cause"))); got != long {
+		browsertest.Do(t, ctx, "failure page", chromedp.WaitVisible(chromedp.ID("wp-failed")), chromedp.WaitVisible(chromedp.ID("wp-retry")))
+		if got := browsertest.Run(t, ctx, "cause", chromedp.Text(chromedp.ID("wp-cause"))); got != long {
 			t.Errorf("cause reads %q, want %q", got, long)
 		}
-		overflow := run(t, ctx, "overflow", chromedp.Evaluate[[]float64](
+		overflow := browsertest.Run(t, ctx, "overflow", chromedp.Evaluate[[]float64](
 			`[document.documentElement.scrollWidth, window.innerWidth, document.getElementById("wp-cause").scrollWidth, document.getElementById("wp-cause").clientWidth]`))
 		if overflow[0] > overflow[1] || overflow[2] > overflow[3] {
 			t.Errorf("the long cause overflows: page %v wide in a %v window, cause %v in %v", overflow[0], overflow[1], overflow[2], overflow[3])
@@ -321,7 +251,7 @@ func TestBrowser(t *testing.T) {
 		s, base := newStandIn(t, "w-0a6b3d")
 		ctx := tab(t, b, false)
 		open(t, ctx, base+"/cart")
-		do(t, ctx, "waiting page", chromedp.WaitVisible(phaseItem("start")), chromedp.WaitVisible(chromedp.ID("wp-waiting")))
+		browsertest.Do(t, ctx, "waiting page", chromedp.WaitVisible(phaseItem("start")), chromedp.WaitVisible(chromedp.ID("wp-waiting")))
 		screenshot(t, ctx, "nojs")
 		s.ready()
 		landsOnApp(t, ctx, "/cart")
@@ -338,11 +268,11 @@ func TestBrowser(t *testing.T) {
 		s.current().Fail(testCause, 3*time.Second)
 		ctx := tab(t, b, false)
 		open(t, ctx, base+"/a/b?c=d")
-		do(t, ctx, "failure page", chromedp.WaitVisible(chromedp.ID("wp-failed")))
+		browsertest.Do(t, ctx, "failure page", chromedp.WaitVisible(chromedp.ID("wp-failed")))
 		checkFailure(t, ctx, "w-e41f80")
 		s.newWake("w-1c2d3e")
 		s.ready()
-		do(t, ctx, "retry", chromedp.Click(chromedp.ID("wp-retry")))
+		browsertest.Do(t, ctx, "retry", chromedp.Click(chromedp.ID("wp-retry")))
 		landsOnApp(t, ctx, "/a/b?c=d")
 	})
 }
@@ -350,14 +280,14 @@ func TestBrowser(t *testing.T) {
 // checkFailure checks the failure state: the short cause, the wake id and a visible retry button.
 func checkFailure(t *testing.T, ctx context.Context, wakeID string) {
 	t.Helper()
-	do(t, ctx, "retry button", chromedp.WaitVisible(chromedp.ID("wp-retry")))
-	if got := run(t, ctx, "cause", chromedp.Text(chromedp.ID("wp-cause"))); got != testCause {
+	browsertest.Do(t, ctx, "retry button", chromedp.WaitVisible(chromedp.ID("wp-retry")))
+	if got := browsertest.Run(t, ctx, "cause", chromedp.Text(chromedp.ID("wp-cause"))); got != testCause {
 		t.Errorf("cause reads %q, want %q", got, testCause)
 	}
-	if got := run(t, ctx, "wake id", chromedp.Text(chromedp.ID("wp-wakeid"))); got != wakeID {
+	if got := browsertest.Run(t, ctx, "wake id", chromedp.Text(chromedp.ID("wp-wakeid"))); got != wakeID {
 		t.Errorf("wake id reads %q, want %q", got, wakeID)
 	}
-	if got := run(t, ctx, "retry", chromedp.Text(chromedp.ID("wp-retry"))); !strings.Contains(got, "Try again") {
+	if got := browsertest.Run(t, ctx, "retry", chromedp.Text(chromedp.ID("wp-retry"))); !strings.Contains(got, "Try again") {
 		t.Errorf("retry button reads %q", got)
 	}
 }

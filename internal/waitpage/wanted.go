@@ -2,7 +2,8 @@
 // it, the page itself (built in, or a route's own html/template), the Server-Sent Events that let it
 // follow the wake live, and the estimate of how long a route's wake takes. It knows nothing about
 // instances, backings or the config file; the edge (internal/activator) decides when to answer with
-// it, and cmd/activator hands the template check to the registry.
+// it, and cmd/activator runs the template check (New) for `check`, start-up and reload, since the
+// registry, which knows config and not HTML, does not import this package.
 //
 // How the edge uses it:
 //

@@ -1,0 +1,187 @@
+package main
+
+// `activator explain`: a route's recent wakes and sleeps as a timeline, from GET /routes/{name}/wakes.
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+)
+
+func cmdExplain(args []string) int {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	client := adminFlags(fs)
+	last := fs.Int("last", 10, fmt.Sprintf("show the last N wakes and sleeps (the route keeps %d)", activator.HistorySize))
+	asJSON := fs.Bool("json", false, "print the raw JSON (oldest first)")
+	route, code := routeArg("explain", fs, args)
+	if code != 0 {
+		return code
+	}
+	if *last < 1 {
+		fmt.Fprintf(os.Stderr, "activator explain: --last must be at least 1, got %d\n", *last)
+		return 2
+	}
+	c, err := client()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "activator explain:", err)
+		return 2
+	}
+	body, code, err := c.call(http.MethodGet, "/routes/"+url.PathEscape(route)+"/wakes?last="+strconv.Itoa(*last), 10*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "activator explain:", err)
+		return 1
+	}
+	if code != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "activator explain %s: %s\n", route, answerError(body, code))
+		return 1
+	}
+	if *asJSON {
+		os.Stdout.Write(body)
+		return 0
+	}
+	var evs []activator.Event
+	if err := json.Unmarshal(body, &evs); err != nil {
+		fmt.Fprintln(os.Stderr, "activator explain: bad answer from the admin API:", err)
+		return 1
+	}
+	if len(evs) == 0 {
+		fmt.Printf("%s: no wakes or sleeps yet\n", route)
+	} else {
+		printTimeline(os.Stdout, evs)
+	}
+	printFiltered(os.Stdout, c, route)
+	return 0
+}
+
+// printFiltered adds what the route's ignore: filtered since it started (from GET /routes/{name});
+// nothing for a route without ignore:, or when the status cannot be read.
+func printFiltered(w io.Writer, c *adminClient, route string) {
+	body, code, err := c.call(http.MethodGet, "/routes/"+url.PathEscape(route), 10*time.Second)
+	if err != nil || code != http.StatusOK {
+		return
+	}
+	var st activator.Status
+	if json.Unmarshal(body, &st) != nil || st.Filtered == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nfiltered by ignore: since the route started: %d refused (tenant asleep, not woken), %d served (awake, idle clock untouched)\n",
+		st.Filtered.Refused, st.Filtered.Served)
+}
+
+// routeArg parses fs from args, taking the route before or after the flags. A code other than 0 is the
+// exit code: the flags were bad or the route is missing.
+func routeArg(verb string, fs *flag.FlagSet, args []string) (string, int) {
+	var route string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		route, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return "", 2
+	}
+	if route == "" && fs.NArg() > 0 {
+		route = fs.Arg(0)
+	}
+	if route == "" {
+		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
+		return "", 2
+	}
+	return route, 0
+}
+
+// answerError is the error an admin API answer of code carries, or the code.
+func answerError(body []byte, code int) string {
+	var e struct{ Error string }
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return fmt.Sprintf("admin API answered %d", code)
+}
+
+// printTimeline prints events, oldest first, one block each: the time, kind, trigger or reason, result
+// and duration; then a wake's phases (start from the wake's start, duration, budget), its notes, the
+// error and the output tail.
+func printTimeline(w io.Writer, evs []activator.Event) {
+	for i, ev := range evs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		switch {
+		case ev.Wake != nil:
+			printWake(w, ev.Wake)
+		case ev.Sleep != nil:
+			printSleep(w, ev.Sleep)
+		}
+	}
+}
+
+func printWake(w io.Writer, r *activator.WakeRecord) {
+	result := r.Result
+	if r.FailedPhase != "" {
+		result += " in " + r.FailedPhase
+	}
+	fmt.Fprintf(w, "%s  wake  trigger %s  result %s  %s", stamp(r.Started), r.Trigger, result, short(r.Duration))
+	if r.Budget > 0 {
+		fmt.Fprintf(w, "  (budget %s)", r.Budget)
+	}
+	fmt.Fprintf(w, "  wake_id %s\n", r.ID)
+	for _, p := range r.Phases {
+		fmt.Fprintln(w, phaseLine(p))
+	}
+	if r.Joined > 0 || r.Released > 1 { // a herd: how long letting it go took
+		fmt.Fprintf(w, "  joined %d, released %d in %s\n", r.Joined, r.Released, short(r.ReleaseSpread))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	printFailure(w, r.Error, r.OutputTail)
+}
+
+func printSleep(w io.Writer, r *activator.SleepRecord) {
+	fmt.Fprintf(w, "%s  sleep  reason %s  result %s  %s\n", stamp(r.Started), r.Reason, r.Result, short(r.Duration))
+	printFailure(w, r.Error, r.OutputTail)
+}
+
+// printFailure prints an event's error without the output tail it quotes, then the tail, indented.
+func printFailure(w io.Writer, msg, tail string) {
+	if msg == "" {
+		return
+	}
+	if tail != "" {
+		msg = strings.Replace(msg, ": "+tail, "", 1)
+	}
+	fmt.Fprintf(w, "  error: %s\n", msg)
+	if tail != "" {
+		fmt.Fprintln(w, "  output:")
+		for l := range strings.Lines(tail) {
+			fmt.Fprintf(w, "    %s\n", strings.TrimRight(l, "\n"))
+		}
+	}
+}
+
+// phaseLine is one phase as explain and wake print it: "  +120ms   health   35ms  (budget 20s)".
+func phaseLine(p activator.PhaseRecord) string {
+	s := fmt.Sprintf("  %-9s %-13s %s", "+"+short(p.Start), p.Name, short(p.Duration))
+	if p.Budget > 0 {
+		s += fmt.Sprintf("  (budget %s)", p.Budget)
+	}
+	return s
+}
+
+func stamp(t time.Time) string { return t.Local().Format("2006-01-02 15:04:05.000") }
+
+// short rounds d for reading: to the millisecond from 10ms on, else to 10µs.
+func short(d time.Duration) string {
+	if d >= 10*time.Millisecond {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(10 * time.Microsecond).String()
+}

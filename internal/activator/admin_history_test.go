@@ -1,0 +1,78 @@
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestAdminWakeHistory(t *testing.T) {
+	b := &fakeBackend{}
+	s, _ := newTestServer(t, b, passGate{})
+	admin := httptest.NewServer(s.AdminHandler(nil, nil))
+	t.Cleanup(admin.Close)
+	for range 2 {
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sleep(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(admin.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		path      string
+		code      int
+		kinds     []string // for 200
+		errSubstr string   // for the others
+	}{
+		{path: "/routes/app/wakes", code: 200, kinds: []string{"wake", "sleep", "wake", "sleep"}},
+		{path: "/routes/app/wakes?last=3", code: 200, kinds: []string{"sleep", "wake", "sleep"}},
+		{path: "/routes/app/wakes?last=1", code: 200, kinds: []string{"sleep"}},
+		{path: "/routes/nope/wakes", code: 404, errSubstr: "no such route: nope"},
+		{path: "/routes/app/wakes?last=x", code: 400, errSubstr: "last"},
+		{path: "/routes/app/wakes?last=-1", code: 400, errSubstr: "last"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			code, body := get(tt.path)
+			if code != tt.code {
+				t.Fatalf("GET %s = %d %s, want %d", tt.path, code, body, tt.code)
+			}
+			if tt.code != 200 {
+				var e struct{ Error string }
+				if err := json.Unmarshal([]byte(body), &e); err != nil || !strings.Contains(e.Error, tt.errSubstr) {
+					t.Errorf("GET %s: error %q (%v), want one naming %q", tt.path, e.Error, err, tt.errSubstr)
+				}
+				return
+			}
+			var evs []Event
+			if err := json.Unmarshal([]byte(body), &evs); err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, e := range evs {
+				kinds = append(kinds, e.Kind)
+			}
+			if strings.Join(kinds, ",") != strings.Join(tt.kinds, ",") {
+				t.Errorf("GET %s kinds = %v, want %v (oldest first)", tt.path, kinds, tt.kinds)
+			}
+		})
+	}
+}

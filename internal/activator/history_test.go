@@ -1,0 +1,136 @@
+package activator
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+)
+
+func TestHistoryRingKeepsTheNewest(t *testing.T) {
+	h := newHistory()
+	for i := range HistorySize + 7 {
+		h.add(Event{Kind: EventSleep, Sleep: &SleepRecord{Reason: fmt.Sprint(i)}}, nil)
+	}
+	all := h.last(0)
+	if len(all) != HistorySize {
+		t.Fatalf("len(last(0)) = %d, want %d", len(all), HistorySize)
+	}
+	if got, want := all[0].Sleep.Reason, "7"; got != want {
+		t.Errorf("oldest kept = %s, want %s", got, want)
+	}
+	if got, want := all[len(all)-1].Sleep.Reason, fmt.Sprint(HistorySize+6); got != want {
+		t.Errorf("newest = %s, want %s", got, want)
+	}
+	three := h.last(3)
+	if len(three) != 3 || three[2].Sleep.Reason != all[len(all)-1].Sleep.Reason || three[0].Sleep.Reason != all[len(all)-3].Sleep.Reason {
+		t.Errorf("last(3) = %+v, want the three newest, oldest first", three)
+	}
+	if got := newHistory().last(5); len(got) != 0 {
+		t.Errorf("empty history: last(5) = %v", got)
+	}
+	if got := h.last(HistorySize + 100); len(got) != HistorySize {
+		t.Errorf("last(more than kept) = %d events, want %d", len(got), HistorySize)
+	}
+}
+
+// tailErr is an error carrying an output tail, as exec's ExitError does.
+type tailErr struct{}
+
+func (tailErr) Error() string { return "exited with code 3: boom" }
+func (tailErr) Tail() string  { return "line one\nboom" }
+
+func TestHistoryRecordsWakesAndSleeps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, in := newTestServer(t, b, passGate{}, func(r *registry.Route) { r.Health.Budget = 20 * time.Second })
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sleep(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.wakeErr = fmt.Errorf("spawn: %w", tailErr{}) })
+		if err := s.Wake(context.Background(), "app"); err == nil {
+			t.Fatal("wake with a failing backend succeeded")
+		}
+		evs := in.hist.last(0)
+		if len(evs) != 3 {
+			t.Fatalf("history has %d events, want 3 (wake, sleep, failed wake): %+v", len(evs), evs)
+		}
+		w := evs[0].Wake
+		if evs[0].Kind != EventWake || w == nil || w.Result != ResultOK || w.Trigger != "admin" {
+			t.Fatalf("event 0 = %+v, want an ok admin wake", evs[0])
+		}
+		if w.Budget != 30*time.Second {
+			t.Errorf("wake budget = %v, want the route's 30s", w.Budget)
+		}
+		if len(w.Phases) != 2 || w.Phases[0].Name != "spawn" || w.Phases[1].Name != tenant.PhaseHealth {
+			t.Fatalf("phases = %+v, want spawn, health", w.Phases)
+		}
+		if w.Phases[0].Start != 0 || w.Phases[1].Start < w.Phases[0].Start+w.Phases[0].Duration-1 {
+			t.Errorf("phase starts = %v, %v: want 0 and after spawn", w.Phases[0].Start, w.Phases[1].Start)
+		}
+		if w.Phases[1].Budget != 20*time.Second || w.Phases[0].Budget != 0 {
+			t.Errorf("phase budgets = %v, %v; want 0 and the health budget 20s", w.Phases[0].Budget, w.Phases[1].Budget)
+		}
+		sl := evs[1].Sleep
+		if evs[1].Kind != EventSleep || sl == nil || sl.Reason != ReasonAdmin || sl.Result != ResultOK || sl.Route != "app" {
+			t.Errorf("event 1 = %+v, want an ok admin sleep of app", evs[1])
+		}
+		f := evs[2].Wake
+		if f == nil || f.Result != ResultFailed || f.OutputTail != "line one\nboom" || f.Error == "" {
+			t.Errorf("event 2 = %+v, want a failed wake keeping the output tail", evs[2])
+		}
+	})
+}
+
+func TestHistoryRecordsTenantExit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, in := newTestServer(t, b, passGate{})
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		b.mu.Lock()
+		b.life.End(tailErr{})
+		b.mu.Unlock()
+		synctest.Wait()
+		evs := in.hist.last(0)
+		if len(evs) != 2 || evs[1].Sleep == nil || evs[1].Sleep.Reason != ReasonExited || evs[1].Sleep.OutputTail != "line one\nboom" {
+			t.Fatalf("history = %+v, want the wake then an exited sleep keeping the output tail", evs)
+		}
+	})
+}
+
+func TestHistoryKeptAcrossReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, old := newTestServer(t, b, passGate{})
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		// Unchanged: the same instance, so the same history.
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+			t.Fatal(err)
+		}
+		if s.instance("app") != old {
+			t.Fatal("an unchanged route got a new instance")
+		}
+		// Changed: a new instance, which carries the history over; the old one's reload sleep lands in it.
+		r := testRoute("app")
+		r.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		evs := s.instance("app").hist.last(0)
+		if len(evs) != 2 || evs[0].Kind != EventWake || evs[1].Sleep == nil || evs[1].Sleep.Reason != ReasonReload {
+			t.Fatalf("history after the change = %+v, want the wake and the old instance's reload sleep", evs)
+		}
+	})
+}
