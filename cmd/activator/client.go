@@ -7,11 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -44,10 +46,19 @@ func cmdCheck(args []string) int {
 		printConfigErrors(os.Stderr, *cfgPath, err)
 		return 1
 	}
-	// Live checks: what only the host can tell (a systemd that cannot freeze, say).
+	// Live checks: what only the host can tell (a systemd that cannot freeze, say), for all routes at
+	// once and each bounded, as at start-up; printed in route order.
+	bk.exec.CheckRoot(cfg.CgroupRoot)
+	found := make(map[string]error, len(cfg.Routes))
+	var mu sync.Mutex
+	liveCheck(ctx, slog.New(slog.DiscardHandler), bk.provider, cfg.Routes, func(route string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		found[route] = err
+	})
 	var problems []string
 	for _, r := range cfg.Routes {
-		if err := bk.provider.Check(ctx, r); err != nil {
+		if err := found[r.Name]; err != nil {
 			problems = append(problems, err.Error())
 		}
 	}

@@ -224,3 +224,25 @@ func TestCheckUnavailableLimits(t *testing.T) {
 		t.Errorf("check passed with an unavailable limit:\n%s", out)
 	}
 }
+
+// `activator check` judges the cgroup_root the config names, not the automatic one: with
+// cgroup_root: off, sleep: freeze cannot work, and check says so.
+func TestCheckHonoursCgroupRoot(t *testing.T) {
+	testCgroupRoot(t) // with a writable cgroup v2, the automatic root would pass
+	path := filepath.Join(t.TempDir(), "activator.yaml")
+	config := "cgroup_root: \"off\"\n" + strings.Replace(wrapperRoute(t, "checkroot", freeLoopbackAddr(t)), "      stop_grace: 5s\n",
+		"      stop_grace: 5s\n      sleep: freeze\n", 1)
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "check", "--config", path)
+	cmd.Env = append(os.Environ(), serveChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if want := "sleep: freeze is unavailable"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("check with cgroup_root: off and sleep: freeze: err %v, output lacks %q:\n%s", err, want, out)
+	}
+}

@@ -322,11 +322,32 @@ func (c *Containment) checkOrOff(s *Settings) error {
 
 // probe is the Containment Contain would choose with the automatic root, found without creating,
 // locking or killing anything: for `activator check`, which runs beside a serving activator.
-func probe() *Containment {
+func probe(root string) *Containment {
 	c := &Containment{}
+	if root == "off" {
+		c.reason = "cgroup_root: off"
+		return c
+	}
 	mnt, err := cgroup.Mount()
 	if err != nil {
 		c.reason = err.Error()
+		return c
+	}
+	if root != "" {
+		dir := filepath.Join(mnt, root)
+		// serve creates the root if need be: what must be writable is it, or its nearest existing parent.
+		at := dir
+		for range 64 {
+			if _, err := os.Stat(at); err == nil || at == mnt {
+				break
+			}
+			at = filepath.Dir(at)
+		}
+		if err := unix.Access(at, unix.W_OK); err != nil {
+			c.reason = fmt.Sprintf("cgroup_root %s: %s is not writable: %v", root, at, err)
+			return c
+		}
+		c.root, c.cgroup = cgroup.At(dir), true
 		return c
 	}
 	self, err := cgroup.Self()

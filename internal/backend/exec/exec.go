@@ -106,6 +106,8 @@ type Provider struct {
 	mu   sync.Mutex // guards the fields below
 	cont *Containment
 	live map[string]*Backend // route -> its latest Backend; closed ones are dropped by Usage
+	// checkRoot is the config's cgroup_root for Check before Contain (CheckRoot).
+	checkRoot string
 }
 
 // NewProvider returns a Provider. Its backends use o.Containment until Contain sets one.
@@ -125,6 +127,14 @@ func (p *Provider) Contain(ctx context.Context, root string) error {
 	defer p.mu.Unlock()
 	p.cont = c
 	return nil
+}
+
+// CheckRoot tells Check, when Contain has not run (`activator check`), which cgroup_root the config
+// names, so that it judges that root rather than the automatic one. It creates and locks nothing.
+func (p *Provider) CheckRoot(root string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.checkRoot = root
 }
 
 // Close releases the Containment (tenant.SharedCloser), after every Backend has been closed.
@@ -160,10 +170,10 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 		return fmt.Errorf("route %q has no exec settings (got %T)", r.Name, r.Settings)
 	}
 	p.mu.Lock()
-	c := p.cont
+	c, root := p.cont, p.checkRoot
 	p.mu.Unlock()
 	if c == nil {
-		c = probe()
+		c = probe(root)
 	}
 	err := c.check(s)
 	if !c.cgroup && c.reason != "cgroup_root: off" {

@@ -163,6 +163,9 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		b.asleep(inst, false)
 	}
 	if inst != nil {
+		if st, _ := inst.state(); st != "" {
+			t.Note("guest found with QMP status " + st) // the last observed state, for explain
+		}
 		life, err := b.resume(ctx, t, inst)
 		if err == nil {
 			return life, nil

@@ -85,6 +85,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		if err != nil {
 			return nil, err
 		}
+		t.Note(fmt.Sprintf("%s found %s/%s", b.s.Unit, st.ActiveState, st.SubState)) // the last observed state, for explain
 		if st.LoadState != "loaded" {
 			return nil, notLoaded(b.s.Unit, st.LoadState)
 		}
