@@ -269,10 +269,19 @@ func (p *paths) same(t *testing.T, ex exchange, forwardedOnly bool) (*received, 
 	if !reflect.DeepEqual(gotFast, gotSlow) {
 		t.Errorf("%+v\nupstream received\n  fast path:    %+v\n  ReverseProxy: %+v", ex, gotFast, gotSlow)
 	}
-	if !reflect.DeepEqual(ansFast, ansSlow) {
+	if !reflect.DeepEqual(ansFast, ansSlow) && !cutAlike(ansFast, ansSlow) {
 		t.Errorf("%+v\nclient got\n  fast path:    %+v\n  ReverseProxy: %+v", ex, ansFast, ansSlow)
 	}
 	return gotFast, ansFast
+}
+
+// cutAlike reports the one accepted difference: an upstream answer that breaks after its header and
+// before any body byte (a malformed trailer after an empty chunked body). The ReverseProxy sends
+// nothing before the first body byte, so its client sees the connection close without an answer; the
+// fast path has already sent the header, so its client sees the body cut short (no last chunk). Both
+// clients get an error, neither a complete answer.
+func cutAlike(fast, slow answered) bool {
+	return fast.Err != "" && slow.Err != "" && slow.Status == 0 && fast.Status != 0 && fast.Body == ""
 }
 
 // equivalenceCases are the requests and answers both paths must treat alike; want, when set, is the
