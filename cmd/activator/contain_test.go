@@ -10,9 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -83,26 +81,7 @@ func wrapperRoute(t *testing.T, tag, upstream string) string {
 }
 
 // taggedPids lists the live processes whose environment holds CMD_TEST_TAG=tag.
-func taggedPids(tag string) []int {
-	want := []byte("CMD_TEST_TAG=" + tag + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
+func taggedPids(tag string) []int { return testenv.PidsWithEnv("CMD_TEST_TAG", tag) }
 
 // waitPids polls /proc (external process state) until the tagged processes number n.
 func waitPids(t *testing.T, tag string, n int, what string) {
@@ -206,21 +185,15 @@ func TestCheckUnavailableLimits(t *testing.T) {
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "check", "--config", path)
-	cmd.Env = append(os.Environ(), serveChildEnv+"=1")
-	out, err := cmd.CombinedOutput()
+	code, out := runMain(t, "check", "--config", path)
 	for _, l := range []struct{ key, ctrl string }{{"memory_max", "memory"}, {"pids_max", "pids"}} {
 		want := l.key + " is unavailable: the " + l.ctrl + " controller is not enabled"
 		available := strings.Contains(" "+strings.Join(have, " ")+" ", " "+l.ctrl+" ")
-		if got := strings.Contains(string(out), want); got == available {
+		if got := strings.Contains(out, want); got == available {
 			t.Errorf("%s (controller %s available: %v): check said:\n%s", l.key, l.ctrl, available, out)
 		}
 	}
-	if !strings.Contains(strings.Join(have, " "), "memory") && err == nil {
+	if !strings.Contains(strings.Join(have, " "), "memory") && code == 0 {
 		t.Errorf("check passed with an unavailable limit:\n%s", out)
 	}
 }
@@ -235,14 +208,8 @@ func TestCheckHonoursCgroupRoot(t *testing.T) {
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "check", "--config", path)
-	cmd.Env = append(os.Environ(), serveChildEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	if want := "sleep: freeze is unavailable"; err == nil || !strings.Contains(string(out), want) {
-		t.Errorf("check with cgroup_root: off and sleep: freeze: err %v, output lacks %q:\n%s", err, want, out)
+	code, out := runMain(t, "check", "--config", path)
+	if want := "sleep: freeze is unavailable"; code == 0 || !strings.Contains(out, want) {
+		t.Errorf("check with cgroup_root: off and sleep: freeze: exit %d, output lacks %q:\n%s", code, want, out)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,25 +16,6 @@ const (
 	uptimeRobotUA = "Mozilla/5.0+(compatible; UptimeRobot/2.0; http://www.uptimerobot.com/)"
 	chromeUA      = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36"
 )
-
-// getAs is getFresh with a User-Agent.
-func getAs(ctx context.Context, addr, host, path, ua string) clientAnswer {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		return clientAnswer{err: err}
-	}
-	req.Host = host
-	req.Header.Set("User-Agent", ua)
-	tr := &http.Transport{DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return clientAnswer{err: err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return clientAnswer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), err: err}
-}
 
 // TestIgnoredMonitorNeitherWakesNorKeepsAwake runs `activator serve` with an exec route that ignores
 // the monitors preset: an UptimeRobot request to the sleeping route gets 503 with Retry-After and

@@ -176,11 +176,19 @@ type clientAnswer struct {
 // getFresh sends GET path for host over a connection of its own (no keep-alive), so an error is this
 // request's and no other's, and reads the whole answer.
 func getFresh(ctx context.Context, addr, host, path string) clientAnswer {
+	return getAs(ctx, addr, host, path, "")
+}
+
+// getAs is getFresh with a User-Agent ("" for Go's default).
+func getAs(ctx context.Context, addr, host, path, ua string) clientAnswer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	if err != nil {
 		return clientAnswer{err: err}
 	}
 	req.Host = host
+	if ua != "" {
+		req.Header.Set("User-Agent", ua)
+	}
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr}).Do(req)

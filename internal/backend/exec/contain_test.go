@@ -1,7 +1,6 @@
 package exec
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +22,6 @@ import (
 	"github.com/activator/activator/internal/cgroup"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/foreign"
-	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
@@ -372,53 +370,16 @@ func TestRootHeld(t *testing.T) {
 func TestRestartKillsOrphans(t *testing.T) {
 	root := testRoot(t)
 	up := testenv.FreeTCP(t)
-	_, port, _ := net.SplitHostPort(up.Address)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tag := fmt.Sprintf("%d-%d", os.Getpid(), tagSeq.Add(1))
-	parent := osexec.Command(self)
-	parent.Env = append(os.Environ(), parentEnv+"="+string(ListenEnv), parentPortEnv+"="+port,
-		parentRootEnv+"="+root, parentTagEnv+"="+tag)
-	parent.Stderr = t.Output()
-	stdin, err := parent.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	stdout, err := parent.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := parent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	reaped := false
-	defer func() {
-		if !reaped {
-			parent.Process.Kill()
-			parent.Wait()
-		}
+	t.Cleanup(func() {
 		for _, pid := range tagged(tag) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-	}()
-	if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
-		t.Fatalf("reading from the parent: %v", err)
-	}
+	})
+	_, kill := startParent(t, up, parentEnv+"="+string(ListenEnv), parentRootEnv+"="+root, parentTagEnv+"="+tag)
+	kill()
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	probe := health.New(up, registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299,
-		Interval: 50 * time.Millisecond, Timeout: 5 * time.Second, Passes: 1})
-	if err := probe.Wait(ctx, nil); err != nil {
-		t.Fatalf("tenant never served: %v", err)
-	}
-	if err := parent.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	parent.Wait()
-	reaped = true
 	// The wrapper dies of its parent-death signal; the server, its child, is an orphan that keeps
 	// the port.
 	waitFor(t, "the wrapper to die with the activator", func() bool { return len(tagged(tag)) == 1 })

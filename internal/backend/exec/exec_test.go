@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,25 +135,7 @@ func testLogger(t *testing.T) *slog.Logger {
 }
 
 // tagged lists the live (non-zombie) processes whose environment holds EXEC_TEST_TAG=tag.
-func tagged(tag string) []int {
-	want := []byte("EXEC_TEST_TAG=" + tag + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		if alive(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
+func tagged(tag string) []int { return testenv.PidsWithEnv("EXEC_TEST_TAG", tag) }
 
 // alive reports whether pid exists and is not a zombie.
 func alive(pid int) bool {
@@ -403,56 +384,62 @@ func TestNoOrphans(t *testing.T) {
 	for _, mode := range []ListenMode{ListenEnv, ListenFDs} {
 		t.Run(string(mode), func(t *testing.T) {
 			up := testenv.FreeTCP(t)
-			_, port, _ := net.SplitHostPort(up.Address)
-			self, err := os.Executable()
-			if err != nil {
-				t.Fatal(err)
-			}
-			parent := osexec.Command(self)
-			parent.Env = append(os.Environ(), parentEnv+"="+string(mode), parentPortEnv+"="+port)
-			parent.Stderr = t.Output()
-			stdin, err := parent.StdinPipe() // held open: the parent waits on it
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer stdin.Close()
-			stdout, err := parent.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := parent.Start(); err != nil {
-				t.Fatal(err)
-			}
-			reaped := false
-			defer func() {
-				if !reaped {
-					parent.Process.Kill()
-					parent.Wait()
-				}
-			}()
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil {
-				t.Fatalf("reading the child pid from the parent: %v", err)
-			}
+			line, kill := startParent(t, up, parentEnv+"="+string(mode))
 			var pid int
 			if _, err := fmt.Sscanf(line, "pid %d", &pid); err != nil || pid <= 0 {
 				t.Fatalf("parent said %q", line)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), budget)
-			defer cancel()
-			probe := health.New(up, registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299,
-				Interval: 50 * time.Millisecond, Timeout: 5 * time.Second, Passes: 1})
-			if err := probe.Wait(ctx, nil); err != nil {
-				t.Fatalf("child %d never served: %v", pid, err)
-			}
-			if err := parent.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			parent.Wait()
-			reaped = true
+			kill()
 			waitFor(t, fmt.Sprintf("child %d to die with its SIGKILLed parent", pid), func() bool { return !alive(pid) })
 		})
 	}
+}
+
+// startParent runs this test binary as an activator stand-in (runParent, configured by env) whose
+// child serves up. It returns the parent's first line once that child passes a health probe, and kill,
+// which SIGKILLs the parent and reaps it (run at cleanup too, unless called).
+func startParent(t *testing.T, up registry.Upstream, env ...string) (line string, kill func()) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(up.Address)
+	parent := osexec.Command(self)
+	parent.Env = append(append(os.Environ(), parentPortEnv+"="+port), env...)
+	parent.Stderr = t.Output()
+	stdin, err := parent.StdinPipe() // held open: the parent waits on it
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := parent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = parent.Process.Signal(syscall.SIGKILL)
+			_ = parent.Wait()
+			stdin.Close()
+		})
+	}
+	t.Cleanup(kill)
+	line, err = bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading from the parent: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	probe := health.New(up, registry.Health{Path: "/healthz", MinStatus: 200, MaxStatus: 299,
+		Interval: 50 * time.Millisecond, Timeout: 5 * time.Second, Passes: 1})
+	if err := probe.Wait(ctx, nil); err != nil {
+		t.Fatalf("the parent's child never served: %v", err)
+	}
+	return line, kill
 }
 
 // Go terminates the OS thread of a goroutine that exits while locked to it, and Linux sends the
