@@ -36,6 +36,20 @@ type Config struct {
 	Edge EdgeLimits
 	// Routes in file order.
 	Routes []*Route
+	// Instances are the tenants declared under instances:, in file order: Routes without hosts or a
+	// path prefix (Instance is set), woken only as a requirement of a route or another instance
+	// (Requires), or from the admin API. Their names are unique across routes and instances.
+	Instances []*Route
+}
+
+// Instance returns the instance (instances:) with the given name, or nil.
+func (c *Config) Instance(name string) *Route {
+	for _, r := range c.Instances {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
 }
 
 // EdgeLimits bounds what clients may cost the edge: time per connection, and memory across all routes.
@@ -112,8 +126,55 @@ type Route struct {
 	KeepWarm []Window
 	// WakeAt are schedules that pre-wake the tenant (schedule.go).
 	WakeAt []Schedule
-	// Settings is what the backing's SettingsDecoder returned for this route.
+	// Settings is what the backing's SettingsDecoder returned for this route. For a fleet it is the
+	// first member's (each member's own is in Fleet.Members): the route's block alone may lack a key
+	// that every member sets.
 	Settings any
+	// Instance is set for an entry of instances:: it has no Hosts and no PathPrefix, and no request
+	// reaches it; it wakes as a requirement or from the admin API.
+	Instance bool
+	// Requires names the instances (instances:) that must be awake, each past its own health gate,
+	// before this tenant starts: in the order written, deduplicated. Load has checked that every name
+	// exists and that there is no cycle.
+	Requires []string
+	// Fleet, when set, backs the route or instance with several members of its backing instead of one
+	// tenant; Upstream is then the first member's.
+	Fleet *Fleet
+}
+
+// Fleet is N named members of one backing behind one route or instance (fleet:).
+type Fleet struct {
+	// Members in the order written; at least one, with unique names.
+	Members []Member
+	// MinReady is the quorum (min_ready): requests are released once this many members have passed
+	// their health gates. Between 1 and len(Members); the default is all of them.
+	MinReady int
+	// Serial wakes the members one after another (serial: true), for hardware that must not power on
+	// all at once; the default wakes them all in parallel. Either way the rollup is the same.
+	Serial bool
+}
+
+// Member is one member of a fleet.
+type Member struct {
+	// Name is the member's name (the nameRE form), unique in its fleet.
+	Name string
+	// Upstream is where the member listens; its health gate probes it with the route's health block.
+	Upstream Upstream
+	// Settings is the backing's SettingsDecoder's result for the route's backing block with the
+	// member's own block laid over it, key by key.
+	Settings any
+}
+
+// MemberRoute returns the Route a fleet member's backend is opened with: r with the member's name
+// ("<route>.<member>", which no route can have), upstream and settings, and no fleet.
+func (r *Route) MemberRoute(m Member) *Route {
+	c := *r
+	c.Name = r.Name + "." + m.Name
+	c.Upstream = m.Upstream
+	c.Settings = m.Settings
+	c.Fleet = nil
+	c.Requires = nil
+	return &c
 }
 
 // Upstream is where a woken tenant listens.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/activator/activator/internal/registry"
 )
@@ -144,5 +145,21 @@ func (l *Life) Err() error {
 		return l.err
 	default:
 		return nil
+	}
+}
+
+// Budgeter is an optional Tracker ability: it records the budget of the phase in progress, so that
+// the wake record shows each phase beside the budget that bounded it. The activator's tracker has it.
+type Budgeter interface {
+	PhaseBudget(d time.Duration)
+}
+
+// PhaseWithin starts phase name on t, as t.Phase does, and records that budget bounds it when t can
+// (Budgeter). Backings call it for the phases their settings give a budget of their own (power_on,
+// qemu_start, …).
+func PhaseWithin(t Tracker, name string, budget time.Duration) {
+	t.Phase(name)
+	if b, ok := t.(Budgeter); ok && budget > 0 {
+		b.PhaseBudget(budget)
 	}
 }
