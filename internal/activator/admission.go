@@ -185,7 +185,7 @@ type heldAccount struct {
 
 // holdCharge is one request's entry in the server's heldAccount, which acquire takes when the
 // request is first held and gives back when it leaves the hold. A nil *holdCharge counts nothing
-// (admin wakes, tests).
+// (admin wakes, tests); one without an account counts nothing but notes the wake it held on.
 type holdCharge struct {
 	acct  *heldAccount
 	lim   *registry.EdgeLimits // the caps; 0 is no cap
@@ -238,6 +238,9 @@ func headerSizes(r *http.Request) (wire, held int64) {
 // Two requests racing for the last place may both be refused; neither cap is ever passed.
 func (c *holdCharge) take() error {
 	a := c.acct
+	if a == nil {
+		return nil // a charge without an account only notes its wake (a requirement's hold, chain.go)
+	}
 	if n := a.n.Add(1); c.lim.MaxHeld > 0 && n > int64(c.lim.MaxHeld) {
 		a.n.Add(-1)
 		return fmt.Errorf("%w: %d requests are held already (edge.max_held)", ErrEdgeFull, c.lim.MaxHeld)

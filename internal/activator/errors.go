@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/bodybuf"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Sentinels callers branch on.
@@ -54,11 +55,25 @@ type WakeError struct {
 	RetryAfter time.Duration
 	// Detailed is the route's detailed_errors: the client's error body may quote Err.
 	Detailed bool
+	// Class is the fault's class, and Culprit where the wake failed (WakeRecord.Culprit).
+	Class   tenant.Class
+	Culprit *Culprit
 }
 
 func (e *WakeError) Error() string {
-	return fmt.Sprintf("route %q: wake failed in phase %s: %v", e.Route, e.Phase, e.Err)
+	return fmt.Sprintf("route %q: wake failed in phase %s%s: %v", e.Route, e.Phase, e.classNote(), e.Err)
 }
+
+// classNote is " (terminal fault)" and the like, or "" for a failure without a class.
+func (e *WakeError) classNote() string {
+	if e == nil || e.Class == "" {
+		return ""
+	}
+	return " (" + string(e.Class) + " fault)"
+}
+
+// FaultClass is the class the wake record gave the failure.
+func (e *WakeError) FaultClass() tenant.Class { return e.Class }
 
 func (e *WakeError) Unwrap() error { return e.Err }
 
@@ -111,8 +126,11 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		ue *UpstreamError
 		se *SleepError
 		ie *IgnoredError
+		qe *RequiredError
 	)
 	switch {
+	case errors.As(err, &qe):
+		return statusRequired, 0
 	case errors.As(err, &ie):
 		if ie.Status == http.StatusServiceUnavailable {
 			return ie.Status, ignoredRetryAfter
@@ -186,10 +204,10 @@ func clientMessage(err error) string {
 	case errors.As(err, &ue):
 		return fmt.Sprintf("route %q: upstream failed: %s", ue.Route, upstreamCause(ue.Err))
 	case errors.As(err, &be) && be.Last != nil && !be.Last.Detailed:
-		return fmt.Sprintf("route %q: the last wake failed in phase %s; next attempt in %v", be.Route, be.Last.Phase,
-			be.RetryAfter.Round(time.Second))
+		return fmt.Sprintf("route %q: the last wake failed in phase %s%s; next attempt in %v", be.Route, be.Last.Phase,
+			be.Last.classNote(), be.RetryAfter.Round(time.Second))
 	case errors.As(err, &we) && !we.Detailed:
-		return fmt.Sprintf("route %q: wake failed in phase %s", we.Route, we.Phase)
+		return fmt.Sprintf("route %q: wake failed in phase %s%s", we.Route, we.Phase, we.classNote())
 	case errors.As(err, &se):
 		return fmt.Sprintf("route %q: sleep failed", se.Route)
 	}
@@ -209,10 +227,10 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	msg := clientMessage(err)
-	phase, wakeID := "", ""
+	phase, wakeID, class := "", "", tenant.Class("")
 	var we *WakeError
 	if errors.As(err, &we) {
-		phase, wakeID = we.Phase, we.WakeID
+		phase, wakeID, class = we.Phase, we.WakeID, we.Class
 	}
 	accept := r.Header.Get("Accept")
 	switch {
@@ -225,6 +243,9 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 		}
 		if wakeID != "" {
 			body["wake_id"] = wakeID
+		}
+		if class != "" {
+			body["fault_class"] = class
 		}
 		if retry > 0 {
 			body["retry_after_seconds"] = int(math.Ceil(retry.Seconds()))

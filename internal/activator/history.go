@@ -65,6 +65,21 @@ func (h *history) add(ev Event, att *attempt) {
 	h.n = min(h.n+1, HistorySize)
 }
 
+// amend replaces the member rows of wake id's record, if the ring still holds it (fleet.go).
+func (h *history) amend(id string, rows []MemberRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range h.ring {
+		e := &h.ring[i]
+		if e.ev.Wake != nil && e.ev.Wake.ID == id {
+			w := *e.ev.Wake
+			w.Members = rows
+			e.ev.Wake = &w
+			return
+		}
+	}
+}
+
 // last returns the newest n events (all of them when n <= 0), oldest first.
 func (h *history) last(n int) []Event {
 	h.mu.Lock()

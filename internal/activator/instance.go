@@ -88,6 +88,12 @@ type instance struct {
 	// in.releaseIgnored bound once, like releaseFn.
 	filter           *filter
 	releaseIgnoredFn func()
+	// peer finds an instance of the running config by name: the requirements (chain.go) are looked up
+	// at each wake, so a reload that replaces one is seen by the next. Set by Apply.
+	peer func(name string) *instance
+	// fleet is the route's fleet of members (fleet.go), nil for a single tenant; then backend is the
+	// fleet's.
+	fleet *fleetBackend
 
 	// Built on first use, each by its own synchronisation.
 	logOnce sync.Once
@@ -132,6 +138,12 @@ type instance struct {
 	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
 	// by the next change of what is held, in flight, waking or stopping (noteQuietLocked).
 	quiet chan struct{}
+	// holds are this instance's holds on its requirements while it is awake (chain.go); dependents
+	// counts, by name, the dependents holding this one.
+	holds      []func()
+	dependents map[string]int
+	// amend is a fleet wake's member rows that settled before the wake was published (fleet.go).
+	amend *amendment
 }
 
 // newInstance returns route r's instance, asleep. It holds the route's metric series from now on (see
@@ -175,6 +187,9 @@ func (in *instance) setStateLocked(s State) {
 	}
 	if s == Awake && in.state != Awake {
 		in.awakeEnd = make(chan struct{})
+	}
+	if s == Asleep || s == Failed {
+		in.letGoLocked() // its requirements may sleep once their idle windows pass (chain.go)
 	}
 	in.series.setState(s)
 	in.state = s

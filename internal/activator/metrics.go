@@ -23,6 +23,7 @@ type Metrics struct {
 	holdDuration  *prometheus.HistogramVec
 	requests      *prometheus.CounterVec
 	filtered      *prometheus.CounterVec
+	wakeFailures  *prometheus.CounterVec
 	unknown       func(code int) // activator_requests_total{route="_unknown"}
 	routes        *routeSet
 }
@@ -48,10 +49,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "activator_requests_total", Help: "Requests answered, by route and status code (route \"_unknown\" for unmatched hosts and requests refused before routing).",
 		}, []string{"route", "code"}),
 		filtered: newFilteredVec(),
-		routes:   newRouteSet(),
+		wakeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "activator_wake_failures_total",
+			Help: "Failed wakes, by the phase they failed in and the fault's class (retryable, throttle, terminal).",
+		}, []string{"route", "phase", "class"}),
+		routes: newRouteSet(),
 	}
 	m.unknown = newRouteMetrics(m, unknownRoute).countFn
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.routes)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures, m.routes)
 	return m
 }
 
@@ -142,6 +147,9 @@ func (im *instanceMetrics) wakeDone(rec WakeRecord) {
 		rm.m.wakeDuration.WithLabelValues(rm.route, rec.Backing, rec.Result).Observe(rec.Duration.Seconds())
 		for _, p := range rec.Phases {
 			rm.m.phaseDuration.WithLabelValues(rm.route, p.Name).Observe(p.Duration.Seconds())
+		}
+		if rec.Result == ResultFailed {
+			rm.m.wakeFailures.WithLabelValues(rm.route, rec.FailedPhase, rec.Class).Inc()
 		}
 	})
 }

@@ -3,8 +3,13 @@ package activator
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/activator/activator/internal/fleet"
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/tenant"
 
 	"github.com/activator/activator/internal/waitpage"
 )
@@ -35,6 +40,80 @@ type WakeRecord struct {
 	// OutputTail is the end of the tenant's output when the wake's error carries it (outputTail). It is
 	// for the admin API only: edge error bodies never quote it (docs/security.md).
 	OutputTail string `json:"output_tail,omitempty"`
+
+	// Outcome is the wake's one outcome: OutcomeSucceeded, OutcomeFailed or OutcomeCancelled; "" while
+	// it runs. Result says more (ok, adopted, …) for the succeeded ones.
+	Outcome string `json:"outcome,omitempty"`
+	// Class is a failed wake's fault class (tenant.Class): retryable, throttle or terminal.
+	Class string `json:"fault_class,omitempty"`
+	// Culprit is what a failed wake failed on: this tenant, a requirement, or a fleet member, with its
+	// phase and class. It is set only when the failure was found there; a cancelled wake has none.
+	Culprit *Culprit `json:"culprit,omitempty"`
+	// CancelledBy says what cancelled a cancelled wake: CancelShutdown, the only cause there is (a
+	// reload lets a wake in progress finish; a fleet member cancelled by a fast-fail says so in its
+	// MemberRecord, and the fleet's own record is the failure).
+	CancelledBy string `json:"cancelled_by,omitempty"`
+	// Requires is what this wake's requirements (requires:) did for it, in the order written: each one's
+	// own wake record when this wake started or joined one, or only its state when it was already awake.
+	Requires []RequiredWake `json:"requires,omitempty"`
+	// Members is a fleet's rollup, in member order (fleet.go). A member still waking when the quorum
+	// was up reads "waking" until it settles, when the record is amended (the outcome never changes).
+	Members []MemberRecord `json:"members,omitempty"`
+}
+
+// Outcomes: every finished wake record has exactly one.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeCancelled = "cancelled"
+)
+
+// What cancels a wake (WakeRecord.CancelledBy, MemberRecord.CancelledBy for a fast-fail names the
+// culprit member instead).
+const (
+	CancelShutdown = "shutdown"
+)
+
+// Culprit names where a failed wake failed: the instance (this route, or the requirement that
+// failed), the fleet member if there was one, the phase and the fault's class.
+type Culprit struct {
+	Instance string `json:"instance"`
+	Member   string `json:"member,omitempty"`
+	Phase    string `json:"phase,omitempty"`
+	Class    string `json:"fault_class"`
+}
+
+func (c *Culprit) String() string {
+	s := c.Instance
+	if c.Member != "" {
+		s += " member " + c.Member
+	}
+	if c.Phase != "" {
+		s += " in phase " + c.Phase
+	}
+	return s + " (" + c.Class + ")"
+}
+
+// RequiredWake is one requirement's part in a wake: Wake is its record when the requirement was
+// woken for it (or the wake in progress joined), nil with State "awake" when it was awake already.
+type RequiredWake struct {
+	Instance string      `json:"instance"`
+	State    string      `json:"state"` // "awake" (nothing to do), "woken" (Wake is its record) or "failed"
+	Wake     *WakeRecord `json:"wake,omitempty"`
+}
+
+// MemberRecord is one fleet member's part in a wake.
+type MemberRecord struct {
+	Name     string `json:"name"`
+	Upstream string `json:"upstream"`
+	Status   string `json:"status"` // fleet.Status: up, timeout, error, cancelled, waking
+	Class    string `json:"fault_class,omitempty"`
+	Phase    string `json:"phase,omitempty"` // the phase it failed in, or had reached when cancelled
+	Error    string `json:"error,omitempty"`
+	// CancelledBy names the culprit member of the fast-fail that cancelled this one.
+	CancelledBy string        `json:"cancelled_by,omitempty"`
+	Phases      []PhaseRecord `json:"phases,omitempty"`
+	Notes       []string      `json:"notes,omitempty"`
 }
 
 // PhaseRecord is one phase of a wake: when it began (from the wake's start), how long it took, and the
@@ -82,6 +161,32 @@ type tracker struct {
 	// progress is the waiting pages' view of this wake (waiting.go), fed with each named phase; set
 	// before the wake starts. nil: none.
 	progress *waitpage.Progress
+	// members, while a fleet wakes, reads its rollup so far for a snapshot (fleet.go).
+	members func() []MemberRecord
+}
+
+// current is the phase the wake failed in once failed has named it, else the name of the phase in
+// progress (or the last one), "" before the first.
+func (t *tracker) current() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.rec.FailedPhase != "" {
+		return t.rec.FailedPhase
+	}
+	if n := len(t.rec.Phases); n > 0 {
+		return t.rec.Phases[n-1].Name
+	}
+	return ""
+}
+
+// id is the wake's id.
+func (t *tracker) id() string { return t.rec.ID } // written once, by newTracker
+
+// live has snapshots of the running wake read a fleet's rollup from fn (nil: no more).
+func (t *tracker) live(fn func() []MemberRecord) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.members = fn
 }
 
 func newTracker(route, backing string, trig trigger, now func() time.Time) *tracker {
@@ -157,6 +262,15 @@ func (t *tracker) budgets(wake, phase time.Duration) {
 	}
 }
 
+// PhaseBudget implements tenant.Budgeter: the phase in progress is bounded by d.
+func (t *tracker) PhaseBudget(d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n := len(t.rec.Phases); n > 0 {
+		t.rec.Phases[n-1].Budget = d
+	}
+}
+
 // Note implements Tracker.
 func (t *tracker) Note(msg string) {
 	t.mu.Lock()
@@ -220,6 +334,61 @@ func (t *tracker) snapshotLocked() WakeRecord {
 	r.Notes = append([]string(nil), r.Notes...)
 	if r.Result == ResultRunning {
 		r.Duration = t.now().Sub(r.Started)
+		if t.members != nil {
+			r.Members = t.members()
+		}
 	}
 	return r
+}
+
+// setRequires records what the wake's requirements did for it.
+func (t *tracker) setRequires(parts []RequiredWake) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rec.Requires = parts
+}
+
+// setMembers records a fleet's rollup so far.
+func (t *tracker) setMembers(ms []MemberRecord) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rec.Members = ms
+}
+
+// settleRecord gives a finished record its one outcome. A wake that failed while the activator shut
+// down was cancelled by the shutdown, whatever the backing made of the cancellation, and names no
+// culprit. A failed one names where it failed: the requirement's own culprit, the fleet member whose
+// failure lost the quorum, or else this tenant in the phase it failed in.
+func (in *instance) settleRecord(rec *WakeRecord, err error) {
+	switch {
+	case err == nil:
+		rec.Outcome = OutcomeSucceeded
+		return
+	case in.root.Err() != nil:
+		rec.Outcome, rec.CancelledBy = OutcomeCancelled, CancelShutdown
+		return
+	}
+	rec.Outcome = OutcomeFailed
+	rec.Class = string(classOf(err))
+	var (
+		re *RequirementError
+		qe *fleet.QuorumError
+	)
+	switch {
+	case errors.As(err, &re):
+		rec.Culprit = re.culprit()
+	case errors.As(err, &qe):
+		rec.Culprit = &Culprit{Instance: in.route.Name, Member: qe.Culprit.Name, Phase: qe.Culprit.Phase, Class: string(qe.Culprit.Class)}
+	default:
+		rec.Culprit = &Culprit{Instance: in.route.Name, Phase: rec.FailedPhase, Class: rec.Class}
+	}
+}
+
+// classOf is err's fault class (tenant.ClassOf), knowing the health gate's terminal fault: a health
+// path that keeps answering the same client error can never pass.
+func classOf(err error) tenant.Class {
+	if errors.Is(err, health.ErrWrongPath) {
+		return tenant.ClassTerminal
+	}
+	return tenant.ClassOf(err)
 }

@@ -125,6 +125,7 @@ func (m *Metrics) release(im *instanceMetrics) {
 		m.holdDuration.DeletePartialMatch(l)
 		m.requests.DeletePartialMatch(l)
 		m.filtered.DeletePartialMatch(l)
+		m.wakeFailures.DeletePartialMatch(l)
 	}
 }
 

@@ -54,7 +54,10 @@ type Server struct {
 	drain chan struct{}
 
 	table atomic.Pointer[table] // the routing table requests read without locking
-	held  heldAccount           // requests held across all routes, for edge.max_held and max_held_bytes
+	// peers is every instance of the running config by name (a copy of instances that is never
+	// written again), for the wakes' requirement lookups (peer).
+	peers atomic.Pointer[map[string]*instance]
+	held  heldAccount // requests held across all routes, for edge.max_held and max_held_bytes
 	// streams counts the waiting pages' event streams open across all routes (waiting.go).
 	streams atomic.Int64
 
@@ -106,28 +109,22 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	if err != nil {
 		return err
 	}
-	next := make(map[string]*instance, len(cfg.Routes))
+	all := slices.Concat(cfg.Routes, cfg.Instances)
+	changed := changedTenants(all, s.instances)
+	next := make(map[string]*instance, len(all))
 	var opened []*instance
-	for _, r := range cfg.Routes {
-		if old, ok := s.instances[r.Name]; ok && old.route.Same(r) {
+	for _, r := range all {
+		if old, ok := s.instances[r.Name]; ok && !changed[r.Name] {
 			next[r.Name] = old
 			continue
 		}
-		b, err := s.opts.Opener.Open(r)
+		in, err := s.openLocked(r)
 		if err != nil {
 			for _, in := range opened {
 				in.teardown()
 			}
 			return err
 		}
-		in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
-		in.after = s.predecessorsLocked(r.Name)
-		if old, ok := s.instances[r.Name]; ok {
-			in.hist = old.hist // a changed route keeps its history
-			in.pages = old.pages
-		}
-		in.drain = s.drain
-		in.checkErr = s.checks[r.Name]
 		next[r.Name] = in
 		opened = append(opened, in)
 	}
@@ -146,6 +143,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	for _, r := range cfg.Routes {
 		next[r.Name].pages.page.Store(pages[r.Name])
 	}
+	s.peers.Store(&next)
 	for name := range s.checks {
 		if next[name] == nil {
 			delete(s.checks, name)
@@ -157,6 +155,74 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		in.startSchedule()
 	}
 	s.pruneRetiredLocked()
+	return nil
+}
+
+// openLocked opens r's backend (a fleet's members' backends) and returns its new instance, not yet
+// started.
+func (s *Server) openLocked(r *registry.Route) (*instance, error) {
+	var (
+		b  tenant.Backend
+		fb *fleetBackend
+	)
+	if r.Fleet != nil {
+		var err error
+		if fb, err = openFleet(s.opts.Opener, r, s.opts.NewGate); err != nil {
+			return nil, err
+		}
+		b = fb
+	} else {
+		var err error
+		if b, err = s.opts.Opener.Open(r); err != nil {
+			return nil, err
+		}
+	}
+	in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
+	if fb != nil {
+		in.fleet, fb.in = fb, in
+	}
+	in.after = s.predecessorsLocked(r.Name)
+	if old, ok := s.instances[r.Name]; ok {
+		in.hist = old.hist // a changed route keeps its history
+		in.pages = old.pages
+	}
+	in.drain = s.drain
+	in.checkErr = s.checks[r.Name]
+	in.peer = s.peer
+	return in, nil
+}
+
+// changedTenants returns the names in all whose instance must be replaced: new, changed, or requiring
+// (directly or not) one that is. A dependent is replaced with its requirement so that it lets go of
+// the old one, which can then sleep and retire, and the new one's first wake (which waits for that)
+// is not held up by a dependent that goes on holding the old one until its idle window passes.
+func changedTenants(all []*registry.Route, cur map[string]*instance) map[string]bool {
+	changed := map[string]bool{}
+	for _, r := range all {
+		if old, ok := cur[r.Name]; !ok || !old.route.Same(r) {
+			changed[r.Name] = true
+		}
+	}
+	for grew := true; grew; {
+		grew = false
+		for _, r := range all {
+			if changed[r.Name] {
+				continue
+			}
+			if slices.ContainsFunc(r.Requires, func(n string) bool { return changed[n] }) {
+				changed[r.Name], grew = true, true
+			}
+		}
+	}
+	return changed
+}
+
+// peer returns the running config's instance of that name (route or instance), or nil: what a wake
+// looks its requirements up with (chain.go). It does not lock.
+func (s *Server) peer(name string) *instance {
+	if m := s.peers.Load(); m != nil {
+		return (*m)[name]
+	}
 	return nil
 }
 
@@ -319,7 +385,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	rt.in.client().Serve(out, r)
+	rt.in.serve(out, r)
 }
 
 // Wake wakes the named route and waits for the result (admin API).

@@ -98,6 +98,11 @@ func (in *instance) sleepNow(ctx context.Context, reason string) error {
 		case Stopping:
 			wait = in.stopDone
 		case Awake:
+			if len(in.dependents) > 0 {
+				err := &RequiredError{Instance: in.route.Name, By: in.requiredByLocked()}
+				in.mu.Unlock()
+				return err
+			}
 			done := in.beginSleepLocked(reason)
 			in.mu.Unlock()
 			select {
@@ -228,6 +233,10 @@ func (in *instance) shutdown(ctx context.Context, cut <-chan struct{}) {
 	if !wasClosed {
 		in.teardownWithin(ctx)
 	}
+	// Closed, it needs its requirements no more: they close after it, in reverse order of the wake.
+	in.mu.Lock()
+	in.letGoLocked()
+	in.mu.Unlock()
 }
 
 // teardown lets go of what the instance holds: its backend, its upstream connections and its route's

@@ -6,7 +6,9 @@ import "time"
 
 // Status is a route's state as the admin API reports it.
 type Status struct {
-	Route       string      `json:"route"`
+	Route string `json:"route"`
+	// Kind is "route", or "instance" for an entry of instances: (no hosts; woken as a requirement).
+	Kind        string      `json:"kind"`
 	Backing     string      `json:"backing"`
 	Hosts       []string    `json:"hosts"`
 	PathPrefix  string      `json:"path_prefix,omitempty"`
@@ -32,6 +34,13 @@ type Status struct {
 	// window, is when the route stops being kept warm (schedule.go).
 	NextEvent     *ScheduledEvent `json:"next_event,omitempty"`
 	KeepWarmUntil *time.Time      `json:"keep_warm_until,omitempty"`
+	// Requires are the instances this one requires (requires:); RequiredBy the awake dependents that
+	// hold it awake now.
+	Requires   []string `json:"requires,omitempty"`
+	RequiredBy []string `json:"required_by,omitempty"`
+	// Members are a fleet's members, each ready or not; MinReady is its quorum.
+	Members  []MemberStatus `json:"members,omitempty"`
+	MinReady int            `json:"min_ready,omitempty"`
 }
 
 func (in *instance) status() Status {
@@ -65,6 +74,14 @@ func (in *instance) status() Status {
 	}
 	in.scheduleStatus(&s)
 	s.Filtered = in.filter.snapshot()
+	s.Kind = "route"
+	if in.route.Instance {
+		s.Kind = "instance"
+	}
+	s.Requires, s.RequiredBy = in.route.Requires, in.requiredByLocked()
+	if in.fleet != nil {
+		s.Members, s.MinReady = in.fleet.status(), in.fleet.minReady()
+	}
 	return s
 }
 

@@ -10,7 +10,7 @@ import (
 type table struct {
 	exact    map[string][]*routed // host -> routes, longest path prefix first
 	wildcard map[string][]*routed // "example.com" for "*.example.com"
-	order    []*instance          // config order, for status listings
+	order    []*instance          // config order, routes then instances, for status listings
 	// edge is the config's edge limits, swapped with the routes: the request that loaded the table
 	// reads them without another atomic load, and a reload's new values apply to the next request.
 	edge registry.EdgeLimits
@@ -36,6 +36,9 @@ func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
 			}
 			m[key] = insertByPrefix(m[key], rt)
 		}
+	}
+	for _, r := range cfg.Instances { // listed, never routed
+		t.order = append(t.order, instances[r.Name])
 	}
 	return t
 }

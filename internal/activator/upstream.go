@@ -66,4 +66,16 @@ func (in *instance) dropUpstream() {
 	if c := in.up.Load(); c != nil {
 		c.CloseIdle()
 	}
+	if in.fleet != nil {
+		in.fleet.dropUpstream()
+	}
+}
+
+// serve proxies r to the tenant, or to the least busy ready member of a fleet.
+func (in *instance) serve(w http.ResponseWriter, r *http.Request) {
+	if in.fleet != nil {
+		in.fleet.serve(w, r)
+		return
+	}
+	in.client().Serve(w, r)
 }

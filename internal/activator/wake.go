@@ -113,6 +113,7 @@ type wakeOutcome struct {
 	awake bool         // false when an adopt found no tenant running
 	err   error
 	rec   WakeRecord // the finished record
+	holds []func()   // the holds on the requirements, kept while the tenant is awake (chain.go)
 }
 
 // phaseAdopt is the phase of a wake that asks the backend for a tenant already running.
@@ -132,21 +133,31 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 		}
 	}
 	out := wakeOutcome{awake: true}
+	started := false // a tenant runs that a failure must stop
 	if trig == triggerAdopt {
 		out.life, out.awake = in.adopt(ctx, rec)
-	} else {
-		out.life, out.err = in.startTenant(ctx, rec)
-	}
-	if out.err == nil && out.awake {
-		out.err = in.gate(ctx, rec, out.life)
-		if out.err != nil {
-			// Adopted or started, a tenant that does not pass is stopped: left running, the next wake
-			// would take the same broken tenant again (an adopted unit still SIGSTOPped by an
-			// activator in another sleep mode failed every gate until someone stopped it by hand).
-			in.stopUnhealthy(rec)
+		if started = out.awake; started {
+			out.holds, out.err = in.wakeRequirements(ctx, rec) // an adopted tenant holds them as a woken one does
 		}
+	} else if out.holds, out.err = in.wakeRequirements(ctx, rec); out.err == nil {
+		out.life, out.err = in.startTenant(ctx, rec)
+		started = out.err == nil
+	}
+	if out.err == nil && out.awake && in.fleet == nil { // a fleet's members pass gates of their own
+		out.err = in.gate(ctx, rec, out.life)
+	}
+	if out.err != nil && started {
+		// Adopted or started, a tenant that does not pass is stopped: left running, the next wake
+		// would take the same broken tenant again (an adopted unit still SIGSTOPped by an activator in
+		// another sleep mode failed every gate until someone stopped it by hand).
+		in.stopUnhealthy(rec)
+	}
+	if out.err != nil {
+		releaseAll(out.holds) // what was woken for this wake alone sleeps after its idle window
+		out.holds = nil
 	}
 	out.rec = rec.finish(wakeResult(trig, out.awake, out.err), out.err)
+	in.settleRecord(&out.rec, out.err)
 	return out
 }
 
@@ -242,6 +253,12 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 	in.lastRec, in.lastAtt = &out.rec, att
 	att.timing = timingEntries(out.rec.Phases)
 	in.hist.add(Event{Kind: EventWake, Wake: &out.rec}, att)
+	if a := in.amend; a != nil {
+		in.amend = nil
+		if a.id == out.rec.ID {
+			in.applyAmendLocked(a.id, a.rows)
+		}
+	}
 	switch {
 	case out.err != nil:
 		in.failLocked(att, out)
@@ -250,6 +267,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		in.setStateLocked(Asleep)
 		close(att.done)
 	default:
+		in.holds = out.holds
 		in.awakeLocked(att, out.life)
 		close(att.done)
 		// The held requests are on their way; the log line and the metrics are not in their path.
@@ -274,7 +292,7 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 	}
 	rec := out.rec
 	we := &WakeError{Route: in.route.Name, Phase: rec.FailedPhase, WakeID: rec.ID, Err: out.err, RetryAfter: backoff,
-		Detailed: in.route.DetailedErrors}
+		Detailed: in.route.DetailedErrors, Class: tenant.Class(rec.Class), Culprit: rec.Culprit}
 	in.lastErr = we
 	att.err = we
 	in.until = in.now().Add(backoff)

@@ -1,0 +1,468 @@
+package activator
+
+// Fleets (fleet:): a route or instance backed by several members of one backing. The fleetBackend is
+// the instance's Backend: its Wake wakes every member through its own backend and health gate
+// (internal/fleet decides the quorum and the rollup), and returns once min_ready members are up; the
+// members still waking go on and join when they pass. Requests are spread over the ready members,
+// least in flight first.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/activator/activator/internal/fleet"
+	"github.com/activator/activator/internal/health"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/upstream"
+)
+
+// phaseMembers is a fleet wake's phase in which its members wake, until the quorum is up or lost.
+const phaseMembers = "members"
+
+// errNoMember answers a request that reached a fleet with no member ready (it lost its quorum as the
+// request arrived).
+var errNoMember = errors.New("no fleet member is ready")
+
+// errSleeping cancels the members still waking when the fleet is put to sleep or closed.
+var errSleeping = errors.New("the fleet is going to sleep")
+
+// fleetMember is one member: its backend, its gate, its upstream client and whether it is ready.
+type fleetMember struct {
+	route    *registry.Route // registry.Route.MemberRoute: the member's name, upstream and settings
+	name     string
+	backend  tenant.Backend
+	gate     Gate // built by the member's first wake
+	up       atomic.Pointer[upstream.Client]
+	ready    atomic.Bool
+	inflight atomic.Int64
+	// op serialises the member's backend calls: a straggler's Wake, a Sleep, a Stop and a Close never
+	// overlap, as the Backend contract asks.
+	op sync.Mutex
+}
+
+// fleetBackend is a fleet route's tenant.Backend.
+type fleetBackend struct {
+	in      *instance
+	spec    *registry.Fleet
+	members []*fleetMember
+	newGate func(*registry.Route) Gate
+
+	mu      sync.Mutex
+	run     *fleet.Run    // the last wake
+	settled chan struct{} // closed when the last wake's members have all settled and been cleaned up
+	life    *tenant.Life  // the fleet's life while it is up
+	gen     uint64        // bumped by every Sleep, Stop and Close: member lives that end after are ours
+}
+
+var (
+	_ tenant.Backend = (*fleetBackend)(nil)
+	_ tenant.Stopper = (*fleetBackend)(nil)
+	_ tenant.Closer  = (*fleetBackend)(nil)
+)
+
+// openFleet opens the backend of each of r's members. On failure it closes those it opened.
+func openFleet(o tenant.Opener, r *registry.Route, newGate func(*registry.Route) Gate) (*fleetBackend, error) {
+	fb := &fleetBackend{spec: r.Fleet, newGate: newGate}
+	for _, m := range r.Fleet.Members {
+		mr := r.MemberRoute(m)
+		b, err := o.Open(mr)
+		if err != nil {
+			_ = fb.Close(context.Background())
+			return nil, fmt.Errorf("route %q: fleet member %q: %w", r.Name, m.Name, err)
+		}
+		fb.members = append(fb.members, &fleetMember{route: mr, name: m.Name, backend: b})
+	}
+	return fb, nil
+}
+
+// Wake wakes every member and returns once the quorum is up, with the fleet's Life, or lost, with the
+// *fleet.QuorumError that names the culprit. Members still waking at that point go on within the wake
+// budget: at a quorum they join as they pass, after a fast-fail they are cancelled, and then every
+// member is stopped (a failed wake leaves nothing running).
+func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
+	if err := fb.waitSettled(ctx); err != nil {
+		return nil, err
+	}
+	t.Phase(phaseMembers)
+	rec, _ := t.(*tracker)
+	mctx, cancel := detachWithDeadline(ctx) // stragglers outlive this call, not the wake budget
+	trackers := make([]*tracker, len(fb.members))
+	ms := make([]fleet.Member, len(fb.members))
+	for i, m := range fb.members {
+		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, fb.in.now)
+		trackers[i] = tr
+		ms[i] = fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }}
+	}
+	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial})
+	settled := make(chan struct{})
+	fb.mu.Lock()
+	fb.run, fb.settled = run, settled
+	fb.mu.Unlock()
+	if rec != nil {
+		rec.live(func() []MemberRecord { return fb.rows(run, trackers) })
+	}
+	select {
+	case <-run.Decided():
+	case <-ctx.Done():
+		run.Cancel(ctx.Err())
+		<-run.Decided()
+	}
+	err := run.Err()
+	if rec != nil {
+		rec.live(nil)
+		rec.setMembers(fb.rows(run, trackers))
+	}
+	id := ""
+	if rec != nil {
+		id = rec.id()
+	}
+	go fb.settle(run, trackers, id, err != nil, cancel, settled)
+	if err != nil {
+		return nil, err
+	}
+	return fb.up(), nil
+}
+
+// detachWithDeadline returns a context that keeps ctx's deadline but not its cancellation.
+func detachWithDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithCancel(context.WithoutCancel(ctx))
+}
+
+// settle waits for every member of run to settle, amends the wake's record with their outcomes, and
+// after a failed wake stops every member.
+func (fb *fleetBackend) settle(run *fleet.Run, trackers []*tracker, id string, failed bool, cancel context.CancelFunc, settled chan struct{}) {
+	defer close(settled)
+	defer cancel()
+	<-run.Done()
+	if id != "" {
+		fb.in.amendWake(id, fb.rows(run, trackers))
+	}
+	if failed {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
+		defer cancel()
+		if err := fb.each(ctx, stopMember); err != nil {
+			fb.in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
+		}
+	}
+}
+
+// waitSettled waits until the last wake's members have settled and been cleaned up.
+func (fb *fleetBackend) waitSettled(ctx context.Context) error {
+	fb.mu.Lock()
+	settled := fb.settled
+	fb.mu.Unlock()
+	if settled == nil {
+		return nil
+	}
+	select {
+	case <-settled:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the fleet's last wake has not settled: %w", ctx.Err())
+	}
+}
+
+// wakeMember brings one member up through its backend and its own health gate. A member that started
+// and never passed is stopped.
+func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *tracker) (err error) {
+	m.op.Lock()
+	defer m.op.Unlock()
+	defer func() { t.finish(wakeResult(triggerRequest, true, err), err) }() // closes the last phase
+	t.begin(tenant.PhaseStart)
+	life, err := m.backend.Wake(ctx, t)
+	if err == nil && life == nil {
+		err = errors.New("backend returned no Life")
+	}
+	if err != nil {
+		return err
+	}
+	if err = fb.gateMember(ctx, m, t, life); err != nil {
+		t.failed()
+		t.Phase(tenant.PhaseStop)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fb.in.route.SleepBudget)
+		defer cancel()
+		if serr := stopBackend(sctx, m.backend); serr != nil {
+			t.Note("stopping the unhealthy member failed: " + serr.Error())
+		}
+		return err
+	}
+	fb.memberUp(m, life)
+	return nil
+}
+
+func (fb *fleetBackend) gateMember(ctx context.Context, m *fleetMember, t *tracker, life *tenant.Life) error {
+	t.then(tenant.PhaseHealth)
+	if b := fb.in.route.Health.Budget; b > 0 {
+		t.PhaseBudget(b)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b)
+		defer cancel()
+	}
+	if m.gate == nil {
+		m.gate = fb.newGate(m.route)
+	}
+	var err error
+	if cg, ok := m.gate.(ConnGate); ok {
+		var c net.Conn
+		if c, err = cg.WaitConn(ctx, life.Done()); c != nil {
+			fb.client(m).Adopt(c)
+		}
+	} else {
+		err = m.gate.Wait(ctx, life.Done())
+	}
+	if errors.Is(err, health.ErrGone) {
+		err = fmt.Errorf("%w: %w", err, life.Err())
+	}
+	return err
+}
+
+// memberUp makes m ready and watches its life: a member that stops on its own leaves the pool, and
+// when too few are left for min_ready, the fleet stops (see belowQuorum).
+func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life) {
+	fb.mu.Lock()
+	gen := fb.gen
+	fb.mu.Unlock()
+	m.ready.Store(true)
+	go func() {
+		select {
+		case <-life.Done():
+		case <-fb.in.root.Done():
+			return
+		}
+		m.ready.Store(false)
+		if up := fb.client(m); up != nil {
+			up.CloseIdle()
+		}
+		fb.memberGone(m, gen, life.Err())
+	}()
+}
+
+// memberGone handles a member that stopped on its own in generation gen.
+func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, why error) {
+	fb.mu.Lock()
+	if gen != fb.gen || fb.life == nil {
+		fb.mu.Unlock()
+		return // put to sleep by us, or the fleet is not up (a wake's gate saw it)
+	}
+	ready := fb.ready()
+	life := fb.life
+	if ready >= fb.minReady() {
+		fb.mu.Unlock()
+		fb.in.logger().Warn("fleet member stopped on its own", "member", m.name, "err", why, "ready", ready)
+		return
+	}
+	fb.life = nil
+	fb.gen++
+	fb.mu.Unlock()
+	// Below the quorum the fleet is down: the survivors are stopped before its Life ends, so that the
+	// route is asleep for real and its next wake starts them all.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
+	defer cancel()
+	err := fb.each(ctx, stopMember)
+	life.End(errors.Join(fmt.Errorf("fleet below min_ready %d: member %q stopped: %w", fb.minReady(), m.name, why), err))
+}
+
+func (fb *fleetBackend) minReady() int {
+	if n := fb.spec.MinReady; n > 0 && n <= len(fb.members) {
+		return n
+	}
+	return len(fb.members)
+}
+
+func (fb *fleetBackend) ready() int {
+	n := 0
+	for _, m := range fb.members {
+		if m.ready.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// up gives the fleet a new Life, now that its quorum is up.
+func (fb *fleetBackend) up() *tenant.Life {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.life = tenant.NewLife()
+	return fb.life
+}
+
+// Sleep cancels the members still waking, then puts every member to sleep at once.
+func (fb *fleetBackend) Sleep(ctx context.Context) error { return fb.down(ctx, sleepMember) }
+
+// Stop is Sleep that stops members whose sleep would park them.
+func (fb *fleetBackend) Stop(ctx context.Context) error { return fb.down(ctx, stopMember) }
+
+// Close closes every member's backend once the last wake has settled.
+func (fb *fleetBackend) Close(ctx context.Context) error {
+	return fb.down(ctx, func(ctx context.Context, b tenant.Backend) error {
+		if c, ok := b.(tenant.Closer); ok {
+			return c.Close(ctx)
+		}
+		return nil
+	})
+}
+
+func (fb *fleetBackend) down(ctx context.Context, op func(context.Context, tenant.Backend) error) error {
+	fb.mu.Lock()
+	fb.gen++
+	run, life := fb.run, fb.life
+	fb.life = nil
+	fb.mu.Unlock()
+	if run != nil {
+		run.Cancel(errSleeping)
+	}
+	if err := fb.waitSettled(ctx); err != nil {
+		return err
+	}
+	err := fb.each(ctx, op)
+	if life != nil {
+		life.End(tenant.ErrSlept)
+	}
+	return err
+}
+
+// each runs op on every member's backend at once, each under its member's op lock, and joins their
+// errors, each naming its member.
+func (fb *fleetBackend) each(ctx context.Context, op func(context.Context, tenant.Backend) error) error {
+	errs := make([]error, len(fb.members))
+	var wg sync.WaitGroup
+	for i, m := range fb.members {
+		wg.Go(func() {
+			m.op.Lock()
+			defer m.op.Unlock()
+			m.ready.Store(false)
+			if err := op(ctx, m.backend); err != nil {
+				errs[i] = fmt.Errorf("member %q: %w", m.name, err)
+			}
+			if up := m.up.Load(); up != nil {
+				up.CloseIdle()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func sleepMember(ctx context.Context, b tenant.Backend) error { return b.Sleep(ctx) }
+func stopMember(ctx context.Context, b tenant.Backend) error  { return stopBackend(ctx, b) }
+
+// stopBackend stops b for real: Stop where b can park its tenant, else Sleep.
+func stopBackend(ctx context.Context, b tenant.Backend) error {
+	if st, ok := b.(tenant.Stopper); ok {
+		return st.Stop(ctx)
+	}
+	return b.Sleep(ctx)
+}
+
+// client returns m's upstream client, built on first use.
+func (fb *fleetBackend) client(m *fleetMember) *upstream.Client {
+	if c := m.up.Load(); c != nil {
+		return c
+	}
+	m.up.CompareAndSwap(nil, upstream.New(upstream.Options{
+		Network:      m.route.Upstream.Network,
+		Address:      m.route.Upstream.Address,
+		MaxConns:     upstreamConns(m.route),
+		ErrorHandler: fb.in.upstreamFailed,
+	}))
+	return m.up.Load()
+}
+
+// pick returns the ready member with the fewest requests in flight, or nil.
+func (fb *fleetBackend) pick() *fleetMember {
+	var best *fleetMember
+	for _, m := range fb.members {
+		if m.ready.Load() && (best == nil || m.inflight.Load() < best.inflight.Load()) {
+			best = m
+		}
+	}
+	return best
+}
+
+// serve proxies r to the least busy ready member.
+func (fb *fleetBackend) serve(w http.ResponseWriter, r *http.Request) {
+	m := fb.pick()
+	if m == nil {
+		fb.in.upstreamFailed(w, r, errNoMember)
+		return
+	}
+	m.inflight.Add(1)
+	defer m.inflight.Add(-1)
+	fb.client(m).Serve(w, r)
+}
+
+// dropUpstream closes every member's idle upstream connections.
+func (fb *fleetBackend) dropUpstream() {
+	for _, m := range fb.members {
+		if c := m.up.Load(); c != nil {
+			c.CloseIdle()
+		}
+	}
+}
+
+// rows is the rollup of run so far, in member order, with each member's phases.
+func (fb *fleetBackend) rows(run *fleet.Run, trackers []*tracker) []MemberRecord {
+	results := run.Results()
+	out := make([]MemberRecord, len(results))
+	for i, res := range results {
+		snap := trackers[i].snapshot()
+		row := MemberRecord{Name: res.Name, Upstream: fb.members[i].route.Upstream.String(), Status: string(res.Status),
+			Class: string(res.Class), Phase: res.Phase, CancelledBy: res.CancelledBy, Phases: snap.Phases, Notes: snap.Notes}
+		if res.Err != nil && res.Status != fleet.Cancelled {
+			row.Error = res.Err.Error()
+		}
+		out[i] = row
+	}
+	return out
+}
+
+// MemberStatus is a fleet member as the admin API reports it.
+type MemberStatus struct {
+	Name     string `json:"name"`
+	Upstream string `json:"upstream"`
+	Ready    bool   `json:"ready"`
+	InFlight int64  `json:"in_flight"`
+}
+
+func (fb *fleetBackend) status() []MemberStatus {
+	out := make([]MemberStatus, len(fb.members))
+	for i, m := range fb.members {
+		out[i] = MemberStatus{Name: m.name, Upstream: m.route.Upstream.String(), Ready: m.ready.Load(), InFlight: m.inflight.Load()}
+	}
+	return out
+}
+
+// amendWake fills in the member rows of wake id once its stragglers have settled: in the route's last
+// record and its history. The record's outcome does not change. When the wake has not been published
+// yet, publishLocked applies the amendment.
+func (in *instance) amendWake(id string, rows []MemberRecord) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.lastRec == nil || in.lastRec.ID != id {
+		in.amend = &amendment{id: id, rows: rows}
+		return
+	}
+	in.applyAmendLocked(id, rows)
+}
+
+type amendment struct {
+	id   string
+	rows []MemberRecord
+}
+
+func (in *instance) applyAmendLocked(id string, rows []MemberRecord) {
+	rec := *in.lastRec
+	rec.Members = rows
+	in.lastRec = &rec
+	in.hist.amend(id, rows)
+}

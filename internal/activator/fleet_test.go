@@ -1,0 +1,161 @@
+package activator
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os/exec"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/activator/activator/internal/fleet"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+)
+
+// countingBackend is a fakeBackend that counts the wakes in progress across a fleet and blocks each
+// until open is closed, so a test can count overlapping starts.
+type countingBackend struct {
+	*fakeBackend
+	active, most *atomic.Int32
+	open         <-chan struct{}
+}
+
+func (b countingBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
+	n := b.active.Add(1)
+	defer b.active.Add(-1)
+	for m := b.most.Load(); n > m && !b.most.CompareAndSwap(m, n); m = b.most.Load() {
+	}
+	select {
+	case <-b.open:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return b.fakeBackend.Wake(ctx, t)
+}
+
+// blockGate never passes: a member that never turns healthy.
+type blockGate struct{}
+
+func (blockGate) Wait(ctx context.Context, gone <-chan struct{}) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func fleetRoute(min int, serial bool, names ...string) *registry.Route {
+	r := testRoute("pool")
+	r.Health.Budget = 10 * time.Second
+	r.Fleet = &registry.Fleet{MinReady: min, Serial: serial}
+	for i, n := range names {
+		r.Fleet.Members = append(r.Fleet.Members, registry.Member{Name: n,
+			Upstream: registry.Upstream{Network: "tcp", Address: "127.0.0.1:" + string(rune('1'+i))}})
+	}
+	return r
+}
+
+// TestFleetRollup: five members, one that never turns healthy (c) and one misconfigured (e). The
+// rollup is up, up, timeout, up, error in both modes; with min_ready 3 the wake succeeds, with 4 it
+// fails; the parallel wake has all five starting at once, the serial one never two.
+func TestFleetRollup(t *testing.T) {
+	for _, tc := range []struct {
+		serial bool
+		min    int
+	}{{false, 3}, {true, 3}, {false, 4}, {true, 4}} {
+		synctest.Test(t, func(t *testing.T) {
+			var active, most atomic.Int32
+			open := make(chan struct{})
+			p := byName{}
+			for _, n := range []string{"a", "b", "c", "d", "e"} {
+				fb := &fakeBackend{}
+				if n == "e" {
+					fb.wakeErr = exec.ErrNotFound
+				}
+				p["pool."+n] = countingBackend{fb, &active, &most, open}
+			}
+			s := New(Options{Opener: p, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				NewGate: func(r *registry.Route) Gate {
+					if r.Name == "pool.c" {
+						return blockGate{}
+					}
+					return passGate{}
+				}})
+			if err := s.Apply(&registry.Config{Routes: []*registry.Route{fleetRoute(tc.min, tc.serial, "a", "b", "c", "d", "e")}}); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = s.Shutdown(context.Background()) }()
+			errc := make(chan error, 1)
+			go func() { errc <- s.Wake(t.Context(), "pool") }()
+			synctest.Wait()
+			if n, want := active.Load(), map[bool]int32{false: 5, true: 1}[tc.serial]; n != want {
+				t.Fatalf("serial=%v: %d starts overlap, want %d", tc.serial, n, want)
+			}
+			close(open)
+			err := <-errc
+			if (err == nil) != (tc.min == 3) {
+				t.Fatalf("serial=%v min_ready=%d: err %v", tc.serial, tc.min, err)
+			}
+			time.Sleep(11 * time.Second) // c's health budget, on synctest's clock: every member settles
+			synctest.Wait()
+			rec := s.instance("pool").status().LastWake
+			var got []string
+			for _, m := range rec.Members {
+				got = append(got, m.Status)
+			}
+			if want := []string{"up", "up", "timeout", "up", "error"}; !slices.Equal(got, want) {
+				t.Fatalf("serial=%v min_ready=%d: rollup %v, want %v", tc.serial, tc.min, got, want)
+			}
+			if rec.Members[2].Phase != "health" || rec.Members[4].Class != "terminal" || rec.Members[2].Class != "retryable" {
+				t.Fatalf("rows %+v", rec.Members)
+			}
+			if tc.min == 4 && (rec.Outcome != OutcomeFailed || rec.Culprit == nil || rec.Culprit.Member == "") {
+				t.Fatalf("failed record %+v", rec)
+			}
+			if tc.min == 3 && rec.Outcome != OutcomeSucceeded {
+				t.Fatalf("outcome %q", rec.Outcome)
+			}
+		})
+	}
+}
+
+// TestFleetFastFail: all three members needed, and b is misconfigured. The wake fails at once, naming
+// b, its phase and class; a and c, still starting, are cancelled because of b, each with the phase
+// it had reached; and no member is left running.
+func TestFleetFastFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var active, most atomic.Int32
+		open := make(chan struct{}) // never opened: a and c start and wait
+		members := map[string]*fakeBackend{"a": {}, "b": {wakeErr: exec.ErrNotFound}, "c": {}}
+		p := byName{}
+		for n, fb := range members {
+			if n == "b" {
+				p["pool."+n] = fb
+				continue
+			}
+			p["pool."+n] = countingBackend{fb, &active, &most, open}
+		}
+		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(0, false, "a", "b", "c")}})
+		err := s.Wake(t.Context(), "pool")
+		var qe *fleet.QuorumError
+		if !asErr(err, &qe) || qe.Culprit.Name != "b" {
+			t.Fatalf("err %v", err)
+		}
+		synctest.Wait()
+		rec := s.instance("pool").status().LastWake
+		if c := rec.Culprit; c == nil || c.Member != "b" || c.Phase != "spawn" || c.Class != "terminal" {
+			t.Fatalf("culprit %+v", rec.Culprit)
+		}
+		for _, i := range []int{0, 2} {
+			if m := rec.Members[i]; m.Status != "cancelled" || m.CancelledBy != "b" || m.Phase != "start" {
+				t.Fatalf("survivor %+v", m)
+			}
+		}
+		for n, fb := range members {
+			if n != "b" && fb.sleeps.Load() == 0 {
+				t.Fatalf("member %s was not stopped after the failed wake", n)
+			}
+		}
+	})
+}
