@@ -51,13 +51,13 @@ func cmdCheck(args []string) int {
 	bk.exec.CheckRoot(cfg.CgroupRoot)
 	found := make(map[string]error, len(cfg.Routes))
 	var mu sync.Mutex
-	liveCheck(ctx, slog.New(slog.DiscardHandler), bk.provider, cfg.Routes, func(route string, err error) {
+	liveCheck(ctx, slog.New(slog.DiscardHandler), bk.provider, tenants(cfg), func(route string, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		found[route] = err
 	})
 	var problems []string
-	for _, r := range cfg.Routes {
+	for _, r := range tenants(cfg) {
 		if err := found[r.Name]; err != nil {
 			problems = append(problems, err.Error())
 		}
@@ -79,7 +79,11 @@ func cmdCheck(args []string) int {
 		}
 		return 1
 	}
-	fmt.Printf("%s: ok, %d route%s\n", *cfgPath, len(cfg.Routes), plural(len(cfg.Routes)))
+	if n := len(cfg.Instances); n > 0 {
+		fmt.Printf("%s: ok, %d route%s, %d instance%s\n", *cfgPath, len(cfg.Routes), plural(len(cfg.Routes)), n, plural(n))
+	} else {
+		fmt.Printf("%s: ok, %d route%s\n", *cfgPath, len(cfg.Routes), plural(len(cfg.Routes)))
+	}
 	return 0
 }
 
@@ -218,13 +222,29 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 		if note == "" && wr != nil && len(wr.Notes) > 0 {
 			note = strings.Join(wr.Notes, "; ")
 		}
+		if len(s.RequiredBy) > 0 {
+			note = strings.TrimPrefix(note+"; ", "; ") + "required by " + strings.Join(s.RequiredBy, ", ")
+		}
+		if len(s.Members) > 0 {
+			ready := 0
+			for _, m := range s.Members {
+				if m.Ready {
+					ready++
+				}
+			}
+			note = strings.TrimPrefix(note+"; ", "; ") + fmt.Sprintf("fleet %d/%d ready (min_ready %d)", ready, len(s.Members), s.MinReady)
+		}
 		if e := s.NextEvent; e != nil { // the schedule's part stays short: errors come first
 			note = strings.TrimPrefix(note+"; ", "; ") + "next " + e.What + " " + e.At.Format(time.RFC3339)
 		}
 		if len(note) > 100 {
 			note = note[:97] + "..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Route, s.Backing, state,
+		name := s.Route
+		if s.Kind == "instance" {
+			name += " (instance)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", name, s.Backing, state,
 			now.Sub(s.Since).Round(time.Second), s.InFlight, s.Held, last, phases, strings.ReplaceAll(note, "\n", " "))
 	}
 	tw.Flush()

@@ -133,16 +133,76 @@ func printWake(w io.Writer, r *activator.WakeRecord) {
 		fmt.Fprintf(w, "  (budget %s)", r.Budget)
 	}
 	fmt.Fprintf(w, "  wake_id %s\n", r.ID)
+	printWakeBody(w, r, "  ")
+}
+
+// printWakeBody prints what a wake record holds below its headline, each line after indent: the
+// outcome and culprit, the requirements' wakes as a tree, the fleet's members, the phases, the herd,
+// the notes and the failure.
+func printWakeBody(w io.Writer, r *activator.WakeRecord, indent string) {
+	if r.Outcome != "" && (r.Outcome != activator.OutcomeSucceeded || len(r.Requires)+len(r.Members) > 0) {
+		line := "outcome " + r.Outcome
+		switch {
+		case r.Culprit != nil:
+			line += "  culprit " + r.Culprit.String()
+		case r.CancelledBy != "":
+			line += "  by " + r.CancelledBy
+		}
+		fmt.Fprintf(w, "%s%s\n", indent, line)
+	}
+	for _, q := range r.Requires {
+		printRequired(w, q, indent)
+	}
+	for _, m := range r.Members {
+		printMember(w, m, indent)
+	}
 	for _, p := range r.Phases {
-		fmt.Fprintln(w, phaseLine(p))
+		fmt.Fprintln(w, indent+strings.TrimPrefix(phaseLine(p), "  "))
 	}
 	if r.Joined > 0 || r.Released > 1 { // a herd: how long letting it go took
-		fmt.Fprintf(w, "  joined %d, released %d in %s\n", r.Joined, r.Released, short(r.ReleaseSpread))
+		fmt.Fprintf(w, "%sjoined %d, released %d in %s\n", indent, r.Joined, r.Released, short(r.ReleaseSpread))
 	}
 	for _, n := range r.Notes {
-		fmt.Fprintf(w, "  note: %s\n", n)
+		fmt.Fprintf(w, "%snote: %s\n", indent, n)
 	}
-	printFailure(w, r.Error, r.OutputTail)
+	printFailureAt(w, indent, r.Error, r.OutputTail)
+}
+
+// printRequired prints one requirement's part in a wake: its own wake, nested, or that it was awake.
+func printRequired(w io.Writer, q activator.RequiredWake, indent string) {
+	if q.Wake == nil {
+		fmt.Fprintf(w, "%srequires %s: %s\n", indent, q.Instance, q.State)
+		return
+	}
+	r := q.Wake
+	result := r.Result
+	if r.FailedPhase != "" {
+		result += " in " + r.FailedPhase
+	}
+	fmt.Fprintf(w, "%srequires %s: %s, result %s  %s  wake_id %s\n", indent, q.Instance, q.State, result, short(r.Duration), r.ID)
+	printWakeBody(w, r, indent+"  ")
+}
+
+// printMember prints one fleet member's row and its phases.
+func printMember(w io.Writer, m activator.MemberRecord, indent string) {
+	line := fmt.Sprintf("%smember %s (%s): %s", indent, m.Name, m.Upstream, m.Status)
+	if m.Class != "" {
+		line += ", " + m.Class
+	}
+	if m.Phase != "" && m.Status != "up" {
+		line += " in " + m.Phase
+	}
+	if m.CancelledBy != "" {
+		line += ", cancelled because " + m.CancelledBy + " failed"
+	}
+	fmt.Fprintln(w, line)
+	for _, p := range m.Phases {
+		fmt.Fprintln(w, indent+"  "+strings.TrimPrefix(phaseLine(p), "  "))
+	}
+	for _, n := range m.Notes {
+		fmt.Fprintf(w, "%s  note: %s\n", indent, n)
+	}
+	printFailureAt(w, indent+"  ", m.Error, "")
 }
 
 func printSleep(w io.Writer, r *activator.SleepRecord) {
@@ -151,18 +211,20 @@ func printSleep(w io.Writer, r *activator.SleepRecord) {
 }
 
 // printFailure prints an event's error without the output tail it quotes, then the tail, indented.
-func printFailure(w io.Writer, msg, tail string) {
+func printFailure(w io.Writer, msg, tail string) { printFailureAt(w, "  ", msg, tail) }
+
+func printFailureAt(w io.Writer, indent, msg, tail string) {
 	if msg == "" {
 		return
 	}
 	if tail != "" {
 		msg = strings.Replace(msg, ": "+tail, "", 1)
 	}
-	fmt.Fprintf(w, "  error: %s\n", msg)
+	fmt.Fprintf(w, "%serror: %s\n", indent, msg)
 	if tail != "" {
-		fmt.Fprintln(w, "  output:")
+		fmt.Fprintf(w, "%soutput:\n", indent)
 		for l := range strings.Lines(tail) {
-			fmt.Fprintf(w, "    %s\n", strings.TrimRight(l, "\n"))
+			fmt.Fprintf(w, "%s  %s\n", indent, strings.TrimRight(l, "\n"))
 		}
 	}
 }

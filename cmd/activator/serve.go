@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -180,14 +181,14 @@ func serve(o serveOptions) int {
 	applied := &graceTracker{srv: srv}
 	applied.grace.Store(int64(cfg.ShutdownGrace))
 	g.Go(func() error { return reloader(gctx, log, o, bk, adminApplier{applied, access}, cfg) })
-	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes))
+	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
 	}
 	if o.onReady != nil {
 		o.onReady(edgeLn.Addr(), adminLn.Addr())
 	}
-	g.Go(func() error { liveCheck(gctx, log, bk.provider, cfg.Routes, srv.SetCheckError); return nil })
+	g.Go(func() error { liveCheck(gctx, log, bk.provider, tenants(cfg), srv.SetCheckError); return nil })
 
 	<-gctx.Done()
 	grace := time.Duration(applied.grace.Load())
@@ -373,8 +374,8 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 			return
 		}
 		releaseLoadGarbage()
-		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes))
-		liveCheck(ctx, log, bk.provider, cfg.Routes, srv.SetCheckError)
+		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+		liveCheck(ctx, log, bk.provider, tenants(cfg), srv.SetCheckError)
 		for _, a := range []struct{ key, bound, next, override string }{
 			{"listen", running.Listen, cfg.Listen, o.listen},
 			{"admin", running.Admin, cfg.Admin, o.admin},
@@ -470,7 +471,7 @@ func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, routes 
 		g.Go(func() error {
 			cctx, cancel := context.WithTimeout(ctx, checkBound)
 			defer cancel()
-			err := p.Check(cctx, r)
+			err := checkTenant(cctx, p, r)
 			if err != nil {
 				log.Error("route check failed", "route", r.Name, "err", err)
 			}
@@ -480,6 +481,24 @@ func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, routes 
 	}
 	_ = g.Wait()
 }
+
+// checkTenant runs r's live checks: its own, or each fleet member's (a member has settings of its own),
+// all within ctx.
+func checkTenant(ctx context.Context, p *split.Provider, r *registry.Route) error {
+	if r.Fleet == nil {
+		return p.Check(ctx, r)
+	}
+	var errs []error
+	for _, m := range r.Fleet.Members {
+		if err := p.Check(ctx, r.MemberRoute(m)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tenants is every route and instance of cfg, routes first: what the live checks cover.
+func tenants(cfg *registry.Config) []*registry.Route { return slices.Concat(cfg.Routes, cfg.Instances) }
 
 func printConfigErrors(w io.Writer, path string, err error) {
 	errs := registry.Errors(err)

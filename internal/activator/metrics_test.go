@@ -245,3 +245,26 @@ func TestFailedApplyLeavesNoSeries(t *testing.T) {
 		t.Errorf("series of a config Apply gave up on: %v", got)
 	}
 }
+
+// TestWakeFailuresByClass: a failed wake counts in activator_wake_failures_total with the phase it
+// failed in and its fault's class, and the series goes with the route.
+func TestWakeFailuresByClass(t *testing.T) {
+	b := &fakeBackend{wakeErr: tenant.Terminal(errors.New("bad setting"))}
+	s, reg := newMetricsServer(t, b, testRoute("app"))
+	if err := s.Wake(t.Context(), "app"); err == nil {
+		t.Fatal("wake succeeded")
+	}
+	got := routeSeries(t, reg, "app")
+	if v := got[`activator_wake_failures_total{class="terminal",phase="spawn"}`]; v != 1 {
+		t.Fatalf("activator_wake_failures_total: %v in %v", v, got)
+	}
+	in := s.instance("app")
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("other")}}); err != nil {
+		t.Fatal(err)
+	}
+	<-in.retired
+	in.wg.Wait()
+	if got := routeSeries(t, reg, "app"); len(got) != 0 {
+		t.Fatalf("series left after the route retired: %v", got)
+	}
+}

@@ -82,6 +82,9 @@ func (in *instance) start() {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.state != Asleep {
+		return // a dependent started at the same reload has woken it already (chain.go)
+	}
 	in.beginWakeLocked(triggerAdopt)
 }
 
