@@ -21,6 +21,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // maxAmbiguous bounds the attempts of one read or one Reset when the BMC's answers are ambiguous
@@ -32,13 +34,15 @@ const (
 
 // bmc is one route's connection to its BMC: a gofish client created lazily, logged in (with the
 // credentials read afresh at each login) and reused; after a 401 or 403 on a reused client it logs in
-// once more. Safe for concurrent use.
+// once more. Every call first waits at gate, the BMC's throttle gate that it shares with the other
+// routes on the same endpoint. Safe for concurrent use.
 type bmc struct {
 	s     *Settings
 	log   *slog.Logger
 	route string // the route's name, for errors
 	httpc *http.Client
 	live  *liveness
+	gate  *throttleGate
 
 	loginMu sync.Mutex // held while logging in
 
@@ -49,7 +53,7 @@ type bmc struct {
 	secrets []string
 }
 
-func newBMC(s *Settings, log *slog.Logger, route, node string) (*bmc, error) {
+func newBMC(s *Settings, log *slog.Logger, route, node string, gate *throttleGate) (*bmc, error) {
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		MaxIdleConns:        4,
@@ -61,7 +65,7 @@ func newBMC(s *Settings, log *slog.Logger, route, node string) (*bmc, error) {
 		if s.TLS.CAFile != "" {
 			pool, err := loadCAs(s.TLS.CAFile)
 			if err != nil {
-				return nil, err
+				return nil, tenant.Terminal(fmt.Errorf("route %q: tls.ca_file: %w", route, err))
 			}
 			cfg.RootCAs = pool
 		}
@@ -74,13 +78,15 @@ func newBMC(s *Settings, log *slog.Logger, route, node string) (*bmc, error) {
 		log.Warn("BMC endpoint is plain http: credentials travel unencrypted", "endpoint", s.Endpoint)
 	}
 	live := &liveness{}
+	throttle := &throttleTransport{next: tr, live: live, gate: gate, floor: s.PollInterval.D()}
 	return &bmc{
 		s:     s,
 		log:   log,
 		route: route,
 		live:  live,
+		gate:  gate,
 		// The client-wide timeout backs up the per-call contexts (gofish's Logout may drop its context).
-		httpc: &http.Client{Transport: &throttleTransport{next: tr, live: live}, Timeout: s.Timeout.D()},
+		httpc: &http.Client{Transport: throttle, Timeout: s.Timeout.D()},
 		node:  node,
 	}, nil
 }
@@ -115,10 +121,14 @@ func (l *liveness) silence(atLeast time.Duration) (since, last time.Time, ok boo
 }
 
 // throttleTransport turns 429 and 503 answers into a *throttledError carrying Retry-After, which gofish
-// would otherwise drop along with the headers. It also tells live whether each request was answered.
+// would otherwise drop along with the headers, and holds gate for as long (for floor without
+// Retry-After), which every call to the BMC waits out first. It also tells live whether each request
+// was answered.
 type throttleTransport struct {
-	next http.RoundTripper
-	live *liveness
+	next  http.RoundTripper
+	live  *liveness
+	gate  *throttleGate
+	floor time.Duration // the hold of a throttle without Retry-After: the first pause of the retry backoff
 }
 
 type throttledError struct {
@@ -145,6 +155,7 @@ func (t *throttleTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
+	t.gate.hold(cmp.Or(te.retryAfter, t.floor), te.status)
 	return nil, te
 }
 
@@ -185,7 +196,7 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 		return nil
 	}
 	if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && !time.Now().Before(d) {
-		return fmt.Errorf("%s: %w", op, cmp.Or(context.Cause(ctx), context.DeadlineExceeded))
+		return ended(op, cmp.Or(context.Cause(ctx), context.DeadlineExceeded))
 	}
 	var ce *schemas.CollectionError
 	if errors.As(err, &ce) && len(ce.Failures) > 0 {
@@ -412,12 +423,16 @@ func (b *bmc) forget(api *gofish.APIClient) {
 	}
 }
 
-// call runs fn once with a logged-in client bound to a per-call timeout, and classifies its error. When
-// a reused client is rejected (401 or 403: the BMC forgot or expired the session, or the password was
+// call runs fn once with a logged-in client bound to a per-call timeout, and classifies its error. It
+// first waits out the BMC's throttle, if any (see throttleGate.wait), logging in included. When a
+// reused client is rejected (401 or 403: the BMC forgot or expired the session, or the password was
 // rotated), it logs in again once, reading the credentials afresh, and repeats fn; a rejected fresh
 // login is final.
 func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) error) error {
 	for try := 0; ; try++ {
+		if err := b.gate.wait(ctx, op); err != nil {
+			return err
+		}
 		b.mu.Lock()
 		reused := b.api != nil
 		b.mu.Unlock()
@@ -438,8 +453,9 @@ func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) 
 }
 
 // retry runs attempt until it succeeds, fails with a class that is not worth retrying, or the retry
-// budget (attempt count, ctx deadline) runs out. Throttled attempts wait as long as the BMC asks;
-// ambiguous ones back off exponentially from poll_interval.
+// budget (attempt count, ctx deadline) runs out. Throttled attempts wait as long as the BMC asks (at the
+// gate, in the next call); ambiguous ones, and throttled ones without Retry-After, back off
+// exponentially from poll_interval, with jitter.
 func (b *bmc) retry(ctx context.Context, attempt func() error) error {
 	bo := &backoff.ExponentialBackOff{
 		InitialInterval:     b.s.PollInterval.D(),
@@ -468,8 +484,11 @@ func (b *bmc) retry(ctx context.Context, attempt func() error) error {
 			return err // the BMC asks for more time than the phase has left
 		}
 		b.log.Debug("retrying BMC call", "err", err, "wait", wait)
-		if err := pause(ctx, wait); err != nil {
-			return err
+		if be != nil && be.RetryAfter > 0 {
+			continue // the gate holds the next call for as long, and for every route on this BMC
+		}
+		if perr := pause(ctx, wait); perr != nil {
+			return fmt.Errorf("%w (gave up waiting to retry: %w)", err, perr)
 		}
 	}
 }
@@ -596,7 +615,7 @@ func (b *bmc) reset(ctx context.Context, st *systemState, rt string) error {
 	})
 }
 
-// logout ends the session, if any, bounded by ctx.
+// logout ends the session, if any, bounded by ctx: after the BMC's throttle, if ctx leaves time for it.
 func (b *bmc) logout(ctx context.Context) {
 	b.mu.Lock()
 	api := b.api
@@ -605,8 +624,12 @@ func (b *bmc) logout(ctx context.Context) {
 	if api == nil {
 		return
 	}
+	defer b.httpc.CloseIdleConnections()
+	if err := b.gate.wait(ctx, "log out"); err != nil {
+		b.log.Info("not logging out of a throttling BMC: the session is left to expire", "err", err)
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
 	defer cancel()
 	api.WithContext(cctx).Logout()
-	b.httpc.CloseIdleConnections()
 }

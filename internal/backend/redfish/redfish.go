@@ -7,9 +7,16 @@
 // GracefulShutdown, awaits Off within shutdown_grace and, when force_off is set, falls back to ForceOff
 // and awaits Off within power_off_budget.
 //
-// BMC faults are classified (ErrCredentials, ErrConfig, ErrThrottled, ErrAmbiguous, ErrRejected) and
-// the class decides whether a call is retried. A Reset whose outcome is ambiguous is re-issued only
+// BMC faults are classified (ErrCredentials, ErrConfig, ErrThrottled, ErrAmbiguous, ErrRejected, ErrTLS)
+// and the class decides whether a call is retried. A Reset whose outcome is ambiguous is re-issued only
 // after re-reading PowerState shows it did not land, so a retry never double-toggles a power button.
+// Every error Wake, Sleep, Adopt and Check return has a tenant.Class (tenant.ClassOf): terminal for
+// credentials, configuration, a refused request and TLS; throttle for a BMC asking to slow down;
+// retryable for an ambiguous failure and a power state not reached in time.
+//
+// A BMC that answers 429 (or 503) holds back every call to it, from all the routes a Provider opened on
+// the same endpoint, until its Retry-After (poll_interval without one) has passed: the routes of one
+// BMC back off together.
 //
 // While a node is awake, a background poll of PowerState (every watch_interval) ends its Life when it
 // powers off on its own. The poll belongs to the Backend and stops on Sleep and Close.
@@ -69,9 +76,11 @@ var (
 	_ tenant.Closer  = (*Backend)(nil)
 )
 
-// Provider opens redfish backends. It holds no shared resources.
+// Provider opens redfish backends. The backends it opens on one BMC endpoint share that BMC's throttle
+// gate (see throttleGate); nothing else.
 type Provider struct {
-	log *slog.Logger
+	log   *slog.Logger
+	gates gates
 }
 
 // NewProvider returns a Provider.
@@ -84,13 +93,20 @@ func NewProvider(o Options) *Provider {
 }
 
 // Open returns the Backend of a route whose Settings is a *Settings (from Decode). It does not contact
-// the BMC: that happens on the first Adopt, Wake, Sleep or Check.
+// the BMC: that happens on the first Adopt, Wake, Sleep or Check. Its errors are terminal.
 func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
-		return nil, fmt.Errorf("route %q: redfish settings missing (got %T)", r.Name, r.Settings)
+		return nil, tenant.Terminal(fmt.Errorf("route %q: redfish settings missing (got %T)", r.Name, r.Settings))
 	}
-	return New(s, p.log.With("route", r.Name), r.Name)
+	gate, release := p.gates.acquire(s.Endpoint)
+	b, err := newBackend(s, p.log.With("route", r.Name), r.Name, gate)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	b.release = sync.OnceFunc(release)
+	return b, nil
 }
 
 // Check logs in, finds the route's system, reads its PowerState and checks that the BMC allows one of
@@ -117,9 +133,10 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 
 // Backend powers one node on and off. See the package documentation.
 type Backend struct {
-	s   *Settings
-	log *slog.Logger
-	bmc *bmc
+	s       *Settings
+	log     *slog.Logger
+	bmc     *bmc
+	release func() // gives the throttle gate back to the Provider, at Close
 
 	mu    sync.Mutex   // guards the fields below
 	life  *tenant.Life // the current Life while awake, nil while asleep
@@ -134,8 +151,13 @@ var (
 )
 
 // New returns a Backend for settings s; name is how messages call the node until its system Id is
-// known. It does not contact the BMC.
+// known. It does not contact the BMC. Its throttle gate is its own: backends that share a BMC are
+// opened through one Provider. Its errors are terminal.
 func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
+	return newBackend(s, log, name, newThrottleGate(nil))
+}
+
+func newBackend(s *Settings, log *slog.Logger, name string, gate *throttleGate) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -143,11 +165,11 @@ func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
 	if node == "" {
 		node = name
 	}
-	m, err := newBMC(s, log, name, node)
+	m, err := newBMC(s, log, name, node, gate)
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{s: s, log: log, bmc: m}, nil
+	return &Backend{s: s, log: log, bmc: m, release: func() {}}, nil
 }
 
 // Adopt reads PowerState: a node already On is adopted as awake, with a Life watched like a woken one.
@@ -202,7 +224,7 @@ func (b *Backend) wake(ctx context.Context, t tenant.Tracker) (life *tenant.Life
 	if st.PowerState == statePoweringOff {
 		// Let the shutdown finish: a Reset now might be refused or be taken as a second button press.
 		t.Note(fmt.Sprintf("%s is powering off: waiting for Off before the Reset", b.bmc.nodeName()))
-		if err := b.await(ctx, op, stateOff, b.s.PowerOnBudget.D()); err != nil {
+		if err := b.await(ctx, op, stateOff, "power_on_budget", b.s.PowerOnBudget.D()); err != nil {
 			return nil, false, b.wakeErr(PhaseReset, err)
 		}
 		if st, err = b.bmc.read(ctx); err != nil {
@@ -226,8 +248,8 @@ func (b *Backend) wake(ctx context.Context, t tenant.Tracker) (life *tenant.Life
 		}
 	}
 
-	t.Phase(PhasePowerOn)
-	if err := b.await(ctx, op, stateOn, b.s.PowerOnBudget.D()); err != nil {
+	tenant.PhaseWithin(t, PhasePowerOn, b.s.PowerOnBudget.D())
+	if err := b.await(ctx, op, stateOn, "power_on_budget", b.s.PowerOnBudget.D()); err != nil {
 		return nil, true, b.wakeErr(PhasePowerOn, err)
 	}
 	return b.awake(), true, nil
@@ -254,10 +276,11 @@ func (b *Backend) powerOn(ctx context.Context, t tenant.Tracker, st *systemState
 }
 
 // action POSTs Reset rt and, after an ambiguous or throttled failure, re-reads PowerState: when landed
-// reports the Reset took effect, it is not re-issued. Attempts are bounded like reads.
+// reports the Reset took effect, it is not re-issued. Attempts are bounded like reads; when they run
+// out on an ambiguous answer, the outcome is settled by one more read (see settle).
 func (b *Backend) action(ctx context.Context, st *systemState, rt string, landed func(string) bool) error {
 	first := true
-	return b.bmc.retry(ctx, func() error {
+	err := b.bmc.retry(ctx, func() error {
 		if !first {
 			cur, err := b.bmc.read(ctx)
 			if err != nil {
@@ -280,6 +303,32 @@ func (b *Backend) action(ctx context.Context, st *systemState, rt string, landed
 		}
 		return err
 	})
+	if !errors.Is(err, ErrAmbiguous) {
+		return err
+	}
+	return b.settle(ctx, rt, landed, err)
+}
+
+// settle reads PowerState once more after the attempts at Reset rt ran out on an ambiguous failure
+// (err): a Reset that landed after all is a success, and one that did not is err, retryable now that
+// it is settled. When PowerState cannot be read (or ctx is done), err says that the outcome is unknown;
+// it is still retryable, as the next wake reads PowerState before any Reset, and the undo of a failed
+// wake watches for a late landing meanwhile.
+func (b *Backend) settle(ctx context.Context, rt string, landed func(string) bool, err error) error {
+	var cur *systemState
+	rerr := context.Cause(ctx)
+	if rerr == nil {
+		cur, rerr = b.bmc.readOnce(ctx)
+	}
+	switch {
+	case rerr != nil:
+		b.log.Warn("cannot tell whether the Reset landed", "reset_type", rt, "err", rerr)
+		return fmt.Errorf("%w; whether Reset %s landed is unknown: PowerState could not be read again", err, rt)
+	case landed(cur.PowerState):
+		b.log.Info("Reset landed although its answer was lost", "reset_type", rt, "power_state", cur.PowerState)
+		return nil
+	}
+	return tenant.Retryable(fmt.Errorf("%w; PowerState read again: %s, so Reset %s did not land", err, orUnknown(cur.PowerState), rt))
 }
 
 // pickReset returns the first Reset type of reset_order that the system allows.
@@ -298,21 +347,22 @@ func (b *Backend) allows(st *systemState, rt string) bool {
 	return len(st.Resets) == 0 || slices.Contains(st.Resets, rt)
 }
 
-// await polls PowerState until it equals want, within budget (and ctx). A read error ends the wait at
-// once (reads retry ambiguous failures themselves); running out of time reports the last state seen
-// (op.last, updated by every read) and, when the BMC had stopped answering for at least a poll
-// interval, since when. The loop is bounded by budget in time and by its poll count.
-func (b *Backend) await(ctx context.Context, op *operation, want string, budget time.Duration) error {
+// await polls PowerState until it equals want, within budget (the setting key) and ctx. A read error
+// ends the wait at once (reads retry ambiguous failures themselves); running out of time reports the
+// budget, the last state seen (op.last, updated by every read) and, when the BMC had stopped answering
+// for at least a poll interval, since when. The loop is bounded by budget in time and by its poll count.
+func (b *Backend) await(ctx context.Context, op *operation, want, key string, budget time.Duration) error {
 	if want == "" || want == stateUnknown {
-		return fmt.Errorf("cannot wait for power state %q", want)
+		return tenant.Terminal(fmt.Errorf("cannot wait for power state %q", want))
 	}
 	start := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	timedOut := func(cause error) error {
-		e := &StateError{Node: b.bmc.nodeName(), Want: want, Last: op.last, After: time.Since(start), Cause: cause}
+		e := &StateError{Node: b.bmc.nodeName(), Want: want, Last: op.last, After: time.Since(start), Cause: cause,
+			Key: key, Budget: budget, op: op.name, cut: ctx.Err() != nil}
 		if since, last, ok := b.bmc.live.silence(b.s.PollInterval.D()); ok {
-			e.BMC, e.Silent, e.op = b.s.Endpoint, since, op.name
+			e.BMC, e.Silent = b.s.Endpoint, since
 			e.LastAnswer = -1
 			if !last.Before(op.began) {
 				e.LastAnswer = last.Sub(op.began)
@@ -402,7 +452,7 @@ func (b *Backend) powerOff(ctx context.Context, name string) error {
 		}
 		switch {
 		case err == nil:
-			err = b.await(ctx, op, stateOff, b.s.ShutdownGrace.D())
+			err = b.await(ctx, op, stateOff, "shutdown_grace", b.s.ShutdownGrace.D())
 			if err == nil {
 				return nil
 			}
@@ -428,18 +478,20 @@ func (b *Backend) powerOff(ctx context.Context, name string) error {
 			return b.sleepErr(PhasePowerOff, err)
 		}
 	}
-	if err := b.await(ctx, op, stateOff, b.s.PowerOffBudget.D()); err != nil {
+	if err := b.await(ctx, op, stateOff, "power_off_budget", b.s.PowerOffBudget.D()); err != nil {
 		return b.sleepErr(PhasePowerOff, err)
 	}
 	return nil
 }
 
-// Close stops the background poll and the undo of a failed wake, and logs out of the BMC. It leaves
-// the node's power as it is: a node left On is adopted by the next activator.
+// Close stops the background poll and the undo of a failed wake, logs out of the BMC and gives the
+// BMC's throttle gate back to the Provider. It leaves the node's power as it is: a node left On is
+// adopted by the next activator.
 func (b *Backend) Close(ctx context.Context) error {
 	b.stopWatch()
 	b.stopUndo()
 	b.bmc.logout(ctx)
+	b.release()
 	return nil
 }
 

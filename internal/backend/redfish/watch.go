@@ -116,8 +116,8 @@ func (b *Backend) undoLoop(ctx context.Context) {
 		st, err := b.bmc.readOnce(wctx)
 		switch {
 		case wctx.Err() != nil:
-		case errors.Is(err, ErrCredentials) || errors.Is(err, ErrConfig) || errors.Is(err, ErrTLS):
-			// Retrying these cannot help, and repeated logins with rejected credentials lock accounts.
+		case tenant.ClassOf(err) == tenant.ClassTerminal:
+			// Retrying cannot help, and repeated logins with rejected credentials lock accounts.
 			b.log.Error("cannot undo the failed wake: the node's power state cannot be read", "err", err)
 			return
 		case err != nil:
