@@ -13,34 +13,18 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
 
-// fleetDelay is how long each simulated node stays PoweringOn (and PoweringOff). It is long against the
-// activator's own share of a node wake (a Reset, PowerState polls, the health gate), so the fleet ratio
-// says whether the wakes of different routes overlap, not how fast the harness's CPUs are.
-const fleetDelay = 300 * time.Millisecond
-
-// runGuest measures the wakes of the two backings whose tenant is a machine, each through the real
-// activator binary: a QEMU guest (kvm) woken from a cold boot, a RAM snapshot and a pause, and a fleet
-// of bare-metal nodes behind the real Redfish simulator woken one after another and all at once.
+// runGuest measures the wake of a QEMU guest (kvm) through the real activator binary: from a cold boot,
+// a RAM snapshot and a pause.
 func runGuest(ctx context.Context, e *env) error {
 	dir := filepath.Join(e.tmp, "guest")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	var errs []error
-	if err := runKVM(ctx, e, dir); err != nil {
-		errs = append(errs, fmt.Errorf("kvm: %w", err))
-	}
-	if ctx.Err() == nil {
-		if err := runFleet(ctx, e, dir); err != nil {
-			errs = append(errs, fmt.Errorf("redfish: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return runKVM(ctx, e, dir)
 }
 
 // testGuest is the guest scripts/build-test-guest.sh builds: a plain vmlinux, a busybox initramfs
@@ -400,196 +384,6 @@ func reapQEMU(log *slog.Logger, runDir string) {
 		<-time.After(10 * time.Millisecond)
 	}
 	log.Error("QEMU still running after SIGKILL", "pid", pid)
-}
-
-// runFleet wakes n nodes of the real Redfish simulator, each its own redfish route, one after another
-// and all at once, in alternating rounds, and reports parallel ÷ serial against the ideal 1/n.
-func runFleet(ctx context.Context, e *env, dir string) error {
-	if ok, why := backingWired(ctx, e, dir, "redfish", "    redfish: {}\n"); !ok {
-		e.report.skip("node wake (redfish)", "%s", why)
-		return nil
-	}
-	if _, err := os.Stat("cmd/redfish-sim"); err != nil {
-		e.report.skip("node wake (redfish)", "cmd/redfish-sim not found (%v): run the harness from the repository root", err)
-		return nil
-	}
-	simBin := filepath.Join(e.tmp, "redfish-sim")
-	build := exec.CommandContext(ctx, "go", "build", "-o", simBin, "./cmd/redfish-sim")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("go build ./cmd/redfish-sim: %w", err)
-	}
-	n := e.opts.nodes
-	ports, err := freePorts(n + 3)
-	if err != nil {
-		return err
-	}
-	edge, admin, bmc, nodePorts := ports[0], ports[1], ports[2], ports[3:]
-	pw, ca := filepath.Join(dir, "bmc-password"), filepath.Join(dir, "bmc-ca.pem")
-	if err := os.WriteFile(pw, []byte("bench-password\n"), 0o600); err != nil {
-		return err
-	}
-	var systems []string
-	for i, p := range nodePorts {
-		systems = append(systems, fmt.Sprintf("node-%d=127.0.0.1:%d", i, p))
-	}
-	sim, err := startProc(procSpec{name: "redfish-sim", argv: []string{simBin, "-addr", fmt.Sprintf("127.0.0.1:%d", bmc),
-		"-tls", "-ca-out", ca, "-user", "bench", "-password-file", pw, "-systems", strings.Join(systems, ","), "-delay", fleetDelay.String()}})
-	if err != nil {
-		return err
-	}
-	defer sim.Stop(5 * time.Second)
-	if err := waitOutput(ctx, sim, "Redfish simulator running", 30*time.Second); err != nil {
-		return err
-	}
-
-	act, _, err := startActivator(ctx, e, dir, "", renderFleetConfig(edge, admin, bmc, nodePorts, pw, ca), edge, admin)
-	if err != nil {
-		return err
-	}
-	defer act.Stop(30 * time.Second)
-
-	// Warm-up, not counted: sessions, TLS connections to the BMC, the activator's pools.
-	if _, err := wakeFleet(ctx, act, n, true); err != nil {
-		return fmt.Errorf("warm-up: %w", err)
-	}
-	row := &FleetRow{Nodes: n, Delay: fleetDelay.String(), Rounds: e.opts.guestRuns, Ideal: 1 / float64(n),
-		Note: "cmd/redfish-sim over HTTPS (self-signed CA) with session auth; routes poll PowerState every 20 ms; sleeps (GracefulShutdown) are not timed"}
-	var serial, parallel []float64
-	var phases phaseLog
-	firstErr := ""
-	for i := 0; i < e.opts.guestRuns; i++ {
-		order := []bool{false, true} // parallel?
-		if i%2 == 1 {
-			order = []bool{true, false}
-		}
-		s, p := math.NaN(), math.NaN()
-		failed := false
-		for _, par := range order {
-			if err := alive(ctx, act); err != nil {
-				return err
-			}
-			v, err := fleetSample(ctx, act, n, par, &phases)
-			if err != nil {
-				failed = true
-				if firstErr == "" {
-					firstErr = err.Error()
-				}
-				continue
-			}
-			if par {
-				p = v
-			} else {
-				s = v
-			}
-		}
-		if failed {
-			row.Failed++
-		}
-		serial, parallel = append(serial, s), append(parallel, p)
-		e.log.Info("redfish round", "round", i+1, "serial_ms", s, "parallel_ms", p)
-	}
-	row.Serial, row.Parallel, row.Ratio = summarize(serial), summarize(parallel), ratios(parallel, serial)
-	var per []float64
-	for _, s := range serial {
-		per = append(per, s/float64(n))
-	}
-	row.PerWake = summarize(per)
-	row.Phases = phases.String()
-	if firstErr != "" {
-		row.Note += "; first failure: " + firstErr
-	}
-	e.report.Fleet = row
-	e.report.check(fmt.Sprintf("node wake: fleet of %d, parallel ÷ serial (median of rounds)", n),
-		fmt.Sprintf("%s; 1/n = %.3f", fmtStat(row.Ratio, 3), row.Ideal), fmt.Sprintf("≤ %.3f (1.5/n)", 1.5/float64(n)),
-		row.Ratio.valid() && row.Ratio.Median <= 1.5/float64(n))
-	e.log.Info("redfish", "serial_ms", row.Serial.Median, "parallel_ms", row.Parallel.Median, "ratio", row.Ratio.Median)
-	return nil
-}
-
-// renderFleetConfig renders one redfish route per node of the simulator at bmc (node-0, node-1, …;
-// upstream: the node's own service port), logging in as "bench" with the password file pw and trusting
-// the simulator's certificate ca.
-func renderFleetConfig(edge, admin, bmc int, nodePorts []int, pw, ca string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# generated by go run ./bench\nlisten: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nroutes:\n", edge, admin)
-	for i, p := range nodePorts {
-		fmt.Fprintf(&b, `  - name: node-%d
-    hosts: [node-%d.localhost]
-    backing: redfish
-    upstream: 127.0.0.1:%d
-    idle: 1h
-    wake_budget: 1m
-    sleep_budget: 1m
-    health: {path: /, interval: 10ms, timeout: 1s}
-    redfish:
-      endpoint: https://127.0.0.1:%d
-      system: node-%d
-      username: bench
-      password_file: %s
-      tls: {ca_file: %s}
-      poll_interval: 20ms
-      force_off: true
-`, i, i, p, bmc, i, strconv.Quote(pw), strconv.Quote(ca))
-	}
-	return b.String()
-}
-
-// fleetSample puts every node to sleep (all at once, through the admin API), wakes the fleet, and
-// records each node's wake phases.
-func fleetSample(ctx context.Context, act *activatorProc, n int, parallel bool, phases *phaseLog) (float64, error) {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { errs[i] = act.adminPost(ctx, fmt.Sprintf("/routes/node-%d/sleep", i)) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return math.NaN(), err
-	}
-	v, err := wakeFleet(ctx, act, n, parallel)
-	if err != nil {
-		return math.NaN(), err
-	}
-	for i := range n {
-		phases.add(ctx, act, fmt.Sprintf("node-%d", i))
-	}
-	return v, nil
-}
-
-// wakeFleet sends one request to every node's route, one after another or all at once, each on a fresh
-// connection, and returns the time from the first request to the last answer in milliseconds.
-func wakeFleet(ctx context.Context, act *activatorProc, n int, parallel bool) (float64, error) {
-	get := func(i int) error {
-		r, err := firstByte(ctx, act.edge, "/", fmt.Sprintf("node-%d.localhost", i), time.Minute)
-		switch {
-		case err != nil:
-			return fmt.Errorf("node-%d: %w", i, err)
-		case r.code != 200 || !bytes.Contains(r.body, fmt.Appendf(nil, "hello from node-%d", i)):
-			return fmt.Errorf("node-%d: status %d: %.200s", i, r.code, bytes.TrimSpace(r.body))
-		}
-		return nil
-	}
-	errs := make([]error, n)
-	t0 := time.Now()
-	if parallel {
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { errs[i] = get(i) })
-		}
-		wg.Wait()
-	} else {
-		for i := range n {
-			if errs[i] = get(i); errs[i] != nil {
-				break
-			}
-		}
-	}
-	d := time.Since(t0)
-	if err := errors.Join(errs...); err != nil {
-		return math.NaN(), err
-	}
-	return msOf(d), nil
 }
 
 // alive returns ctx's error, or an error with the activator's last output if it has exited: a sample

@@ -53,15 +53,35 @@ func TestGuestConfigsValidate(t *testing.T) {
 	defer srv.Close()
 	ca := write("ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})))
 	pw := write("pw", "secret\n")
-	cfg = renderFleetConfig(18080, 19090, 8443, []int{9101, 9102, 9103}, pw, ca)
+	fleets := []fleetRoute{
+		{name: "fleet-parallel", first: 0, ports: []int{9101, 9102, 9103}},
+		{name: "fleet-serial", serial: true, first: 3, ports: []int{9104, 9105, 9106}},
+	}
+	cfg = renderFleetConfig(18080, 19090, 8443, fleets, pw, ca)
 	c, err = registry.Load([]byte(cfg), map[string]registry.SettingsDecoder{"redfish": redfish.Decode})
 	if err != nil {
 		t.Fatalf("generated redfish config rejected: %v\n%s", err, cfg)
 	}
-	if len(c.Routes) != 3 {
-		t.Fatalf("got %d routes, want 3", len(c.Routes))
+	if len(c.Routes) != 2 {
+		t.Fatalf("got %d routes, want 2", len(c.Routes))
 	}
-	if s := c.Routes[2].Settings.(*redfish.Settings); s.System != "node-2" || s.Endpoint != "https://127.0.0.1:8443" {
-		t.Errorf("node-2 settings = %+v", s)
+	for i, r := range c.Routes {
+		f := fleets[i]
+		if r.Name != f.name || r.Fleet == nil {
+			t.Fatalf("route %d: %s, fleet %+v; want %s with a fleet", i, r.Name, r.Fleet, f.name)
+		}
+		if r.Fleet.Serial != f.serial || r.Fleet.MinReady != len(f.ports) || len(r.Fleet.Members) != len(f.ports) {
+			t.Errorf("%s: fleet serial %v, min_ready %d, %d members; want %v, %d, %d", r.Name, r.Fleet.Serial, r.Fleet.MinReady, len(r.Fleet.Members), f.serial, len(f.ports), len(f.ports))
+			continue
+		}
+		for j, m := range r.Fleet.Members {
+			s := m.Settings.(*redfish.Settings)
+			if want := "node-" + strconv.Itoa(f.first+j); m.Name != want || s.System != want || s.Endpoint != "https://127.0.0.1:8443" {
+				t.Errorf("%s member %d: %s, settings %+v; want %s on the simulator", r.Name, j, m.Name, s, want)
+			}
+			if got, want := m.Upstream.Address, "127.0.0.1:"+strconv.Itoa(f.ports[j]); got != want {
+				t.Errorf("%s member %s: upstream %s, want %s", r.Name, m.Name, got, want)
+			}
+		}
 	}
 }

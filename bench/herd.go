@@ -23,18 +23,39 @@ type routeStatus struct {
 }
 
 type wakeRecord struct {
+	Route    string        `json:"route"`
 	Started  time.Time     `json:"started"`
 	Duration time.Duration `json:"duration_ns"`
 	Result   string        `json:"result"`
+	Outcome  string        `json:"outcome"`
 	Joined   int           `json:"joined_requests"`
 	Notes    []string      `json:"notes"`
 	// The hold's release of the requests it held: how many, and gate passed → the last left the hold.
 	Released      int           `json:"released_requests"`
 	ReleaseSpread time.Duration `json:"release_spread_ns"`
-	Phases        []struct {
-		Name     string        `json:"name"`
-		Duration time.Duration `json:"duration_ns"`
-	} `json:"phases"`
+	Phases        []wakePhase   `json:"phases"`
+	// Requires holds each requirement's part in the wake, with its own record when it was woken for it;
+	// Members is a fleet's rollup, in member order.
+	Requires []requiredWake `json:"requires"`
+	Members  []memberRecord `json:"members"`
+}
+
+type wakePhase struct {
+	Name     string        `json:"name"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+type requiredWake struct {
+	Instance string      `json:"instance"`
+	State    string      `json:"state"` // awake, woken (Wake is its record) or failed
+	Wake     *wakeRecord `json:"wake"`
+}
+
+type memberRecord struct {
+	Name   string      `json:"name"`
+	Status string      `json:"status"` // up, timeout, error, cancelled, waking
+	Error  string      `json:"error"`
+	Phases []wakePhase `json:"phases"`
 }
 
 // phaseLog collects the phases of a route's wakes (from the admin API) across samples.
@@ -53,11 +74,14 @@ func (l *phaseLog) add(ctx context.Context, act *activatorProc, route string) {
 }
 
 // record adds the phases of one wake record.
-func (l *phaseLog) record(w *wakeRecord) {
+func (l *phaseLog) record(w *wakeRecord) { l.recordPhases(w.Phases) }
+
+// recordPhases adds one wake's phases (a record's own, or a fleet member's).
+func (l *phaseLog) recordPhases(ps []wakePhase) {
 	if l.ms == nil {
 		l.ms = map[string][]float64{}
 	}
-	for _, p := range w.Phases {
+	for _, p := range ps {
 		if _, ok := l.ms[p.Name]; !ok {
 			l.order = append(l.order, p.Name)
 		}

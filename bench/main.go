@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +39,8 @@ type options struct {
 	scaleRoutes int
 	guestRuns   int // alternating rounds of the guest and node wakes
 	herdRuns    int // herds per size, sizes alternating
-	nodes       int // Redfish fleet size
+	nodes       int // members of each Redfish fleet
+	chainRuns   int // cold wakes of the chain a ← b ← c
 	slowClients int // connections trickling request bodies in the slow-client experiment
 	pinned      bool
 	unpinned    bool
@@ -68,13 +70,14 @@ func run() int {
 	flag.IntVar(&o.runs, "runs", 5, "alternating runs per warm-path measurement (the median and spread are reported)")
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "length of one wrk run")
 	flag.StringVar(&conns, "conns", "1,16,64", "wrk connection counts")
-	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,unit,herd,heldmem,scale,guest (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,chain,unit,herd,heldmem,scale,guest,fleet (default all)")
 	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
 	flag.IntVar(&o.herdRuns, "herd-runs", 5, "herds per size (the sizes alternate); medians and spread are reported")
-	flag.IntVar(&o.guestRuns, "guest-runs", 7, "alternating rounds of the guest (QEMU) and node (Redfish) wakes")
-	flag.IntVar(&o.nodes, "nodes", 8, "nodes in the Redfish fleet (each its own route)")
+	flag.IntVar(&o.guestRuns, "guest-runs", 7, "alternating rounds of the guest (QEMU) and node (Redfish fleet) wakes")
+	flag.IntVar(&o.nodes, "nodes", 8, "members of each Redfish fleet (the simulator serves twice as many: a parallel fleet and a serial one)")
+	flag.IntVar(&o.chainRuns, "chain-runs", 15, "cold wakes of the chain a ← b ← c")
 	flag.IntVar(&o.slowClients, "slow-clients", 1000, "connections trickling request bodies at 1 byte/s in the slow-client experiment")
 	flag.BoolVar(&o.pinned, "pinned", true, "measure with wrk on CPU 0 and the servers on CPU 1 (taskset)")
 	flag.BoolVar(&o.unpinned, "unpinned", true, "also measure unpinned (reported apart)")
@@ -109,6 +112,9 @@ func run() int {
 		if !set["guest-runs"] {
 			o.guestRuns = 2
 		}
+		if !set["chain-runs"] {
+			o.chainRuns = 5
+		}
 		if !set["slow-clients"] {
 			o.slowClients = 200
 		}
@@ -127,12 +133,21 @@ func run() int {
 	}
 	if only != "" {
 		o.only = map[string]bool{}
+		var names []string
+		for _, x := range experiments() {
+			names = append(names, x.name)
+		}
 		for _, s := range strings.Split(only, ",") {
-			o.only[strings.TrimSpace(s)] = true
+			s = strings.TrimSpace(s)
+			if !slices.Contains(names, s) {
+				fmt.Fprintf(os.Stderr, "bench: -only: no experiment %q (want a comma-separated subset of %s)\n", s, strings.Join(names, ","))
+				return 2
+			}
+			o.only[s] = true
 		}
 	}
-	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.herdRuns < 1 || o.slowClients < 1 || o.nodes < 2 {
-		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples, -herd-runs, -guest-runs and -slow-clients must be at least 1, -nodes at least 2")
+	if o.runs < 1 || o.coldSamples < 1 || o.guestRuns < 1 || o.herdRuns < 1 || o.slowClients < 1 || o.chainRuns < 1 || o.nodes < 2 {
+		fmt.Fprintln(os.Stderr, "bench: -runs, -cold-samples, -herd-runs, -guest-runs, -chain-runs and -slow-clients must be at least 1, -nodes at least 2")
 		return 2
 	}
 
@@ -147,20 +162,7 @@ func run() int {
 	}
 	defer cleanup()
 
-	type experiment struct {
-		name string
-		run  func(context.Context, *env) error
-	}
-	for _, x := range []experiment{
-		{"warm", runWarm},
-		{"slow", runSlow},
-		{"cold", runCold},
-		{"unit", runUnit},
-		{"herd", runHerd},
-		{"heldmem", runHeldMem},
-		{"scale", runScale},
-		{"guest", runGuest},
-	} {
+	for _, x := range experiments() {
 		if o.only != nil && !o.only[x.name] {
 			continue
 		}
@@ -186,6 +188,28 @@ func run() int {
 		return 130
 	}
 	return 0
+}
+
+// experiment is one part of the harness, selected by name with -only.
+type experiment struct {
+	name string
+	run  func(context.Context, *env) error
+}
+
+// experiments are the harness's parts, in the order they run.
+func experiments() []experiment {
+	return []experiment{
+		{"warm", runWarm},
+		{"slow", runSlow},
+		{"cold", runCold},
+		{"chain", runChain},
+		{"unit", runUnit},
+		{"herd", runHerd},
+		{"heldmem", runHeldMem},
+		{"scale", runScale},
+		{"guest", runGuest},
+		{"fleet", runFleet},
+	}
 }
 
 // setup builds the activator, finds the tools and raises the fd limit. cleanup removes the scratch

@@ -34,6 +34,7 @@ type Report struct {
 	Scale      *ScaleRow      `json:"scale,omitempty"`
 	Guest      *GuestResult   `json:"guest,omitempty"`
 	Fleet      *FleetRow      `json:"redfish_fleet,omitempty"`
+	Chain      *ChainRow      `json:"chain,omitempty"`
 	Skipped    []Skip         `json:"skipped,omitempty"`
 	Failures   []string       `json:"failures,omitempty"`
 	Notes      []string       `json:"notes,omitempty"`
@@ -227,19 +228,35 @@ type GuestRow struct {
 	Note      string `json:"note,omitempty"`
 }
 
-// FleetRow is the Redfish fleet experiment: n nodes woken one after another and all at once.
+// FleetRow is the Redfish fleet experiment: two fleet routes of n nodes each, one waking its members
+// one after another (serial: true) and one all at once, each woken by one request.
 type FleetRow struct {
-	Nodes    int     `json:"nodes"`
-	Delay    string  `json:"power_on_delay"` // the simulator's PoweringOn time per node
-	Rounds   int     `json:"rounds"`
-	Failed   int     `json:"failed_rounds"`
-	Serial   Stat    `json:"serial_ms"`   // first request → last node answered, one after another
-	Parallel Stat    `json:"parallel_ms"` // the same, all requests at once
-	PerWake  Stat    `json:"serial_per_node_ms"`
-	Ratio    Stat    `json:"parallel_over_serial"`
-	Ideal    float64 `json:"ideal"` // 1/n
-	Phases   string  `json:"wake_phases,omitempty"`
-	Note     string  `json:"note,omitempty"`
+	Nodes        int     `json:"nodes"`          // members per fleet
+	Delay        string  `json:"power_on_delay"` // the simulator's PoweringOn time per node
+	Rounds       int     `json:"rounds"`
+	Failed       int     `json:"failed_rounds"`
+	Serial       Stat    `json:"serial_ms"`   // the serial fleet: request written → first byte (all members up)
+	Parallel     Stat    `json:"parallel_ms"` // the same, the parallel fleet
+	SerialWake   Stat    `json:"serial_wake_ms"`
+	ParallelWake Stat    `json:"parallel_wake_ms"` // the fleets' own wake records
+	PerWake      Stat    `json:"serial_per_node_ms"`
+	Ratio        Stat    `json:"parallel_over_serial"`  // first byte, round by round
+	Ideal        float64 `json:"ideal"`                 // 1/n
+	Phases       string  `json:"wake_phases,omitempty"` // of one member, median over both fleets
+	Note         string  `json:"note,omitempty"`
+}
+
+// ChainRow is the chain experiment: exec tenants a ← b ← route c, woken cold by one request to c.
+// Milliseconds, median (min–max) over the rounds.
+type ChainRow struct {
+	Rounds    int    `json:"rounds"`
+	Failed    int    `json:"failed_rounds"`
+	FirstByte Stat   `json:"first_byte_ms"` // request written → first response byte, through the edge
+	Wake      Stat   `json:"wake_ms"`       // route c's wake record, which spans its requirements' wakes
+	Own       Stat   `json:"own_phases_ms"` // Σ over c's, b's and a's records of their phases but requires
+	Overhead  Stat   `json:"overhead_ms"`   // Wake − Own, round by round
+	Phases    string `json:"wake_phases,omitempty"`
+	Note      string `json:"note,omitempty"`
 }
 
 // Skip is something this run could not measure, and why.
@@ -429,6 +446,20 @@ func (r *Report) markdown() string {
 		p("\n\n")
 	}
 
+	if c := r.Chain; c != nil {
+		p("#### Chain wake: exec tenants a ← b ← route c, woken cold by one request, milliseconds\n\n")
+		p("Instances `a` and `b` and route `c` (c requires b, b requires a), each the demo app on its own port. Each round puts c, b and a to sleep through the admin API, in that order, then sends one `GET /bound` to c on a fresh connection. *wake*: c's wake record, which spans b's and a's; *own phases*: the sum over the three records (c's and the requirements' records nested in it) of every phase but `requires`, that is what the backings and health gates took; *overhead* = wake − own phases, round by round: what the activator adds to run the chain.\n\n")
+		p("| rounds | failed | first byte | wake | own phases | **overhead** |\n|---|---|---|---|---|---|\n")
+		p("| %d | %d | %s | %s | %s | %s |\n", c.Rounds, c.Failed, fmtStat(c.FirstByte, 2), fmtStat(c.Wake, 2), fmtStat(c.Own, 2), fmtStat(c.Overhead, 3))
+		if c.Phases != "" {
+			p("\n- wake phases (each record's own, median): %s", c.Phases)
+		}
+		if c.Note != "" {
+			p("\n- %s", c.Note)
+		}
+		p("\n\n")
+	}
+
 	if len(r.Unit) > 0 {
 		p("#### Unit wake vs systemd socket activation, first byte in milliseconds\n\n")
 		p("Each round stops the three and sends one GET /bound to each, in turn. *socket activation*: the app's own `.socket`, systemd hands it the listening socket; *socket + proxyd*: a `.socket` starting `systemd-socket-proxyd`, which needs the app service (the issue's comparison); *activator unit*: a unit route. Ratios are taken round by round. *listening → first byte*: the part of the first byte after the app was listening (its own bound_ns).\n\n")
@@ -539,12 +570,12 @@ func (r *Report) markdown() string {
 	}
 
 	if f := r.Fleet; f != nil {
-		p("#### Node wake (redfish): a fleet of %d simulated nodes, serial vs parallel, milliseconds\n\n", f.Nodes)
-		p("Each node is its own route on the real `cmd/redfish-sim` (HTTPS, session auth), and stays PoweringOn for %s. *serial*: one request at a time, node after node; *parallel*: one request to every node at once. Times run from the first request to the last node's answer.\n\n", f.Delay)
-		p("| rounds | failed | serial | per node (serial) | parallel | parallel ÷ serial | 1/n |\n|---|---|---|---|---|---|---|\n")
-		p("| %d | %d | %s | %s | %s | %s | %.3f |\n", f.Rounds, f.Failed, fmtStat(f.Serial, 0), fmtStat(f.PerWake, 0), fmtStat(f.Parallel, 0), fmtStat(f.Ratio, 3), f.Ideal)
+		p("#### Node wake (redfish): two fleets of %d simulated nodes, serial vs parallel, milliseconds\n\n", f.Nodes)
+		p("Two fleet routes on the real `cmd/redfish-sim` (HTTPS, session auth), each node staying PoweringOn for %s: `fleet-parallel` (nodes 0–%d, members woken all at once) and `fleet-serial` (`serial: true`, nodes %d–%d, one after another). Each round puts both to sleep, then sends one request to each, alternating which goes first. *serial*, *parallel*: request written → first response byte; `min_ready` is all members, so the request is released when the last member is up. *wake*: the fleet's own wake record.\n\n", f.Delay, f.Nodes-1, f.Nodes, 2*f.Nodes-1)
+		p("| rounds | failed | serial | per node (serial) | parallel | parallel ÷ serial | 1/n | serial wake | parallel wake |\n|---|---|---|---|---|---|---|---|---|\n")
+		p("| %d | %d | %s | %s | %s | %s | %.3f | %s | %s |\n", f.Rounds, f.Failed, fmtStat(f.Serial, 0), fmtStat(f.PerWake, 0), fmtStat(f.Parallel, 0), fmtStat(f.Ratio, 3), f.Ideal, fmtStat(f.SerialWake, 0), fmtStat(f.ParallelWake, 0))
 		if f.Phases != "" {
-			p("\n- wake phases of one node (activator's record, median): %s", f.Phases)
+			p("\n- wake phases of one member (its record in the fleet's rollup, median over both fleets): %s", f.Phases)
 		}
 		if f.Note != "" {
 			p("\n- %s", f.Note)

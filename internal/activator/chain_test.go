@@ -109,7 +109,8 @@ func TestChainWakesInOrderSleepsInReverse(t *testing.T) {
 			t.Fatalf("app record %+v", rec)
 		}
 		inner := rec.Requires[0].Wake
-		if len(inner.Requires) != 1 || inner.Requires[0].Instance != "node" || inner.Requires[0].State != "woken" {
+		if inner.Outcome != OutcomeSucceeded || len(inner.Requires) != 1 || inner.Requires[0].Instance != "node" ||
+			inner.Requires[0].State != "woken" || inner.Requires[0].Wake.Outcome != OutcomeSucceeded {
 			t.Fatalf("guest record %+v", inner)
 		}
 		if by := s.instance("node").status().RequiredBy; !slices.Equal(by, []string{"guest"}) {
@@ -196,6 +197,9 @@ func TestFailedRequirementNamesIt(t *testing.T) {
 		}
 		if c := rec.Culprit; c == nil || c.Instance != "guest" || c.Phase != "spawn" || c.Class != "terminal" {
 			t.Fatalf("culprit %+v", rec.Culprit)
+		}
+		if g := rec.Requires[0].Wake; g == nil || g.Outcome != OutcomeFailed || g.Culprit == nil || g.Culprit.Instance != "guest" {
+			t.Fatalf("guest's nested record %+v", rec.Requires[0].Wake)
 		}
 		if st := s.instance("node").status(); st.State != "awake" || len(st.RequiredBy) != 0 {
 			t.Fatalf("node %s, required by %v", st.State, st.RequiredBy)

@@ -322,6 +322,14 @@ func (t *tracker) finish(result string, err error) WakeRecord {
 	return t.snapshotLocked()
 }
 
+// amend applies fn to the record and returns a snapshot of the result.
+func (t *tracker) amend(fn func(*WakeRecord)) WakeRecord {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fn(&t.rec)
+	return t.snapshotLocked()
+}
+
 func (t *tracker) snapshot() WakeRecord {
 	t.mu.Lock()
 	defer t.mu.Unlock()

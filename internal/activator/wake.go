@@ -159,8 +159,8 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 		releaseAll(out.holds) // what was woken for this wake alone sleeps after its idle window
 		out.holds = nil
 	}
-	out.rec = rec.finish(wakeResult(trig, out.awake, out.err), out.err)
-	in.settleRecord(&out.rec, out.err)
+	rec.finish(wakeResult(trig, out.awake, out.err), out.err)
+	out.rec = rec.amend(func(r *WakeRecord) { in.settleRecord(r, out.err) }) // the tracker's too: nested copies read it
 	return out
 }
 
