@@ -1,7 +1,8 @@
-// Package health owns probing a tenant's upstream: one HTTP GET per probe, and the gate that waits for
-// N consecutive passes, probing every FastPause at first, so a fast tenant is released within a
-// fraction of a millisecond of listening while a slow one is not hammered. A health path the tenant
-// keeps refusing with the same client error fails the gate at once (ErrWrongPath).
+// Package health owns probing a tenant's upstream: one HTTP GET per probe (or, with health.tcp, one
+// connect), and the gate that waits for N consecutive passes, probing every FastPause at first, so a
+// fast tenant is released within a fraction of a millisecond of listening while a slow one is not
+// hammered. A health path the tenant keeps refusing with the same client error fails the gate at once
+// (ErrWrongPath).
 package health
 
 import (
@@ -85,7 +86,8 @@ func WithPacer(pc *Pacer) Option { return func(p *Prober) { p.pacer = pc } }
 // built by hand rather than by the registry) take the registry's defaults: path "/", status 200-399,
 // a 2s timeout, a 1s interval, one pass; but a zero FailFastAfter is not defaulted: it turns the
 // fail-fast rule off. An empty Host sends the upstream's address as Host (localhost over a unix
-// socket).
+// socket). With h.TCP a probe is a connect alone: it passes once the dial succeeds, closes the
+// connection at once and sends nothing, so path, Host, status and FailFastAfter play no part.
 func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	if h.Path == "" {
 		h.Path = "/"
@@ -135,6 +137,7 @@ func validHost(h string) bool {
 
 // Probe makes one GET on a fresh connection within the configured timeout and returns nil when the
 // status is in range. Redirects are not followed: a 3xx is judged by the status range like any other.
+// In TCP mode it dials within the timeout and returns nil when the connect succeeds.
 //
 // It is one dial, one write and one read in the calling goroutine, not an http.Client round trip: the
 // gate probes every FastPause while a tenant starts, and a client's dial and read goroutines per probe
@@ -149,7 +152,13 @@ func (p *Prober) Probe(ctx context.Context) error {
 func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	c, err := p.probe(pctx, keep)
+	var c net.Conn
+	var err error
+	if p.cfg.TCP {
+		err = p.connect(pctx)
+	} else {
+		c, err = p.probe(pctx, keep)
+	}
 	switch {
 	case err == nil:
 		return c, nil
@@ -162,7 +171,19 @@ func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 	case ended(pctx):
 		err = fmt.Errorf("no answer within %v (the probe timeout): %w", p.cfg.Timeout, context.DeadlineExceeded)
 	}
+	if p.cfg.TCP {
+		return nil, fmt.Errorf("connect check: %w", err)
+	}
 	return nil, fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+}
+
+// connect is a TCP-mode probe: one dial, closed at once.
+func (p *Prober) connect(ctx context.Context) error {
+	c, err := p.up.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // cut reports whether err is what a dial, read or write returns when its deadline fires or its ctx
@@ -247,7 +268,8 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 // (else nil): a connection to the tenant that has just answered, which the activator hands to the
 // route's proxy for the first released request, saving it a dial and the tenant an accept. Only a
 // probe that can pass the gate asks for keep-alive; the connections of the others are closed. The
-// caller owns the returned connection.
+// caller owns the returned connection. In TCP mode the connection is always nil: each probe's is
+// closed at once.
 func (p *Prober) WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error) {
 	return p.wait(ctx, gone, true)
 }

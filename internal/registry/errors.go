@@ -8,13 +8,16 @@ import (
 	"strings"
 )
 
-// Error is one configuration problem. It names the route (when there is one), the key (dotted, as in
-// "health.interval" or "exec.argv") and the line of the config file.
+// Error is one configuration problem. It names the route or instance (when there is one), the key
+// (dotted, as in "health.interval" or "exec.argv") and the line of the config file.
 type Error struct {
 	Route string
-	Key   string
-	Line  int
-	Err   error
+	// Instance is set when Route names an entry of instances: rather than of routes:; the problem then
+	// reads `instance "db": …`.
+	Instance bool
+	Key      string
+	Line     int
+	Err      error
 }
 
 func (e *Error) Error() string {
@@ -22,7 +25,10 @@ func (e *Error) Error() string {
 	if e.Line > 0 {
 		fmt.Fprintf(&b, "line %d: ", e.Line)
 	}
-	if e.Route != "" {
+	switch {
+	case e.Route != "" && e.Instance:
+		fmt.Fprintf(&b, "instance %q: ", e.Route)
+	case e.Route != "":
 		fmt.Fprintf(&b, "route %q: ", e.Route)
 	}
 	if e.Key != "" {

@@ -60,7 +60,8 @@ type fileConfig struct {
 	CgroupRoot    string      `yaml:"cgroup_root"`
 	Edge          edgeKeys    `yaml:"edge"`
 	Routes        []yaml.Node `yaml:"routes"`
-	AdminKeys     adminKeys   `yaml:",inline"` // admin_socket, admin_token_file, … (admin.go)
+	Instances     []yaml.Node `yaml:"instances"` // routes without hosts (chain.go)
+	AdminKeys     adminKeys   `yaml:",inline"`   // admin_socket, admin_token_file, … (admin.go)
 }
 
 // edgeKeys is the edge: block. Every key is a pointer, nil when left out, so that a zero the operator
@@ -103,7 +104,9 @@ type routeKeys struct {
 	WaitingPage yaml.Node    `yaml:"waiting_page"` // true, false or {template: PATH}
 	Ignore      ignoreKeys   `yaml:"ignore"`
 	KeepWarm    []windowKeys `yaml:"keep_warm"`
-	WakeAt      []yaml.Node  `yaml:"wake_at"` // "cron spec" or {cron, time_zone}
+	WakeAt      []yaml.Node  `yaml:"wake_at"`  // "cron spec" or {cron, time_zone}
+	Requires    []string     `yaml:"requires"` // instance names (chain.go)
+	Fleet       *fleetKeys   `yaml:"fleet"`    // nil when left out (fleet.go)
 }
 
 type healthKey struct {
@@ -115,6 +118,7 @@ type healthKey struct {
 	Passes   int      `yaml:"passes"`
 	Budget   Duration `yaml:"budget"`
 	FailFast *int     `yaml:"fail_fast_after"`
+	TCP      bool     `yaml:"tcp"`
 }
 
 var (
@@ -169,16 +173,15 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
-	names := map[string]int{}
-	hosts := map[string]string{}
-	for i := range fc.Routes {
-		r, ok := loadRoute(&l, &fc.Routes[i], i, backings, own)
-		if r == nil {
-			continue
-		}
-		checkUnique(&l, &fc.Routes[i], i, r, names, hosts)
-		if ok {
-			cfg.Routes = append(cfg.Routes, r)
+	ents := loadEntries(&l, &doc, &fc, backings, own)
+	checkRequires(&l, ents)
+	for _, e := range ents {
+		switch {
+		case !e.ok:
+		case e.r.Instance:
+			cfg.Instances = append(cfg.Instances, e.r)
+		default:
+			cfg.Routes = append(cfg.Routes, e.r)
 		}
 	}
 	if len(l.list) > 0 {
@@ -187,35 +190,54 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	return cfg, nil
 }
 
-// loadRoute decodes and validates one route, adding every problem it has to l. own are the activator's
-// own addresses, which its upstream must not be. It returns the route as far as it decoded and whether
-// it is usable (it has no problems), or nil when n is not even a mapping.
-func loadRoute(l *errs, n *yaml.Node, idx int, backings map[string]SettingsDecoder, own []ownAddr) (*Route, bool) {
+// loadRoute decodes and validates one route, or one instance (an entry of instances:), adding every
+// problem it has to l. own are the activator's own addresses, which its upstream must not be. It returns
+// the entry with its route as far as it decoded and whether it is usable (it has no problems); the
+// entry's route is nil when n is not even a mapping.
+func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
+	e := entry{n: n, idx: idx, label: routeLabel(n, idx)}
 	if n.Kind != yaml.MappingNode {
-		l.add(fmt.Sprintf("#%d", idx+1), "", n.Line, "a route must be a mapping")
-		return nil, false
+		e.label = fmt.Sprintf("#%d", idx+1)
+		what := "a route"
+		if instance {
+			what = "an instance"
+		}
+		l.add(e.label, "", n.Line, "%s must be a mapping", what)
+		markInstance(l.list[len(l.list)-1:], instance)
+		return e
 	}
 	common, blocks := splitBlocks(n, backings)
-	c := &routeCheck{l: l, n: n, label: routeLabel(n, idx), start: len(l.list), own: own}
+	c := &routeCheck{l: l, n: n, label: e.label, start: len(l.list), own: own}
 	if err := DecodeStrict(common, &c.rk); err != nil {
 		l.addErr(c.label, "", n.Line, err)
 	}
 	c.undecoded = errorKeys(l.list[c.start:])
-	c.r = &Route{Name: c.rk.Name, Backing: c.rk.Backing}
+	c.r = &Route{Name: c.rk.Name, Backing: c.rk.Backing, Instance: instance}
 	// One checker per section, each reporting every problem in it. The order is the order of the
 	// problems on a single line (a route written as one flow mapping).
 	c.checkName()
-	c.checkHosts()
+	if instance {
+		c.checkNoHosts()
+	} else {
+		c.checkHosts()
+	}
 	c.checkUpstream()
 	c.checkBody()
 	c.checkBudgets()
 	c.checkHold()
 	c.checkBackoff()
 	c.checkHealth()
-	c.checkPeople()
+	if instance {
+		c.checkNoPeople()
+	} else {
+		c.checkPeople()
+	}
 	c.checkSchedules()
+	c.checkFleet(backings)
 	c.checkBacking(blocks, backings)
-	return c.r, len(l.list) == c.start
+	markInstance(l.list[c.start:], instance)
+	e.r, e.ok, e.reqs = c.r, len(l.list) == c.start, c.requireKeys()
+	return e
 }
 
 // block is a backing's settings block in a route: the mapping under the backing's name.
@@ -234,7 +256,13 @@ func splitBlocks(n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node,
 			own = n.Content[i+1].Value
 		}
 	}
-	if _, isCommon := yamlFields(reflect.TypeFor[routeKeys]())[own]; isCommon {
+	return splitByBacking(n, own, reflect.TypeFor[routeKeys](), backings)
+}
+
+// splitByBacking is splitBlocks for a mapping whose common keys are those of the struct type keys and
+// whose own backing is own (a fleet member's is its route's).
+func splitByBacking(n *yaml.Node, own string, keys reflect.Type, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+	if _, isCommon := yamlFields(keys)[own]; isCommon {
 		own = ""
 	}
 	common := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line}
@@ -277,7 +305,8 @@ type routeCheck struct {
 	undecoded map[string]bool // full keys that failed to decode: "hosts[1]", "health.timeout", "hold"
 	rk        routeKeys
 	r         *Route
-	own       []ownAddr // the activator's own valid addresses: listen and admin
+	own       []ownAddr  // the activator's own valid addresses: listen and admin
+	members   []memberAt // a fleet's members, for checkBacking (fleet.go)
 }
 
 func (c *routeCheck) add(key string, line int, format string, args ...any) {
@@ -363,17 +392,22 @@ func (c *routeCheck) checkHosts() {
 	c.r.PathPrefix = strings.TrimSuffix(c.rk.PathPrefix, "/")
 }
 
-// checkUpstream checks upstream and max_upstream_conns.
+// checkUpstream checks upstream and max_upstream_conns. A fleet has no upstream of its own: each
+// member has one (checkFleet).
 func (c *routeCheck) checkUpstream() {
+	fleet := c.rk.Fleet != nil || c.failedBelow("fleet")
 	switch u, err := ParseUpstream(c.rk.Upstream); {
 	case c.failed("upstream"):
+	case fleet && c.rk.Upstream != "":
+		c.add("upstream", c.at("upstream"), "a fleet has no upstream of its own: each member has its own (fleet.members[N].upstream)")
+	case fleet:
 	case c.rk.Upstream == "":
 		c.add("upstream", c.at("upstream"), "missing: where does the woken tenant listen? (host:port or unix:/path)")
 	case err != nil:
 		c.add("upstream", c.at("upstream"), "%v", err)
 	default:
 		c.r.Upstream = u
-		c.checkNotOwn(u)
+		c.checkNotOwn("upstream", u)
 	}
 	c.r.MaxUpstreamConns = c.rk.MaxUpConns
 	if c.r.MaxUpstreamConns == 0 {
@@ -383,9 +417,10 @@ func (c *routeCheck) checkUpstream() {
 	}
 }
 
-// checkNotOwn reports an upstream that is one of the activator's own addresses. A wildcard listen
-// address (0.0.0.0, ::, or no host) counts as every address certainly local: loopback ones and localhost.
-func (c *routeCheck) checkNotOwn(u Upstream) {
+// checkNotOwn reports an upstream, at key, that is one of the activator's own addresses. A wildcard
+// listen address (0.0.0.0, ::, or no host) counts as every address certainly local: loopback ones and
+// localhost.
+func (c *routeCheck) checkNotOwn(key string, u Upstream) {
 	for _, a := range c.own {
 		if !a.names(u) {
 			continue
@@ -394,7 +429,7 @@ func (c *routeCheck) checkNotOwn(u Upstream) {
 		if a.key == "admin" {
 			what = "requests would go to the admin API"
 		}
-		c.add("upstream", c.at("upstream"), "upstream %s is the activator's own %s address %s: %s (where does the woken tenant listen?)", u, a.key, a.addr, what)
+		c.add(key, c.at(key), "upstream %s is the activator's own %s address %s: %s (where does the woken tenant listen?)", u, a.key, a.addr, what)
 		return
 	}
 }
@@ -485,7 +520,27 @@ func (c *routeCheck) checkHealth() {
 	if h.Budget > c.r.WakeBudget && !c.failed("wake_budget", "health.budget") {
 		c.add("health.budget", c.at("health.budget"), "%v exceeds wake_budget %v", h.Budget, c.r.WakeBudget)
 	}
+	if hk.TCP {
+		c.checkTCPHealth(&h)
+	}
 	c.r.Health = h
+}
+
+// checkTCPHealth reports the keys of the health block that a connect check does not use, and clears
+// them.
+func (c *routeCheck) checkTCPHealth(h *Health) {
+	hk := c.rk.Health
+	for _, k := range []struct {
+		key   string
+		given bool
+	}{{"path", hk.Path != ""}, {"host", hk.Host != ""}, {"status", hk.Status != ""}, {"fail_fast_after", hk.FailFast != nil}} {
+		if k.given {
+			key := "health." + k.key
+			c.add(key, c.at(key), "not used with health.tcp: true (the gate only connects, it sends no request): remove it")
+		}
+	}
+	h.TCP = true
+	h.Path, h.Host, h.MinStatus, h.MaxStatus, h.FailFastAfter = "", "", 0, 0, 0
 }
 
 // topCheck checks the top-level keys beside routes. A key that failed to decode is left nil, so it takes
@@ -614,10 +669,15 @@ func (c *routeCheck) checkBacking(blocks map[string]block, backings map[string]S
 			c.add(k, blocks[k].line, "settings for backing %q, but the route's backing is %q", k, name)
 		}
 	}
+	c.checkMemberBlocks(name)
 	if len(c.l.list) > c.start {
 		return
 	}
 	own := blocks[name]
+	if c.r.Fleet != nil {
+		c.decodeMembers(dec, name, own)
+		return
+	}
 	settings, err := dec(c.r, own.node)
 	if err != nil {
 		line := own.line
@@ -627,26 +687,6 @@ func (c *routeCheck) checkBacking(blocks map[string]block, backings map[string]S
 		c.l.addErr(c.label, name, line, err)
 	}
 	c.r.Settings = settings
-}
-
-// checkUnique reports r's name, and each of its hosts under its path prefix, when an earlier route has
-// it already, and records r's for the routes after it. A route with problems of its own takes part too,
-// so that fixing those does not reveal a duplicate only then.
-func checkUnique(l *errs, n *yaml.Node, idx int, r *Route, names map[string]int, hosts map[string]string) {
-	label := routeLabel(n, idx)
-	if prev, dup := names[r.Name]; dup {
-		l.add(label, "name", KeyLine(n, "name"), "duplicate route name (also route #%d)", prev+1)
-	} else if r.Name != "" {
-		names[r.Name] = idx
-	}
-	for _, h := range r.Hosts {
-		k := h + r.PathPrefix
-		if other, dup := hosts[k]; dup {
-			l.add(label, "hosts", KeyLine(n, "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
-			continue
-		}
-		hosts[k] = label
-	}
 }
 
 // errorKeys returns the key of each problem in list.

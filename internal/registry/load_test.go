@@ -485,7 +485,7 @@ func TestLoadSectionReportsEveryProblem(t *testing.T) {
 				`line 8: route "a": health.path: "healthz" must start with /`,
 				`line 9: route "a": health.passes: must be positive, got -1`,
 				`line 10: route "a": health.status: "ok" is not a status range such as "200-399" or "204"`,
-				`line 11: route "a": health.intervall: unknown key (known keys: budget, fail_fast_after, host, interval, passes, path, status, timeout)`,
+				`line 11: route "a": health.intervall: unknown key (known keys: budget, fail_fast_after, host, interval, passes, path, status, tcp, timeout)`,
 			},
 		},
 		{

@@ -65,7 +65,8 @@ func (w Window) End(t time.Time) time.Time {
 // Same reports whether r and o configure the route identically: reflect.DeepEqual, except that time
 // zones compare by name. A *time.Location caches the zone period in force when it was loaded, so the
 // same zone loaded on either side of a DST change would otherwise differ, and a reload would replace
-// (and restart) a route nobody changed.
+// (and restart) a route nobody changed. Requires compares in the order written, and a fleet member by
+// member, each with the settings its backing's decoder returned.
 func (r *Route) Same(o *Route) bool {
 	a, b := *r, *o
 	if len(a.KeepWarm) != len(b.KeepWarm) || len(a.WakeAt) != len(b.WakeAt) {

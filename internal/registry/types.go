@@ -248,6 +248,10 @@ type Health struct {
 	FailFastAfter int
 	// Budget bounds the health phase alone; 0 means whatever is left of the wake budget.
 	Budget time.Duration
+	// TCP (health.tcp) makes the gate a connect check, for requirements that speak no HTTP (a
+	// database): a probe passes when a TCP or unix connect to the upstream succeeds, and sends nothing.
+	// Load then leaves Path, Host, MinStatus, MaxStatus and FailFastAfter zero.
+	TCP bool
 }
 
 // Hold limits the requests held while a route wakes.

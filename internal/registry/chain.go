@@ -1,0 +1,249 @@
+package registry
+
+// Instances (instances:), the requirements between tenants (requires:), and the checks across entries:
+// unique names, requirements that name instances, no cycle.
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// entry is one route or instance as loaded, problems and all: what the checks across entries see, so
+// that a duplicate name or a bad requirement is reported even beside the entry's own problems.
+type entry struct {
+	r     *Route // nil when the entry is not a mapping
+	n     *yaml.Node
+	idx   int    // position in its list
+	label string // the name, or "#N"
+	ok    bool   // the entry has no problem of its own
+	reqs  []reqAt
+}
+
+// reqAt is one decoded entry of requires: and its key ("requires[2]").
+type reqAt struct {
+	name, key string
+}
+
+// kind is how problems and hints name the entry's list.
+func (e *entry) kind() string {
+	if e.r != nil && e.r.Instance {
+		return "instance"
+	}
+	return "route"
+}
+
+func (e *entry) add(l *errs, key string, line int, format string, args ...any) {
+	l.add(e.label, key, line, format, args...)
+	markInstance(l.list[len(l.list)-1:], e.r != nil && e.r.Instance)
+}
+
+// markInstance marks the problems in list as an instance's (Error.Instance) when instance is set.
+func markInstance(list []error, instance bool) {
+	if !instance {
+		return
+	}
+	for _, err := range list {
+		if e, ok := err.(*Error); ok {
+			e.Instance = true
+		}
+	}
+}
+
+// loadEntries loads the routes and the instances, the list written first first, and checks that their
+// names are unique across both lists and that no two routes share a host and path prefix. It returns
+// every entry, usable or not, in file order.
+func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr) []entry {
+	lists := []struct {
+		nodes    []yaml.Node
+		instance bool
+	}{{fc.Routes, false}, {fc.Instances, true}}
+	if KeyLine(doc, "instances") < KeyLine(doc, "routes") {
+		lists[0], lists[1] = lists[1], lists[0]
+	}
+	var ents []entry
+	names := map[string]entry{}
+	hosts := map[string]string{}
+	for _, list := range lists {
+		for i := range list.nodes {
+			e := loadRoute(l, &list.nodes[i], i, list.instance, backings, own)
+			if e.r == nil {
+				continue
+			}
+			ents = append(ents, e)
+			checkUnique(l, &ents[len(ents)-1], names, hosts)
+		}
+	}
+	return ents
+}
+
+// checkUnique reports e's name when an earlier route or instance has it already, and each of a route's
+// hosts under its path prefix when an earlier route has it, and records e's for the entries after it.
+// An entry with problems of its own takes part too, so that fixing those does not reveal a duplicate
+// only then.
+func checkUnique(l *errs, e *entry, names map[string]entry, hosts map[string]string) {
+	r := e.r
+	switch prev, dup := names[r.Name]; {
+	case dup && prev.kind() == e.kind():
+		e.add(l, "name", KeyLine(e.n, "name"), "duplicate %s name (also %s #%d)", e.kind(), prev.kind(), prev.idx+1)
+	case dup:
+		e.add(l, "name", KeyLine(e.n, "name"), "duplicate name (also %s #%d: names are unique across routes and instances)", prev.kind(), prev.idx+1)
+	case r.Name != "":
+		names[r.Name] = *e
+	}
+	for _, h := range r.Hosts {
+		k := h + r.PathPrefix
+		if other, dup := hosts[k]; dup {
+			e.add(l, "hosts", KeyLine(e.n, "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
+			continue
+		}
+		hosts[k] = e.label
+	}
+}
+
+// checkNoHosts reports the keys that place a route in the request space, which an instance has none of.
+func (c *routeCheck) checkNoHosts() {
+	for _, k := range []struct{ key, what string }{{"host", "hosts"}, {"hosts", "hosts"}, {"path_prefix", "path prefix"}} {
+		if hasKey(c.n, k.key) && !c.failedBelow(k.key) {
+			c.add(k.key, c.at(k.key), "an instance has no %s: it is woken as a requirement (requires:) or from the admin API", k.what)
+		}
+	}
+}
+
+// checkNoPeople reports waiting_page and ignore on an instance: no request ever reaches one.
+func (c *routeCheck) checkNoPeople() {
+	if hasKey(c.n, "waiting_page") {
+		c.add("waiting_page", c.at("waiting_page"), "no request ever reaches an instance, so it shows no waiting page")
+	}
+	if hasKey(c.n, "ignore") && !c.failedBelow("ignore") {
+		c.add("ignore", c.at("ignore"), "no request ever reaches an instance, so there is nothing to ignore")
+	}
+}
+
+// hasKey reports whether the mapping n has key.
+func hasKey(n *yaml.Node, key string) bool {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return true
+		}
+	}
+	return false
+}
+
+// requireKeys pairs each decoded entry of requires: with its key. Entries that failed to decode are
+// missing from rk.Requires: their positions are skipped to find each key.
+func (c *routeCheck) requireKeys() []reqAt {
+	var out []reqAt
+	pos := 0
+	for _, name := range c.rk.Requires {
+		for c.undecoded[fmt.Sprintf("requires[%d]", pos)] {
+			pos++
+		}
+		out = append(out, reqAt{name: name, key: fmt.Sprintf("requires[%d]", pos)})
+		pos++
+	}
+	return out
+}
+
+// checkRequires checks every entry's requires: each name an instance, none listed twice; it sets
+// Route.Requires to the names that are, in the order written. Then it reports each cycle among the
+// instances' requirements once.
+func checkRequires(l *errs, ents []entry) {
+	instances := map[string]int{} // name → index in ents, of the first instance with it
+	routes := map[string]bool{}
+	var names []string
+	for i := range ents {
+		r := ents[i].r
+		if _, dup := instances[r.Name]; r.Instance && !dup && r.Name != "" {
+			instances[r.Name] = i
+			names = append(names, r.Name)
+		} else if !r.Instance {
+			routes[r.Name] = true
+		}
+	}
+	hint := "(the config has no instances:)"
+	if len(names) > 0 {
+		hint = "(instances: " + strings.Join(names, ", ") + ")"
+	}
+	for i := range ents {
+		e := &ents[i]
+		seen := map[string]bool{}
+		e.r.Requires = nil
+		for _, q := range e.reqs {
+			line := KeyLine(e.n, q.key)
+			_, isInstance := instances[q.name]
+			switch {
+			case seen[q.name]:
+				e.add(l, q.key, line, "%q listed twice", q.name)
+			case isInstance:
+				e.r.Requires = append(e.r.Requires, q.name)
+			case routes[q.name]:
+				e.add(l, q.key, line, "%q is a route; requires names instances (instances:)", q.name)
+			default:
+				e.add(l, q.key, line, "no instance named %q %s", q.name, hint)
+			}
+			seen[q.name] = true
+		}
+	}
+	checkCycles(l, ents, instances)
+}
+
+// checkCycles reports each cycle in the instances' requirements once, as "a → b → c → a" starting at
+// the member written first, on that member's requirement of the next.
+func checkCycles(l *errs, ents []entry, instances map[string]int) {
+	f := cycleFinder{ents: ents, instances: instances, state: make([]int8, len(ents))}
+	for i := range ents {
+		if ents[i].r.Instance && f.state[i] == unvisited {
+			f.visit(i)
+		}
+	}
+	for _, cyc := range f.cycles {
+		first := slices.Index(cyc, slices.Min(cyc))
+		cyc = append(cyc[first:], cyc[:first]...)
+		path := make([]string, 0, len(cyc)+1)
+		for _, i := range cyc {
+			path = append(path, ents[i].r.Name)
+		}
+		path = append(path, path[0])
+		e := &ents[cyc[0]]
+		next := path[1]
+		i := slices.IndexFunc(e.reqs, func(q reqAt) bool { return q.name == next })
+		e.add(l, e.reqs[i].key, KeyLine(e.n, e.reqs[i].key), "requires cycle: %s", strings.Join(path, " → "))
+	}
+}
+
+// Depth-first search states.
+const (
+	unvisited int8 = iota
+	onPath         // on the current path: an edge back to it closes a cycle
+	done
+)
+
+// cycleFinder is a depth-first search over the instances' requirements. Each edge back to an instance
+// on the current path closes one cycle, and no two such edges close the same one, so each cycle found
+// is reported once however many members it has.
+type cycleFinder struct {
+	ents      []entry
+	instances map[string]int
+	state     []int8
+	path      []int
+	cycles    [][]int // indices into ents, in requirement order
+}
+
+func (f *cycleFinder) visit(i int) {
+	f.state[i] = onPath
+	f.path = append(f.path, i)
+	for _, name := range f.ents[i].r.Requires {
+		j := f.instances[name]
+		switch f.state[j] {
+		case unvisited:
+			f.visit(j)
+		case onPath:
+			f.cycles = append(f.cycles, slices.Clone(f.path[slices.Index(f.path, j):]))
+		}
+	}
+	f.path = f.path[:len(f.path)-1]
+	f.state[i] = done
+}
