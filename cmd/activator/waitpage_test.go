@@ -177,12 +177,12 @@ func TestWaitingPageBrowser(t *testing.T) {
 	})
 }
 
-// checkPageFailure checks the failure page: the short cause (never the tenant's output), the wake's id
-// and a retry button.
+// checkPageFailure checks the failure page: the short cause (the phase and the fault's class, never
+// the tenant's output), the wake's id and a retry button.
 func checkPageFailure(t *testing.T, ctx context.Context, route string, last *activator.WakeRecord) {
 	t.Helper()
 	cause := browsertest.Run(t, ctx, "cause", chromedp.Text(chromedp.ID("wp-cause")))
-	if want := `route "` + route + `": wake failed in phase ` + last.FailedPhase; cause != want {
+	if want := `route "` + route + `": wake failed in phase ` + last.FailedPhase + ` (` + last.Class + ` fault)`; cause != want {
 		t.Errorf("cause reads %q, want %q", cause, want)
 	}
 	if id := browsertest.Run(t, ctx, "wake id", chromedp.Text(chromedp.ID("wp-wakeid"))); id != last.ID {
