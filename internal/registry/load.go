@@ -54,14 +54,19 @@ const (
 
 // fileConfig is the file's top level, decoded strictly.
 type fileConfig struct {
-	Listen        string      `yaml:"listen"`
-	Admin         string      `yaml:"admin"`
-	ShutdownGrace *Duration   `yaml:"shutdown_grace"`
-	CgroupRoot    string      `yaml:"cgroup_root"`
-	Edge          edgeKeys    `yaml:"edge"`
-	Routes        []yaml.Node `yaml:"routes"`
-	Instances     []yaml.Node `yaml:"instances"` // routes without hosts (chain.go)
-	AdminKeys     adminKeys   `yaml:",inline"`   // admin_socket, admin_token_file, … (admin.go)
+	Listen        string            `yaml:"listen"`
+	Admin         string            `yaml:"admin"`
+	ShutdownGrace *Duration         `yaml:"shutdown_grace"`
+	CgroupRoot    string            `yaml:"cgroup_root"`
+	Edge          edgeKeys          `yaml:"edge"`
+	ListenTLS     string            `yaml:"listen_tls"`
+	RedirectHTTP  bool              `yaml:"redirect_http"`
+	TLS           tlsKeys           `yaml:"tls"`
+	Trusted       []string          `yaml:"trusted_proxies"`
+	ProxyProtocol proxyProtocolKeys `yaml:"proxy_protocol"`
+	Routes        []yaml.Node       `yaml:"routes"`
+	Instances     []yaml.Node       `yaml:"instances"` // routes without hosts (chain.go)
+	AdminKeys     adminKeys         `yaml:",inline"`   // admin_socket, admin_token_file, … (admin.go)
 }
 
 // edgeKeys is the edge: block. Every key is a pointer, nil when left out, so that a zero the operator
@@ -75,6 +80,8 @@ type edgeKeys struct {
 	MaxHeldBytes     *ByteSize `yaml:"max_held_bytes"`
 	BodyMemory       *ByteSize `yaml:"body_memory"`
 	BodyBufferDir    string    `yaml:"body_buffer_dir"`
+	TLSHandshake     *Duration `yaml:"tls_handshake_timeout"`
+	MaxTLSHandshakes *int      `yaml:"max_tls_handshakes"`
 }
 
 // routeKeys is a route's common keys. The backing's settings sit beside them under the backing's name.
@@ -165,7 +172,10 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 		cfg.Admin = DefaultAdmin
 	}
 	top := topCheck{l: &l, doc: &doc}
-	own := top.checkAddrs(cfg.Listen, cfg.Admin)
+	own := top.checkListenTLS(fc.ListenTLS, top.checkAddrs(cfg.Listen, cfg.Admin))
+	cfg.ListenTLS, cfg.RedirectHTTP = fc.ListenTLS, fc.RedirectHTTP
+	cfg.TLS = top.checkTLS(fc.ListenTLS, fc.RedirectHTTP, fc.TLS)
+	cfg.TrustedProxies, cfg.ProxyProtocol = top.checkProxies(fc.Trusted, fc.ProxyProtocol, fc.ListenTLS)
 	cfg.ShutdownGrace = top.duration("shutdown_grace", fc.ShutdownGrace, DefaultShutdownGrace)
 	cfg.CgroupRoot = top.checkCgroupRoot(fc.CgroupRoot)
 	cfg.Edge = top.checkEdge(fc.Edge)
@@ -621,14 +631,19 @@ func (c topCheck) duration(key string, d *Duration, def time.Duration) time.Dura
 // checkEdge applies the edge block's defaults and reports every key out of its range.
 func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 	e := EdgeLimits{
-		HeaderTimeout:    c.duration("edge.header_timeout", ek.HeaderTimeout, DefaultHeaderTimeout),
-		BodyTimeout:      c.duration("edge.body_timeout", ek.BodyTimeout, DefaultBodyTimeout),
-		KeepAliveTimeout: c.duration("edge.keepalive_timeout", ek.KeepAliveTimeout, DefaultKeepAliveTimeout),
-		MaxHeaderBytes:   ek.MaxHeaderBytes.or(DefaultMaxHeaderBytes),
-		MaxHeld:          valueOr(ek.MaxHeld, DefaultMaxHeldTotal),
-		MaxHeldBytes:     ek.MaxHeldBytes.or(DefaultMaxHeldBytes),
-		BodyMemory:       ek.BodyMemory.or(DefaultBodyMemory),
-		BodyBufferDir:    ek.BodyBufferDir,
+		HeaderTimeout:       c.duration("edge.header_timeout", ek.HeaderTimeout, DefaultHeaderTimeout),
+		BodyTimeout:         c.duration("edge.body_timeout", ek.BodyTimeout, DefaultBodyTimeout),
+		KeepAliveTimeout:    c.duration("edge.keepalive_timeout", ek.KeepAliveTimeout, DefaultKeepAliveTimeout),
+		MaxHeaderBytes:      ek.MaxHeaderBytes.or(DefaultMaxHeaderBytes),
+		MaxHeld:             valueOr(ek.MaxHeld, DefaultMaxHeldTotal),
+		MaxHeldBytes:        ek.MaxHeldBytes.or(DefaultMaxHeldBytes),
+		BodyMemory:          ek.BodyMemory.or(DefaultBodyMemory),
+		BodyBufferDir:       ek.BodyBufferDir,
+		TLSHandshakeTimeout: c.duration("edge.tls_handshake_timeout", ek.TLSHandshake, DefaultTLSHandshakeTimeout),
+		MaxTLSHandshakes:    valueOr(ek.MaxTLSHandshakes, DefaultMaxTLSHandshakes),
+	}
+	if e.MaxTLSHandshakes <= 0 {
+		c.add("edge.max_tls_handshakes", "must be positive, got %d (leave the key out for the default %d)", e.MaxTLSHandshakes, DefaultMaxTLSHandshakes)
 	}
 	if v := e.MaxHeaderBytes; v < minHeaderBytes || v > maxHeaderBytes {
 		c.add("edge.max_header_bytes", "must be between %v and %v, got %v", ByteSize(minHeaderBytes), ByteSize(maxHeaderBytes), ByteSize(v))

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 )
@@ -34,6 +35,16 @@ type Config struct {
 	CgroupRoot string
 	// Edge is the edge's limits on its clients, shared by all routes.
 	Edge EdgeLimits
+	// ListenTLS is the edge's TLS listener's address (listen_tls), "" for none; TLS is what it serves
+	// (tls.go). RedirectHTTP has the plain listener answer 308 to https for the hosts served over TLS
+	// (and still serve ACME HTTP-01 challenges).
+	ListenTLS    string
+	TLS          TLS
+	RedirectHTTP bool
+	// TrustedProxies are the peers whose Forwarded and X-Forwarded-* headers (and PROXY header, where
+	// ProxyProtocol asks for it) are taken as the client's.
+	TrustedProxies []netip.Prefix
+	ProxyProtocol  ProxyProtocol
 	// Routes in file order.
 	Routes []*Route
 	// Instances are the tenants declared under instances:, in file order: Routes without hosts or a
@@ -77,6 +88,10 @@ type EdgeLimits struct {
 	// BodyBufferDir is the directory of those temporary files: an absolute path, or "" for
 	// os.TempDir() at run time. Load does not check that it exists.
 	BodyBufferDir string
+	// TLSHandshakeTimeout bounds one TLS handshake (default 10s); MaxTLSHandshakes is how many may be
+	// in flight at once (default 256).
+	TLSHandshakeTimeout time.Duration
+	MaxTLSHandshakes    int
 }
 
 // Route returns the route with the given name, or nil.
