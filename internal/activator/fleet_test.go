@@ -2,6 +2,7 @@ package activator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os/exec"
@@ -158,4 +159,74 @@ func TestFleetFastFail(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestFleetBelowQuorumStops: three members, min_ready 2. One member dying leaves the fleet up and out
+// of the pool; a second brings it below the quorum: the survivor is stopped and the route is asleep
+// (exited), ready to wake every member again.
+func TestFleetBelowQuorumStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
+		p := byName{}
+		for n, fb := range members {
+			p["pool."+n] = fb
+		}
+		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		in := s.instance("pool")
+		kill := func(n string) {
+			fb := members[n]
+			fb.mu.Lock()
+			life := fb.life
+			fb.life = nil
+			fb.mu.Unlock()
+			life.End(errors.New("killed"))
+			synctest.Wait()
+		}
+		kill("a")
+		st := in.status()
+		if st.State != "awake" || st.Members[0].Ready || !st.Members[1].Ready {
+			t.Fatalf("after one death: %s %+v", st.State, st.Members)
+		}
+		for range 10 {
+			if m := in.fleet.pick(); m == nil || m.name == "a" {
+				t.Fatalf("picked %v", m)
+			}
+		}
+		kill("b")
+		if st := in.status(); st.State != "asleep" || st.LastSleep != ReasonExited {
+			t.Fatalf("below the quorum: %s (last sleep %q)", st.State, st.LastSleep)
+		}
+		if members["c"].sleeps.Load() == 0 {
+			t.Fatal("the survivor was not stopped")
+		}
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		if n := members["a"].wakes.Load(); n != 2 {
+			t.Fatalf("a woken %d times, want 2", n)
+		}
+	})
+}
+
+// TestFleetPicksLeastInFlight: requests go to the ready member with the fewest in flight.
+func TestFleetPicksLeastInFlight(t *testing.T) {
+	fb := &fleetBackend{spec: &registry.Fleet{}}
+	for _, n := range []string{"a", "b", "c"} {
+		m := &fleetMember{name: n}
+		m.ready.Store(true)
+		fb.members = append(fb.members, m)
+	}
+	fb.members[0].inflight.Store(3)
+	fb.members[1].inflight.Store(1)
+	fb.members[2].inflight.Store(2)
+	if m := fb.pick(); m.name != "b" {
+		t.Fatalf("picked %s", m.name)
+	}
+	fb.members[1].ready.Store(false)
+	if m := fb.pick(); m.name != "c" {
+		t.Fatalf("picked %s with b not ready", m.name)
+	}
 }
