@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // dialBound caps the probe: an address that neither accepts nor refuses within it is treated as
@@ -28,6 +30,7 @@ const dialBound = time.Second
 const maxScan = 100000
 
 // HeldError says that something the backing did not start already answers at the tenant's upstream.
+// It is terminal (tenant.ClassOf): the holder stays until an operator stops it or moves the route.
 type HeldError struct {
 	Network, Address string
 	PID              int    // 0: the owner was not found (another user's process, or a remote host)
@@ -42,6 +45,10 @@ func (e *HeldError) Error() string {
 	return fmt.Sprintf("upstream %s already answers, held %s, which is not this route's tenant: "+
 		"stop it, or point the route's upstream elsewhere", e.Address, who)
 }
+
+// FaultClass implements tenant.Classer: terminal. Waking again only spawns another tenant that cannot
+// bind while the stranger passes the health gate.
+func (e *HeldError) FaultClass() tenant.Class { return tenant.ClassTerminal }
 
 // Check dials network/address and returns nil when nothing answers (refused, unreachable, or no
 // answer within a second). When something does, it returns a *HeldError naming the holder where it

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // The test binary doubles as the foreign process: with FOREIGN_LISTEN=network,address it listens
@@ -66,6 +68,9 @@ func wantHeld(t *testing.T, err error, pid int, cmdPart string) {
 	}
 	if !strings.Contains(err.Error(), "already answers") {
 		t.Fatalf("message %q does not say the upstream already answers", err)
+	}
+	if got := tenant.ClassOf(err); got != tenant.ClassTerminal {
+		t.Fatalf("ClassOf(%v) = %q, want %q: only an operator can stop the holder", err, got, tenant.ClassTerminal)
 	}
 }
 

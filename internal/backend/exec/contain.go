@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/activator/activator/internal/cgroup"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Containment is how exec tenants are kept from outliving the activator, decided once at start-up
@@ -218,7 +219,8 @@ func (l Limits) controllers() []struct{ ctrl, file, key, value string } {
 }
 
 // check reports each setting of s this containment cannot honour: sleep: freeze and limits without
-// cgroups, a limit whose controller the root's parent does not offer. Nil: all can be honoured.
+// cgroups, a limit whose controller the root's parent does not offer. Nil: all can be honoured. What
+// it reports is terminal: the host must change, or the route's settings.
 func (c *Containment) check(s *Settings) error {
 	var errs []error
 	if !c.cgroup {
@@ -228,7 +230,7 @@ func (c *Containment) check(s *Settings) error {
 		for _, l := range s.Limits.controllers() {
 			errs = append(errs, fmt.Errorf("%s is unavailable: exec tenants are not in cgroups here (%s)", l.key, c.reason))
 		}
-		return errors.Join(errs...)
+		return tenant.Terminal(errors.Join(errs...))
 	}
 	parent := cgroup.At(filepath.Dir(c.root.Dir()))
 	have, err := parent.Controllers()
@@ -241,7 +243,7 @@ func (c *Containment) check(s *Settings) error {
 				l.key, l.ctrl, parent.Dir(), strings.Join(have, " ")))
 		}
 	}
-	return errors.Join(errs...)
+	return tenant.Terminal(errors.Join(errs...))
 }
 
 // enable makes the controllers of l available to the tenant groups: it enables them in the

@@ -167,7 +167,7 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
-		return fmt.Errorf("route %q has no exec settings (got %T)", r.Name, r.Settings)
+		return tenant.Terminal(fmt.Errorf("route %q has no exec settings (got %T)", r.Name, r.Settings))
 	}
 	p.mu.Lock()
 	c, root := p.cont, p.checkRoot
@@ -177,7 +177,9 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	}
 	err := c.check(s)
 	if !c.cgroup && c.reason != "cgroup_root: off" {
-		err = errors.Join(fmt.Errorf("exec tenants are contained by process group only here (%s): a process that leaves its group (setsid, double fork) can outlive the activator", c.reason), err)
+		// Terminal as a fact of the host: checking again finds the same until an operator delegates a
+		// cgroup (or sets cgroup_root: off to accept it).
+		err = errors.Join(tenant.Terminal(fmt.Errorf("exec tenants are contained by process group only here (%s): a process that leaves its group (setsid, double fork) can outlive the activator", c.reason)), err)
 	}
 	return err
 }
@@ -394,7 +396,7 @@ func (b *Backend) Stop(ctx context.Context) error {
 // freeze freezes p's cgroup and ends its Life with ErrSlept.
 func (b *Backend) freeze(ctx context.Context, p *proc) error {
 	if p.group == nil {
-		return fmt.Errorf("exec: sleep: freeze needs the tenant in a cgroup of its own, and exec tenants are not in cgroups here (%s); the tenant keeps running", b.cont.reasonOr())
+		return tenant.Terminal(fmt.Errorf("exec: sleep: freeze needs the tenant in a cgroup of its own, and exec tenants are not in cgroups here (%s); the tenant keeps running", b.cont.reasonOr()))
 	}
 	if err := p.group.Freeze(ctx); err != nil {
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reapGrace)
@@ -625,7 +627,7 @@ func (b *Backend) specLocked() (spec, error) {
 		case "tcp":
 			host, port, err := net.SplitHostPort(b.upstream.Address)
 			if err != nil {
-				return spec{}, fmt.Errorf("exec: upstream %s: %w", b.upstream, err)
+				return spec{}, tenant.Terminal(fmt.Errorf("exec: upstream %s: %w", b.upstream, err))
 			}
 			env = append(env, "HOST="+host, "PORT="+port)
 		case "unix":
@@ -714,7 +716,7 @@ func (b *Backend) listenLocked() error {
 	}
 	ln, err := net.Listen(u.Network, u.Address)
 	if err != nil {
-		return fmt.Errorf("exec: bind upstream %s for listen_fds: %w", u, err)
+		return bindFault(fmt.Errorf("exec: bind upstream %s for listen_fds: %w", u, err))
 	}
 	fl, ok := ln.(interface{ File() (*os.File, error) })
 	if !ok {
@@ -741,11 +743,11 @@ func removeStaleSocket(path string) error {
 		return fmt.Errorf("exec: upstream socket: %w", err)
 	}
 	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("exec: upstream %s exists and is not a socket", path)
+		return tenant.Terminal(fmt.Errorf("exec: upstream %s exists and is not a socket", path))
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
-		return fmt.Errorf("exec: upstream socket %s is in use by another process", path)
+		return tenant.Terminal(fmt.Errorf("exec: upstream socket %s is in use by another process", path))
 	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("exec: remove stale socket: %w", err)

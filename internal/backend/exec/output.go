@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Limits of the output kept for diagnostics.
@@ -39,6 +41,12 @@ func (e *ExitError) Error() string {
 	return e.Status() + " (no output)"
 }
 
+// FaultClass implements tenant.Classer: retryable. A tenant that crashes at start may have met a
+// transient fault (a database not up yet, a port still in TIME_WAIT, an out-of-memory kill); the
+// activator's backoff paces the next wake, so a tenant that always crashes costs one spawn per backoff
+// period, not a spin.
+func (e *ExitError) FaultClass() tenant.Class { return tenant.ClassRetryable }
+
 // DaemonError ends the Life of a tenant that forked into the background: its main process exited
 // cleanly while its cgroup still held processes. Those were killed.
 type DaemonError struct {
@@ -54,6 +62,10 @@ func (e *DaemonError) Error() string {
 
 // Unwrap returns the main process's *ExitError.
 func (e *DaemonError) Unwrap() error { return e.Exit }
+
+// FaultClass implements tenant.Classer: terminal, whatever the wrapped *ExitError says. The tenant
+// daemonizes every time it starts; only a change to its command line or configuration stops that.
+func (e *DaemonError) FaultClass() tenant.Class { return tenant.ClassTerminal }
 
 // Status is how the process ended, without output: "exited with code 3", "killed by SIGKILL".
 func (e *ExitError) Status() string {

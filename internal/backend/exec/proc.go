@@ -218,7 +218,7 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		started <- err
+		started <- startFault(err)
 		return
 	}
 	p.pid = cmd.Process.Pid

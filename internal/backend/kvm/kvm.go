@@ -77,7 +77,7 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	}
 	bin, err := exec.LookPath(s.QEMU)
 	if err != nil {
-		return nil, fmt.Errorf("kvm: qemu binary: %w", err)
+		return nil, tenant.Terminal(fmt.Errorf("kvm: qemu binary: %w", err))
 	}
 	log := p.log.With("route", r.Name, "backing", "kvm")
 	accel, reason := chooseAccel(s.Accel, readHostFacts())
@@ -86,15 +86,19 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 }
 
 // Check verifies, without starting anything, that the host can run the route's guest: the QEMU
-// binary, zstd for compressed snapshots, and /dev/kvm when accel is kvm.
+// binary, the boot files, zstd for compressed snapshots, and /dev/kvm when accel is kvm. All it
+// reports is terminal: the host or the route's settings must change.
 func (p *Provider) Check(_ context.Context, r *registry.Route) error {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
-		return fmt.Errorf("no kvm settings (got %T)", r.Settings)
+		return tenant.Terminal(fmt.Errorf("no kvm settings (got %T)", r.Settings))
 	}
 	var errs []error
 	if _, err := exec.LookPath(s.QEMU); err != nil {
 		errs = append(errs, fmt.Errorf("qemu: %w", err))
+	}
+	if err := bootFiles(s); err != nil {
+		errs = append(errs, err)
 	}
 	if s.Sleep == SleepSnapshot && s.SnapshotCompress == "zstd" {
 		if _, err := exec.LookPath("zstd"); err != nil {
@@ -106,7 +110,7 @@ func (p *Provider) Check(_ context.Context, r *registry.Route) error {
 			errs = append(errs, fmt.Errorf("accel kvm: %w", h.devKVM))
 		}
 	}
-	return errors.Join(errs...)
+	return tenant.Terminal(errors.Join(errs...))
 }
 
 // Backend is one route's guest. The activator serialises Wake, Sleep, Adopt and Close; the backend
@@ -217,15 +221,8 @@ func (b *Backend) checkForeign(ctx context.Context) error {
 
 // resume continues a paused guest.
 func (b *Backend) resume(ctx context.Context, t tenant.Tracker, inst *instance) (*tenant.Life, error) {
-	t.Phase(PhaseRunning)
-	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Running.D())
-	defer cancel()
-	inst.setWantRun(true)
-	if err := inst.mon.run(rctx, nil, "cont", nil); err != nil {
-		inst.setWantRun(false)
-		return nil, fmt.Errorf("%s: %w", PhaseRunning, err)
-	}
-	if err := b.waitRunning(rctx, inst); err != nil {
+	tenant.PhaseWithin(t, PhaseRunning, b.s.Budgets.Running.D())
+	if err := b.running(ctx, inst, true); err != nil {
 		return nil, err
 	}
 	return b.awake(inst)
@@ -237,11 +234,8 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	if err != nil {
 		return nil, err
 	}
-	t.Phase(PhaseRunning)
-	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Running.D())
-	defer cancel()
-	inst.setWantRun(true)
-	if err := b.waitRunning(rctx, inst); err != nil {
+	tenant.PhaseWithin(t, PhaseRunning, b.s.Budgets.Running.D())
+	if err := b.running(ctx, inst, false); err != nil {
 		b.discard(inst)
 		return nil, err
 	}
@@ -253,16 +247,37 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	return life, nil
 }
 
-// waitRunning waits until QEMU reports the guest running.
-func (b *Backend) waitRunning(ctx context.Context, inst *instance) error {
-	st, err := inst.queryStatus(ctx)
+// running waits, within budgets.running, until QEMU reports the guest running; with cont it first
+// continues the guest (QMP cont).
+func (b *Backend) running(ctx context.Context, inst *instance, cont bool) error {
+	budget := b.s.Budgets.Running.D()
+	rctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	inst.setWantRun(true)
+	if cont {
+		if err := inst.mon.run(rctx, nil, "cont", nil); err != nil {
+			inst.setWantRun(false)
+			last := func() string { return "QMP cont unanswered, " + guestState(inst) }
+			return fmt.Errorf("%s: %w", PhaseRunning, overBudget(ctx, rctx, PhaseRunning, budget, last, err))
+		}
+	}
+	st, err := inst.queryStatus(rctx)
 	if err == nil && st != "running" {
-		err = inst.waitFor(ctx, func(s, _ string) (bool, error) { return s == "running", nil })
+		err = inst.waitFor(rctx, func(s, _ string) (bool, error) { return s == "running", nil })
 	}
 	if err != nil {
-		return fmt.Errorf("%s: guest not running: %w", PhaseRunning, err)
+		err = overBudget(ctx, rctx, PhaseRunning, budget, func() string { return guestState(inst) }, fmt.Errorf("guest not running: %w", err))
+		return fmt.Errorf("%s: %w", PhaseRunning, err)
 	}
 	return nil
+}
+
+// guestState is the guest's last run state as QEMU reported it: "guest still paused".
+func guestState(inst *instance) string {
+	if st, _ := inst.state(); st != "" {
+		return "guest still " + st
+	}
+	return "guest state not reported yet"
 }
 
 // awake records inst as the running guest and returns its new Life, unless QEMU died meanwhile.
@@ -279,13 +294,18 @@ func (b *Backend) awake(inst *instance) (*tenant.Life, error) {
 
 // start launches QEMU and connects its monitor. incoming starts it waiting for a snapshot.
 func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*instance, error) {
-	t.Phase(PhaseQEMUStart)
+	budget := b.s.Budgets.QEMUStart.D()
+	tenant.PhaseWithin(t, PhaseQEMUStart, budget)
+	if err := bootFiles(b.s); err != nil {
+		return nil, fmt.Errorf("%s: qemu not launched: %w", PhaseQEMUStart, err)
+	}
 	if err := privateDir(b.s.RuntimeDir); err != nil {
 		return nil, fmt.Errorf("%s: runtime dir: %w", PhaseQEMUStart, err)
 	}
 	b.reapOrphan()
-	sctx, cancel := context.WithTimeout(ctx, b.s.Budgets.QEMUStart.D())
+	sctx, cancel := context.WithTimeout(ctx, budget)
 	pid, err := spawn(sctx, b.bin, argv(b.name, b.s, b.p, b.accel, incoming), b.p)
+	err = overBudget(ctx, sctx, PhaseQEMUStart, budget, func() string { return starting(b.p) }, err)
 	cancel()
 	if err != nil {
 		removeStale(b.p)
@@ -293,7 +313,7 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*
 	}
 	b.log.Info("qemu started", "qemu_pid", pid, "incoming", incoming, "accel", b.accel)
 
-	t.Phase(PhaseQMP)
+	tenant.PhaseWithin(t, PhaseQMP, b.s.Budgets.QMP.D())
 	inst, err := b.attach(ctx, pid)
 	if err != nil {
 		_ = killAndWait(pid)
@@ -303,19 +323,25 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*
 	return inst, nil
 }
 
-// attach connects the monitor of QEMU pid and starts the instance's goroutines.
+// attach connects the monitor of QEMU pid and starts the instance's goroutines, within budgets.qmp.
+// A socket that refuses connections while QEMU comes up is dialed again until that budget ends.
 func (b *Backend) attach(ctx context.Context, pid int) (*instance, error) {
-	qctx, cancel := context.WithTimeout(ctx, b.s.Budgets.QMP.D())
+	budget := b.s.Budgets.QMP.D()
+	qctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	mon, err := dial(qctx, b.p.sock, &b.wg)
 	if err != nil {
-		return nil, err
+		last := func() string {
+			return fmt.Sprintf("no QMP greeting on %s yet (last attempt: %v)", b.p.sock, lastAttempt(err))
+		}
+		return nil, overBudget(ctx, qctx, PhaseQMP, budget, last, err)
 	}
 	inst := newInstance(pid, mon, b.log, b.instanceGone, b.instanceStopped)
 	inst.start(&b.wg)
 	if _, err := inst.queryStatus(qctx); err != nil {
 		inst.detach()
-		return nil, err
+		last := func() string { return "QMP connected, query-status unanswered" }
+		return nil, overBudget(ctx, qctx, PhaseQMP, budget, last, err)
 	}
 	return inst, nil
 }

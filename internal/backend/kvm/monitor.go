@@ -26,8 +26,31 @@ type monitor struct {
 // errBusy reports a QMP socket that accepts connections but never greets: another client holds it.
 var errBusy = errors.New("QMP monitor does not greet (another client connected?)")
 
-// dial connects to the QMP socket, retrying while QEMU creates it, until ctx ends. The events channel
-// must be drained by the caller until it closes.
+// dialError is dial's failure: ctx ended before the monitor greeted.
+type dialError struct {
+	sock string
+	last error // the last attempt's error: refused, no such file, a monitor that does not greet
+	err  error // ctx's error
+}
+
+func (e *dialError) Error() string {
+	return fmt.Sprintf("qmp connect %s: %v (last error: %v)", e.sock, e.err, e.last)
+}
+
+func (e *dialError) Unwrap() error { return e.err }
+
+// lastAttempt is the error of dial's last attempt when err is dial's, else err.
+func lastAttempt(err error) error {
+	var de *dialError
+	if errors.As(err, &de) && de.last != nil {
+		return de.last
+	}
+	return err
+}
+
+// dial connects to the QMP socket, retrying while QEMU creates it or refuses connections, until ctx
+// ends (the caller bounds it with budgets.qmp). The events channel must be drained by the caller until
+// it closes.
 func dial(ctx context.Context, sock string, wg *sync.WaitGroup) (*monitor, error) {
 	var last error
 	d := 2 * time.Millisecond
@@ -45,7 +68,7 @@ func dial(ctx context.Context, sock string, wg *sync.WaitGroup) (*monitor, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("qmp connect %s: %w (last error: %v)", sock, ctx.Err(), last)
+			return nil, &dialError{sock: sock, last: last, err: ctx.Err()}
 		case <-t.C:
 		}
 		d = min(2*d, 100*time.Millisecond)

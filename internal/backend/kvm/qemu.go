@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // Files in the runtime dir and the snapshot dir.
@@ -175,7 +177,7 @@ func spawn(ctx context.Context, bin string, args []string, p paths) (int, error)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start %s: %w", bin, err)
+		return 0, startFault(fmt.Errorf("start %s: %w", bin, err))
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -190,13 +192,26 @@ func spawn(ctx context.Context, bin string, args []string, p paths) (int, error)
 		return 0, fmt.Errorf("qemu did not start: %w", ctx.Err())
 	}
 	if err != nil {
-		return 0, fmt.Errorf("qemu failed to start (%v): %s", err, strings.TrimSpace(logTail(p.start, 1000)+"\n"+logTail(p.log, 1000)))
+		// Why is only in QEMU's words (an option it refuses, an image it cannot open, a lock another
+		// QEMU holds), which the backing does not parse: retryable, as for a tenant that crashes at
+		// start, and the message quotes them for the operator.
+		return 0, tenant.Retryable(fmt.Errorf("qemu failed to start (%v): %s", err, strings.TrimSpace(logTail(p.start, 1000)+"\n"+logTail(p.log, 1000))))
 	}
 	pid, err := readPid(p.pid)
 	if err != nil {
 		return 0, fmt.Errorf("qemu started but its pid file is unreadable: %w", err)
 	}
 	return pid, nil
+}
+
+// starting describes a QEMU that has not daemonized yet, with the last of what it printed (a
+// daemonizing QEMU writes to its -D log, the parent to the start log): the last state observed when
+// budgets.qemu_start runs out.
+func starting(p paths) string {
+	if out := strings.TrimSpace(logTail(p.start, 300) + "\n" + logTail(p.log, 300)); out != "" {
+		return "qemu still starting, not daemonized; it said: " + strings.ReplaceAll(out, "\n", "; ")
+	}
+	return "qemu still starting, not daemonized, no output"
 }
 
 func readPid(file string) (int, error) {

@@ -195,7 +195,7 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, 
 	if err != nil {
 		return nil, err
 	}
-	t.Phase(PhaseRestore)
+	tenant.PhaseWithin(t, PhaseRestore, b.s.Budgets.Restore.D())
 	if err := b.migrateIn(ctx, inst, file); err != nil {
 		b.discard(inst)
 		if msg := logTail(b.p.log, 300); msg != "" {
@@ -208,8 +208,7 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, 
 		}
 		return nil, fmt.Errorf("%s: %w", PhaseRestore, err)
 	}
-	t.Phase(PhaseRunning)
-	life, err := b.resume(ctx, tenant.Discard, inst)
+	life, err := b.resume(ctx, t, inst)
 	if err != nil {
 		b.discard(inst)
 		return nil, err
@@ -223,12 +222,22 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, 
 	return life, nil
 }
 
-// migrateIn loads file into a QEMU started with -incoming defer.
+// migrateIn loads file into a QEMU started with -incoming defer, within budgets.restore.
 func (b *Backend) migrateIn(ctx context.Context, inst *instance, file string) error {
-	rctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Restore.D())
+	budget := b.s.Budgets.Restore.D()
+	rctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
+	last := func() string {
+		st, m := inst.state()
+		return fmt.Sprintf("snapshot still loading (QMP status %s, migration %s)", or(st, "unknown"), or(m, "not started"))
+	}
+	return overBudget(ctx, rctx, PhaseRestore, budget, last, b.loadSnapshot(rctx, inst, file))
+}
+
+// loadSnapshot runs the incoming migration of file, until ctx ends.
+func (b *Backend) loadSnapshot(ctx context.Context, inst *instance, file string) error {
 	caps := map[string]any{"capabilities": []map[string]any{{"capability": "events", "state": true}}}
-	if err := inst.mon.run(rctx, nil, "migrate-set-capabilities", caps); err != nil {
+	if err := inst.mon.run(ctx, nil, "migrate-set-capabilities", caps); err != nil {
 		return err
 	}
 	reader := "cat"
@@ -236,10 +245,10 @@ func (b *Backend) migrateIn(ctx context.Context, inst *instance, file string) er
 		reader = "zstd -q -d -c"
 	}
 	uri := fmt.Sprintf("exec:%s %s", reader, shellQuote(file))
-	if err := inst.mon.run(rctx, nil, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
+	if err := inst.mon.run(ctx, nil, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
-	return inst.waitFor(rctx, func(s, m string) (bool, error) {
+	return inst.waitFor(ctx, func(s, m string) (bool, error) {
 		switch {
 		case m == "completed":
 			return true, nil

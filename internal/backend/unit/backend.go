@@ -1,6 +1,7 @@
 package unit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ type Backend struct {
 	life    *tenant.Life // the current awake period; nil while asleep
 	w       *watch       // life's watch on the bus; nil until its start job has finished
 	pending *startJob    // the start job of life, until it finishes or is aborted
+	lastInv []byte       // the InvocationID the unit had when this backend last read it after a start
 }
 
 var (
@@ -115,7 +117,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		return nil, fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
 	}
 	life := tenant.NewLife()
-	p := &startJob{life: life, done: make(chan struct{})}
+	p := &startJob{life: life, done: make(chan struct{}), prevInv: b.lastInvocation()}
 	// The job's remainder runs on a context detached from the wake's (which the activator cancels once
 	// the gate passes) but bounded by the same deadline.
 	jctx := context.WithoutCancel(ctx)
@@ -152,8 +154,10 @@ func (b *Backend) checkForeign(ctx context.Context, unread bool) error {
 	return fmt.Errorf("unit %s not started: %w", b.s.Unit, err)
 }
 
+// notLoaded is the terminal error of a unit the manager cannot load (not-found, masked, bad-setting):
+// no start succeeds until an operator installs or fixes its file.
 func notLoaded(unit, loadState string) error {
-	return fmt.Errorf("unit %s cannot be started: LoadState=%s (is the unit file installed? daemon-reload?)", unit, loadState)
+	return tenant.Terminal(fmt.Errorf("unit %s cannot be started: LoadState=%s (is the unit file installed? daemon-reload?)", unit, loadState))
 }
 
 // startJob is a start job Wake has queued and not yet seen finish.
@@ -161,7 +165,25 @@ type startJob struct {
 	life    *tenant.Life
 	cancel  context.CancelFunc // ends the wait for the job
 	done    chan struct{}      // closed when finishStart has returned
+	prevInv []byte             // Backend.lastInv when the job was queued
 	aborted bool               // guarded by Backend.mu: Sleep, Stop or Close took over
+}
+
+// lastInvocation returns the InvocationID the unit had after the latest start this backend saw.
+func (b *Backend) lastInvocation() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastInv
+}
+
+// saw records the InvocationID of a unit read after a start.
+func (b *Backend) saw(st UnitState) {
+	if len(st.InvocationID) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lastInv = st.InvocationID
 }
 
 // finishStart waits for a queued start job and turns its outcome into the awake period: a watch on
@@ -179,7 +201,12 @@ func (b *Backend) finishStart(ctx context.Context, p *startJob, ch <-chan string
 		rctx, cancel := b.cleanupContext(ctx)
 		st, rerr := b.state(rctx)
 		cancel()
-		err = &JobError{Unit: b.s.Unit, Job: "start", Result: res, State: st}
+		// Every start that runs anything gets a new InvocationID; a failed one that left the unit's
+		// as it was, on a unit with a start limit, is one the manager refused for that limit.
+		refused := res == "failed" && rerr == nil && st.StartLimitIntervalUSec != 0 && len(p.prevInv) > 0 &&
+			bytes.Equal(st.InvocationID, p.prevInv)
+		b.saw(st)
+		err = &JobError{Unit: b.s.Unit, Job: "start", Result: res, State: st, Refused: refused}
 		if rerr != nil {
 			err = fmt.Errorf("%w (and reading the unit's state failed: %v)", err, rerr)
 		}
@@ -351,6 +378,9 @@ func (b *Backend) track(ctx context.Context) (*tenant.Life, error) {
 func (b *Backend) watchLife(ctx context.Context, life *tenant.Life) (*watch, error) {
 	w := b.bus.watch(b.s.Unit, life)
 	st, err := b.quickState(ctx)
+	if err == nil {
+		b.saw(st)
+	}
 	if err == nil && !st.Active() {
 		full, ferr := b.state(ctx) // explain with Result and ExecMainStatus
 		if ferr == nil {

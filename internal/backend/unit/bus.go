@@ -155,7 +155,7 @@ func (b *bus) do(ctx context.Context, fn func(*link) error) error {
 	}
 	err = fn(l)
 	if err == nil || !l.lost(err) || ctx.Err() != nil {
-		return err
+		return dbusFault(err)
 	}
 	b.log.Info("call failed on a dropped connection; retrying on a new one", "err", err)
 	b.invalidate(l)
@@ -163,7 +163,7 @@ func (b *bus) do(ctx context.Context, fn func(*link) error) error {
 	if gerr != nil {
 		return fmt.Errorf("%w (and reconnecting failed: %v)", err, gerr)
 	}
-	return fn(l)
+	return dbusFault(fn(l))
 }
 
 // invalidate forgets l if it is the current connection and closes it; its serve goroutine then
@@ -396,7 +396,7 @@ func dialPrivate(address string) dialFunc {
 		}
 		if err := c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("authenticate to %s: %w", address, err)
+			return nil, authFault(fmt.Errorf("authenticate to %s: %w", address, err))
 		}
 		return c, nil
 	}
@@ -411,11 +411,11 @@ func dialBroker(open func(opts ...godbus.ConnOption) (*godbus.Conn, error)) dial
 		}
 		if err := c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
 			c.Close()
-			return nil, err
+			return nil, authFault(err)
 		}
 		if err := c.Hello(); err != nil {
 			c.Close()
-			return nil, err
+			return nil, dbusFault(err)
 		}
 		return c, nil
 	}

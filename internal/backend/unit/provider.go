@@ -87,7 +87,7 @@ func (p *Provider) bus(name string) *bus {
 func settingsOf(r *registry.Route) (*Settings, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
-		return nil, fmt.Errorf("route %q: settings are %T, want *unit.Settings (decoded by unit.Decode)", r.Name, r.Settings)
+		return nil, tenant.Terminal(fmt.Errorf("route %q: settings are %T, want *unit.Settings (decoded by unit.Decode)", r.Name, r.Settings))
 	}
 	return s, nil
 }
@@ -113,6 +113,7 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 // Check verifies a route against the live manager without waking anything: the bus is reachable, the
 // unit (and its paired socket) exist, the sleep mode can work here (freeze needs the cgroup v2
 // freezer: an error wrapping ErrUnsupported otherwise). Enabled start limits are logged as a warning.
+// What it finds wrong with the units is terminal; a manager it cannot reach is not (see bus.do).
 func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	s, err := settingsOf(r)
 	if err != nil {
@@ -132,10 +133,10 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	}
 	var errs []error
 	if st.LoadState != "loaded" {
-		errs = append(errs, fmt.Errorf("unit %s: LoadState=%s (is the unit file installed? daemon-reload?)", s.Unit, st.LoadState))
+		errs = append(errs, tenant.Terminal(fmt.Errorf("unit %s: LoadState=%s (is the unit file installed? daemon-reload?)", s.Unit, st.LoadState)))
 	}
 	if s.Socket != "" && sockLoad != "loaded" {
-		errs = append(errs, fmt.Errorf("socket %s: LoadState=%s", s.Socket, sockLoad))
+		errs = append(errs, tenant.Terminal(fmt.Errorf("socket %s: LoadState=%s", s.Socket, sockLoad)))
 	}
 	if s.Sleep == SleepFreeze {
 		if err := freezerSupported(); err != nil {

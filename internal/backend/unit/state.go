@@ -5,14 +5,23 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // ErrUnsupported is wrapped by errors for a sleep mode the host's systemd cannot do (freezing without
-// the cgroup v2 freezer). The mode is never silently downgraded.
-var ErrUnsupported = errors.New("not supported by this host's systemd")
+// the cgroup v2 freezer). The mode is never silently downgraded. It is terminal (tenant.ClassOf), and
+// so is every error that wraps it: the host or the route's mode must change.
+var ErrUnsupported error = unsupportedError{}
+
+type unsupportedError struct{}
+
+func (unsupportedError) Error() string            { return "not supported by this host's systemd" }
+func (unsupportedError) FaultClass() tenant.Class { return tenant.ClassTerminal }
 
 // UnitState is what the backend reads about a unit to decide and to explain.
 type UnitState struct {
@@ -68,10 +77,33 @@ type JobError struct {
 	Job    string // "start" or "stop"
 	Result string // failed, timeout, dependency, canceled, skipped, ...
 	State  UnitState
+	// Refused: a start job failed, on a unit with a start limit, while the unit kept the InvocationID
+	// it had after this backend's previous start: nothing ran, the manager refused the start, which
+	// for a service is its start limit. systemd sets Result=start-limit-hit only when the run before
+	// succeeded; after a failed run Result stays that run's (exit-code, say), so Result alone misses
+	// the refusal of a tenant that crashes.
+	Refused bool
 }
 
 func (e *JobError) Error() string {
+	if e.Refused {
+		return fmt.Sprintf("unit %s: %s job result %q: the manager refused to start it before anything ran, as its start limit does (StartLimitBurst=%d in StartLimitIntervalSec=%v; `systemctl reset-failed %s` clears it) (%s)",
+			e.Unit, e.Job, e.Result, e.State.StartLimitBurst, time.Duration(e.State.StartLimitIntervalUSec)*time.Microsecond, e.Unit, e.State)
+	}
 	return fmt.Sprintf("unit %s: %s job result %q (%s)", e.Unit, e.Job, e.Result, e.State)
+}
+
+// FaultClass implements tenant.Classer: throttle when systemd refused the start for its start limit
+// (Refused, or Result=start-limit-hit), terminal when the unit cannot do the job or its executable
+// cannot be run, else retryable (a job that failed or timed out; see UnitState.class).
+func (e *JobError) FaultClass() tenant.Class {
+	switch {
+	case e.Refused:
+		return tenant.ClassThrottle
+	case e.Result == "unsupported":
+		return tenant.ClassTerminal
+	}
+	return e.State.class()
 }
 
 // ExitError ends a Life when the unit stopped on its own (crash, OOM kill, an operator's stop) or was
@@ -80,6 +112,10 @@ type ExitError struct {
 	Unit  string
 	State UnitState
 }
+
+// FaultClass implements tenant.Classer: see UnitState.class. A unit that exits before it is ready is
+// retryable: a crash at start may be transient, and the next wake retries after the backoff.
+func (e *ExitError) FaultClass() tenant.Class { return e.State.class() }
 
 func (e *ExitError) Error() string {
 	if e.State.Active() {
