@@ -94,8 +94,10 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 	mctx, cancel := detachWithDeadline(ctx) // stragglers outlive this call, not the wake budget
 	trackers := make([]*tracker, len(fb.members))
 	ms := make([]fleet.Member, len(fb.members))
+	t0 := fb.in.now() // every member's phases count from the same instant, so they can be compared
 	for i, m := range fb.members {
 		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, fb.in.now)
+		tr.rec.Started = t0
 		trackers[i] = tr
 		ms[i] = fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }}
 	}
@@ -185,7 +187,14 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 	if err != nil {
 		return err
 	}
-	if err = fb.gateMember(ctx, m, t, life); err != nil {
+	if err = ctx.Err(); err == nil {
+		// The gate's faults are the activator's to classify (a health path that can never pass is
+		// terminal), before internal/fleet rolls the member up.
+		if err = fb.gateMember(ctx, m, t, life); err != nil {
+			err = tenant.Classify(classOf(err), err)
+		}
+	}
+	if err != nil { // unhealthy, or cancelled (a fast-fail) once it had started: it must not run on
 		t.failed()
 		t.Phase(tenant.PhaseStop)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fb.in.route.SleepBudget)

@@ -55,6 +55,8 @@ type WakeRecord struct {
 	CancelledBy string `json:"cancelled_by,omitempty"`
 	// Requires is what this wake's requirements (requires:) did for it, in the order written: each one's
 	// own wake record when this wake started or joined one, or only its state when it was already awake.
+	// A nested record is as it was when the requirement let this wake go on: a fleet's members still
+	// waking then read "waking" here, and the fleet's own record (its status and history) is amended.
 	Requires []RequiredWake `json:"requires,omitempty"`
 	// Members is a fleet's rollup, in member order (fleet.go). A member still waking when the quorum
 	// was up reads "waking" until it settles, when the record is amended (the outcome never changes).

@@ -1,0 +1,407 @@
+package main
+
+// Fleets (issue #15) end to end, exec only: routes backed by five demo apps on their own upstreams,
+// through a real `activator serve`. Which member did what is read from the route's wake record and
+// its status (each member's requests in flight), never from how long anything took.
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/fleet"
+	"github.com/activator/activator/internal/testenv"
+)
+
+// fleetTagEnv marks every process of a test fleet's members, for testenv.PidsWithEnv.
+const fleetTagEnv = "FLEET_TEST_TAG"
+
+// The rollup every fleet of fleetRoute has: m3 never turns healthy, m5's command is gone.
+const wantRollup = "up, up, timeout, up, error"
+
+// TestFleetRollupAndQuorum: three routes with the same five members (m3 answers its health path with
+// 503 for ever, m5's executable is gone since the config was loaded), awaited in parallel with
+// min_ready 3, one by one (serial: true) with min_ready 3, and in parallel with min_ready 4.
+//   - The rollup is up, up, timeout, up, error, the same serial and parallel, with each failure's
+//     class and phase.
+//   - With min_ready 3 requests are served, spread over the ready members: six slow requests sent one
+//     at a time go two to each of m1, m2 and m4 (least in flight). With min_ready 4 they get 503 with
+//     Retry-After once m3 times out, and no member process is left.
+//   - The parallel members' wakes overlap, the serial ones' do not, as their phases in the record say.
+//   - `activator explain` prints the members as a tree.
+func TestFleetRollupAndQuorum(t *testing.T) {
+	gone := goneCommand(t)
+	tag := uniqueTag(t)
+	routes := fleetRoute(t, "par", fleetOpts{minReady: 3, tag: tag, gone: gone}) +
+		fleetRoute(t, "ser", fleetOpts{minReady: 3, serial: true, tag: tag, gone: gone}) +
+		fleetRoute(t, "q4", fleetOpts{minReady: 4, tag: tag, gone: gone})
+	s := startServed(t, "routes:\n"+routes)
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+
+	// The three fleets wake at once, so that the test waits for m3's health budget about once.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
+	var par, ser clientAnswer
+	q4 := make([]clientAnswer, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { par = getFresh(ctx, s.edge, "par.test", "/") })
+	wg.Go(func() { ser = getFresh(ctx, s.edge, "ser.test", "/") })
+	for i := range q4 {
+		wg.Go(func() { q4[i] = getFresh(ctx, s.edge, "q4.test", "/") })
+	}
+	wg.Wait()
+	ready := []string{"m1\n", "m2\n", "m4\n"}
+	for name, a := range map[string]clientAnswer{"par": par, "ser": ser} {
+		if a.err != nil || a.code != http.StatusOK || !slices.Contains(ready, a.body) {
+			t.Errorf("GET %s.test: %d %q %v, want 200 from m1, m2 or m4", name, a.code, a.body, a.err)
+		}
+	}
+	for i, a := range q4 {
+		if ra, err := strconv.Atoi(a.retryAfter); a.err != nil || a.code != http.StatusServiceUnavailable || err != nil || ra < 1 {
+			t.Errorf("GET q4.test #%d: %d (Retry-After %q) %q %v, want 503 with Retry-After", i, a.code, a.retryAfter, a.body, a.err)
+		}
+	}
+
+	// The rollups, once every member has settled: the same in parallel and one by one.
+	parRec, serRec, q4Rec := settledWake(t, s, "par"), settledWake(t, s, "ser"), settledWake(t, s, "q4")
+	logRecord(t, "par", parRec)
+	for name, rec := range map[string]*activator.WakeRecord{"par": parRec, "ser": serRec, "q4": q4Rec} {
+		if got := rollup(rec); got != wantRollup {
+			t.Errorf("%s: rollup %q, want %q", name, got, wantRollup)
+		}
+		for _, m := range rec.Members {
+			switch want := map[string][2]string{"m3": {"retryable", "health"}, "m5": {"terminal", "spawn"}}[m.Name]; {
+			case m.Status == "up" && (m.Class != "" || m.Error != ""):
+				t.Errorf("%s member %s: up with class %q error %q", name, m.Name, m.Class, m.Error)
+			case m.Status != "up" && (m.Class != want[0] || m.Phase != want[1] || m.Error == ""):
+				t.Errorf("%s member %s: %s, class %q in phase %q (error %q), want class %s in phase %s with the error",
+					name, m.Name, m.Status, m.Class, m.Phase, m.Error, want[0], want[1])
+			}
+		}
+	}
+	if parRec.Outcome != activator.OutcomeSucceeded || serRec.Outcome != activator.OutcomeSucceeded {
+		t.Errorf("outcomes: par %q, ser %q, want succeeded (min_ready 3 of 3 up)", parRec.Outcome, serRec.Outcome)
+	}
+	wantCulprit := activator.Culprit{Instance: "q4", Member: "m3", Phase: "health", Class: "retryable"}
+	if q4Rec.Outcome != activator.OutcomeFailed || q4Rec.Class != "retryable" || q4Rec.Culprit == nil || *q4Rec.Culprit != wantCulprit {
+		t.Errorf("q4: outcome %q class %q culprit %+v, want failed, retryable, %+v", q4Rec.Outcome, q4Rec.Class, q4Rec.Culprit, wantCulprit)
+	}
+	waitTagged(t, tag+"-q4", 0, "q4's members after its failed wake")
+
+	// Overlap, counted from the members' phases: every pair whose wakes ran at the same time.
+	if n := overlaps(parRec.Members); n < 3 {
+		t.Errorf("par: %d overlapping pairs of member wakes, want at least 3 (m1, m2 and m4 each with m3, which waits out its health budget)", n)
+	}
+	if n := overlaps(serRec.Members); n != 0 {
+		t.Errorf("ser (serial: true): %d overlapping pairs of member wakes, want 0", n)
+	}
+
+	// Least in flight: each slow request goes to the ready member with the fewest.
+	slow, stopSlow := context.WithCancel(ctx)
+	var slowWG sync.WaitGroup
+	for k := 1; k <= 6; k++ {
+		slowWG.Go(func() { getFresh(slow, s.edge, "par.test", "/slow?d=10m") })
+		s.waitStatus("par", fmt.Sprintf("%d requests in flight on its members", k), func(st activator.Status) bool {
+			return memberInFlight(st)["total"] == int64(k)
+		})
+	}
+	if got, want := memberInFlight(s.status("par")), map[string]int64{"m1": 2, "m2": 2, "m4": 2, "total": 6}; !maps.Equal(got, want) {
+		t.Errorf("par: requests in flight per member %v, want %v", got, want)
+	}
+	stopSlow()
+	slowWG.Wait()
+	s.waitStatus("par", "no request in flight", func(st activator.Status) bool { return memberInFlight(st)["total"] == 0 })
+	if a := getFresh(ctx, s.edge, "par.test", "/"); a.code != http.StatusOK || !slices.Contains(ready, a.body) {
+		t.Errorf("GET par.test after the slow ones: %d %q %v, want 200 from a ready member", a.code, a.body, a.err)
+	}
+
+	code, out := runMain(t, "explain", "par", "--admin", s.admin)
+	t.Logf("activator explain par:\n%s", out)
+	wantTree(t, code, out,
+		"  wake  trigger request  result ok",
+		"\n  outcome succeeded",
+		"\n  member m1 (", "): up", "\n    +", "spawn", "\n    +", "health",
+		"\n  member m2 (", "): up",
+		"\n  member m3 (", "): timeout, retryable in health", "\n    +", "health", "(budget ", "\n    +", "stop", "\n    error: ",
+		"\n  member m4 (", "): up",
+		"\n  member m5 (", "): error, terminal in spawn", "\n    +", "spawn", "\n    error: ",
+		"\n  +", "members")
+	stopServed(t, s)
+}
+
+// TestFleetFastFail: min_ready is all four members; m4's executable is gone, and m1 to m3 cannot pass
+// their health gates until the test lets them (DEMOAPP_HOLD_FILE), which it never does. The wake fails
+// as soon as m4 does, well within its ten-minute budget: the request gets 503 with Retry-After, the
+// record names m4, its phase and class, and m1 to m3 are cancelled because of m4, each with the phase it
+// had reached. No member process is left running.
+func TestFleetFastFail(t *testing.T) {
+	gone := goneCommand(t)
+	tag := uniqueTag(t)
+	hold := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServed(t, "routes:\n"+fleetRoute(t, "ff", fleetOpts{members: 4, tag: tag, gone: gone, hold: hold, wakeBudget: "10m"}))
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), patience) // far less than the wake budget
+	defer cancel()
+	a := getFresh(ctx, s.edge, "ff.test", "/")
+	if ra, err := strconv.Atoi(a.retryAfter); a.err != nil || a.code != http.StatusServiceUnavailable || err != nil || ra < 1 {
+		t.Fatalf("GET ff.test: %d (Retry-After %q) %q %v, want 503 with Retry-After at once", a.code, a.retryAfter, a.body, a.err)
+	}
+
+	rec := settledWake(t, s, "ff")
+	logRecord(t, "ff", rec)
+	want := activator.Culprit{Instance: "ff", Member: "m4", Phase: "spawn", Class: "terminal"}
+	if rec.Outcome != activator.OutcomeFailed || rec.Class != "terminal" || rec.Culprit == nil || *rec.Culprit != want {
+		t.Errorf("ff: outcome %q class %q culprit %+v, want failed, terminal, %+v", rec.Outcome, rec.Class, rec.Culprit, want)
+	}
+	if got := rollup(rec); got != "cancelled, cancelled, cancelled, error" {
+		t.Errorf("ff: rollup %q, want cancelled, cancelled, cancelled, error", got)
+	}
+	for _, m := range rec.Members[:3] {
+		var phases []string
+		for _, p := range m.Phases {
+			phases = append(phases, p.Name)
+		}
+		if m.CancelledBy != "m4" || m.Phase == "" || m.Phase == "stop" || !slices.Contains(phases, m.Phase) || m.Class != "" {
+			t.Errorf("ff member %s: cancelled_by %q in phase %q (phases %v, class %q), want cancelled by m4 in a phase it reached",
+				m.Name, m.CancelledBy, m.Phase, phases, m.Class)
+		}
+		if n := len(s.logs.spawns("ff." + m.Name)); n != 1 {
+			t.Errorf("ff member %s spawned %d times, want once (it was starting when m4 failed)", m.Name, n)
+		}
+	}
+	waitTagged(t, tag+"-ff", 0, "ff's members after the fast-fail")
+
+	code, out := runMain(t, "explain", "ff", "--admin", s.admin)
+	t.Logf("activator explain ff:\n%s", out)
+	wantTree(t, code, out,
+		"  wake  trigger request  result failed in members",
+		"\n  outcome failed  culprit ff member m4 in phase spawn (terminal)",
+		"\n  member m1 (", "): cancelled in ", ", cancelled because m4 failed",
+		"\n  member m4 (", "): error, terminal in spawn")
+	stopServed(t, s)
+}
+
+// TestFleetWrongHealthPathIsTerminal: a health path that keeps answering the same client error can
+// never pass (health.ErrWrongPath), which the activator classes terminal for a single tenant. A fleet
+// member failing so must roll up as error (terminal) too, and the record's culprit must say terminal
+// like the record itself. The demo app answers /ws without an Upgrade header with 426.
+func TestFleetWrongHealthPathIsTerminal(t *testing.T) {
+	tag := uniqueTag(t)
+	s := startServed(t, "routes:\n"+fleetRoute(t, "wp", fleetOpts{tag: tag, members: 2, minReady: 1, healthPath: "/ws"}))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if a := getFresh(ctx, s.edge, "wp.test", "/"); a.err != nil || a.code != http.StatusServiceUnavailable {
+		t.Fatalf("GET wp.test: %d %q %v, want 503", a.code, a.body, a.err)
+	}
+	rec := settledWake(t, s, "wp")
+	logRecord(t, "wp", rec)
+	if got := rollup(rec); got != "error, error" {
+		t.Errorf("wp: rollup %q, want \"error, error\" (a wrong health path is terminal)", got)
+	}
+	if rec.Class != "terminal" || rec.Culprit == nil || rec.Culprit.Class != "terminal" {
+		t.Errorf("wp: fault_class %q, culprit %+v, want both terminal", rec.Class, rec.Culprit)
+	}
+	stopServed(t, s)
+}
+
+// fleetOpts shape fleetRoute's fleet.
+type fleetOpts struct {
+	minReady   int    // 0: all members
+	serial     bool   // serial: true
+	members    int    // 0: five
+	tag        string // fleetTagEnv of the members' processes is tag-route
+	gone       string // the executable of the last member, removed by the test after the config loaded
+	hold       string // DEMOAPP_HOLD_FILE of the members other than the last
+	wakeBudget string // default 1m
+	healthPath string // default /healthz
+}
+
+// fleetRoute is route name (host name.test), a fleet of demo apps m1…mN on their own upstreams, each
+// answering GET / with its name. With the defaults (five members, gone set) m3 answers its health
+// path with 503 for ever and so times out after the health budget, and m5 runs gone.
+func fleetRoute(t *testing.T, name string, o fleetOpts) string {
+	t.Helper()
+	n := o.members
+	if n == 0 {
+		n = 5
+	}
+	budget, path := o.wakeBudget, o.healthPath
+	if budget == "" {
+		budget = "1m"
+	}
+	if path == "" {
+		path = "/healthz"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `  - name: %s
+    hosts: [%s.test]
+    backing: exec
+    idle: 10m
+    wake_budget: %s
+    health: {path: %s, interval: 20ms, budget: 8s}
+    backoff: {initial: 1s, max: 1s}
+    exec: %s
+    fleet:
+      serial: %t
+`, name, name, budget, path, demoExec(t, nil), o.serial)
+	if o.minReady > 0 {
+		fmt.Fprintf(&b, "      min_ready: %d\n", o.minReady)
+	}
+	b.WriteString("      members:\n")
+	for i := 1; i <= n; i++ {
+		m := fmt.Sprintf("m%d", i)
+		env := map[string]string{"DEMOAPP_BODY": m, fleetTagEnv: o.tag + "-" + name}
+		if o.hold != "" && i < n {
+			env["DEMOAPP_HOLD_FILE"] = o.hold
+		}
+		if i == 3 && n == 5 && o.gone != "" {
+			env["DEMOAPP_UNHEALTHY"] = "1"
+		}
+		block := fmt.Sprintf("{env: %s}", demoEnv(env))
+		if i == n && o.gone != "" {
+			block = fmt.Sprintf("{argv: [%q], env: %s}", o.gone, demoEnv(env))
+		}
+		fmt.Fprintf(&b, "        - {name: %s, upstream: %q, exec: %s}\n", m, freeLoopbackAddr(t), block)
+	}
+	return b.String()
+}
+
+// goneCommand creates an executable for a config to name, which the test removes once the config has
+// loaded: a member whose command is gone, a terminal fault the registry could not have caught.
+func goneCommand(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "no-such-app")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// uniqueTag is a value of fleetTagEnv no other test run uses.
+func uniqueTag(t *testing.T) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// waitTagged polls /proc (external process state) until exactly n live processes carry
+// fleetTagEnv=tag.
+func waitTagged(t *testing.T, tag string, n int, what string) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		pids := testenv.PidsWithEnv(fleetTagEnv, tag)
+		if len(pids) == n {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: processes %v, want %d, after %v", what, pids, n, patience)
+		}
+	}
+}
+
+// settledWake polls route's history until its last wake has ended and every member has settled (none
+// is still waking: the record is amended as the stragglers settle), and returns that wake.
+func settledWake(t *testing.T, s *served, route string) *activator.WakeRecord {
+	t.Helper()
+	var last *activator.WakeRecord
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		evs := s.events(route)
+		for i := len(evs) - 1; i >= 0; i-- {
+			if evs[i].Wake != nil {
+				last = evs[i].Wake
+				break
+			}
+		}
+		if last != nil && !slices.ContainsFunc(last.Members, func(m activator.MemberRecord) bool { return m.Status == string(fleet.Waking) }) {
+			return last
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: no settled wake within %v; last: %+v", route, patience, last)
+		}
+	}
+}
+
+// rollup is the record's members' statuses, in member order: "up, up, timeout, up, error".
+func rollup(rec *activator.WakeRecord) string {
+	var st []string
+	for _, m := range rec.Members {
+		st = append(st, m.Status)
+	}
+	return strings.Join(st, ", ")
+}
+
+// overlapSlack is how much two members' wakes must overlap to count. Each member's phases are timed
+// from its own start, which the fleet takes for all members in one loop before any starts: the bases
+// differ by microseconds, and a serial member that starts just as the one before it ends must not
+// count as overlapping it.
+const overlapSlack = time.Millisecond
+
+// overlaps counts the pairs of members whose wakes (from their first phase's start to their last
+// phase's end) ran at the same time.
+func overlaps(ms []activator.MemberRecord) int {
+	type span struct{ from, to time.Duration }
+	var spans []span
+	for _, m := range ms {
+		if len(m.Phases) == 0 {
+			continue
+		}
+		last := m.Phases[len(m.Phases)-1]
+		spans = append(spans, span{m.Phases[0].Start, last.Start + last.Duration})
+	}
+	n := 0
+	for i := range spans {
+		for j := i + 1; j < len(spans); j++ {
+			if min(spans[i].to, spans[j].to)-max(spans[i].from, spans[j].from) > overlapSlack {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// memberInFlight is the requests in flight on each member with any, and their total.
+func memberInFlight(st activator.Status) map[string]int64 {
+	got := map[string]int64{"total": 0}
+	for _, m := range st.Members {
+		if m.InFlight > 0 {
+			got[m.Name] = m.InFlight
+			got["total"] += m.InFlight
+		}
+	}
+	return got
+}
