@@ -382,6 +382,7 @@ func (fb *fleetBackend) client(m *fleetMember) *upstream.Client {
 		Network:      m.route.Upstream.Network,
 		Address:      m.route.Upstream.Address,
 		MaxConns:     upstreamConns(m.route),
+		TrustedProxy: fb.in.trusted,
 		ErrorHandler: fb.in.upstreamFailed,
 	}))
 	return m.up.Load()

@@ -3,6 +3,7 @@ package activator
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,8 @@ type instance struct {
 	// peer finds an instance of the running config by name: the requirements (chain.go) are looked up
 	// at each wake, so a reload that replaces one is seen by the next. Set by Apply.
 	peer func(name string) *instance
+	// trusted is Server.TrustedProxy, for the upstream clients (nil trusts no proxy). Set by Apply.
+	trusted func(netip.Addr) bool
 	// fleet is the route's fleet of members (fleet.go), nil for a single tenant; then backend is the
 	// fleet's.
 	fleet *fleetBackend

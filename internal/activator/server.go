@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -189,6 +190,7 @@ func (s *Server) openLocked(r *registry.Route) (*instance, error) {
 	in.drain = s.drain
 	in.checkErr = s.checks[r.Name]
 	in.peer = s.peer
+	in.trusted = s.TrustedProxy
 	return in, nil
 }
 
@@ -335,6 +337,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // answerReserve is what Shutdown keeps of a shutdown's time left for the end: for writing the answers of
 // the requests still held and stopping the tenants of the routes still open. A tenth, at most a second.
 func answerReserve(left time.Duration) time.Duration { return max(0, min(time.Second, left/10)) }
+
+// TrustedProxy reports whether peer is inside the running config's trusted_proxies: a proxy whose
+// X-Forwarded-* and Forwarded the upstream clients pass on as the client's (internal/upstream), and
+// whose connections must open with a PROXY header on a listener that asks for one (trust.Wrap). It
+// reads the routing table, so it follows reloads; it is safe for concurrent use.
+func (s *Server) TrustedProxy(peer netip.Addr) bool { return s.table.Load().trusts(peer) }
 
 // ServeHTTP is the edge: route, hold, proxy.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package activator
 
 import (
+	"net/netip"
 	"strings"
 
 	"github.com/activator/activator/internal/registry"
@@ -14,6 +15,8 @@ type table struct {
 	// edge is the config's edge limits, swapped with the routes: the request that loaded the table
 	// reads them without another atomic load, and a reload's new values apply to the next request.
 	edge registry.EdgeLimits
+	// trusted is the config's trusted_proxies, swapped with the routes likewise (Server.TrustedProxy).
+	trusted []netip.Prefix
 }
 
 // routed is one route as the edge uses it.
@@ -24,7 +27,7 @@ type routed struct {
 }
 
 func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
-	t := &table{exact: map[string][]*routed{}, wildcard: map[string][]*routed{}, edge: cfg.Edge}
+	t := &table{exact: map[string][]*routed{}, wildcard: map[string][]*routed{}, edge: cfg.Edge, trusted: cfg.TrustedProxies}
 	for _, r := range cfg.Routes {
 		in := instances[r.Name]
 		t.order = append(t.order, in)
@@ -49,6 +52,17 @@ func insertByPrefix(list []*routed, rt *routed) []*routed {
 		list[i], list[i-1] = list[i-1], list[i]
 	}
 	return list
+}
+
+// trusts reports whether peer is inside one of the trusted prefixes.
+func (t *table) trusts(peer netip.Addr) bool {
+	peer = peer.WithZone("").Unmap()
+	for _, p := range t.trusted {
+		if p.Contains(peer) {
+			return true
+		}
+	}
+	return false
 }
 
 // lookup finds the route for a Host header and path: an exact host beats a wildcard, a more specific

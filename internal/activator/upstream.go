@@ -37,6 +37,7 @@ func (in *instance) client() *upstream.Client {
 		Network:      in.route.Upstream.Network,
 		Address:      in.route.Upstream.Address,
 		MaxConns:     upstreamConns(in.route),
+		TrustedProxy: in.trusted,
 		ErrorHandler: in.upstreamFailed,
 	}))
 	return in.up.Load()

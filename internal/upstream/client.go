@@ -8,8 +8,18 @@
 // and the request-target as the client sent it (in origin-form, also for one that came in
 // absolute-form); the client's header without hop-by-hop fields (RFC 9110 7.6.1: Connection and
 // those it lists, Keep-Alive, Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE except
-// "trailers", Trailer, Transfer-Encoding, Upgrade) and without any Forwarded or X-Forwarded-* the
-// client sent; then X-Forwarded-For (the client's address), X-Forwarded-Host and X-Forwarded-Proto.
+// "trailers", Trailer, Transfer-Encoding, Upgrade); then the forwarding fields (forwarded.go).
+//
+// The forwarding fields depend on the peer, the address the request came from (r.RemoteAddr). From a
+// peer that Options.TrustedProxy trusts, a proxy in front of the edge, the X-Forwarded-For,
+// X-Forwarded-Host, X-Forwarded-Proto and Forwarded it sent are taken as the client's and passed on:
+// X-Forwarded-For appended ("<theirs>, <peer>"), X-Forwarded-Host and X-Forwarded-Proto as it sent
+// them (the edge's own when it sent none), Forwarded with an element "for=<peer>" appended (IPv6
+// quoted and bracketed, RFC 7239). From any other peer they are dropped and the edge's own set:
+// X-Forwarded-For (the peer), X-Forwarded-Host (the Host), X-Forwarded-Proto ("https" over TLS, else
+// "http") and Forwarded ("for=<peer>;host=<Host>;proto=<scheme>"). A trusted proxy that sends
+// X-Forwarded-* but no Forwarded gets a Forwarded that says what they say, one element per address
+// of its X-Forwarded-For, then for=<peer>. Either way a tenant reading either form learns one client.
 // The client sees 1xx answers passed on, hop-by-hop fields dropped from the answer, trailers announced
 // and passed on, the head of an event stream or a body of unknown length at once and each chunk as it
 // comes, and a failed body copy aborting its connection.
@@ -31,6 +41,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -41,6 +52,11 @@ type Options struct {
 	Address string // host:port, or the socket's path
 	// MaxConns caps the connections open to the upstream at once, idle or busy, on each path.
 	MaxConns int
+	// TrustedProxy reports whether peer, the IP of a request's RemoteAddr (no zone, IPv4 unmapped),
+	// is a proxy whose forwarding fields are taken as the client's (see the package doc). It is asked
+	// per request, only for one that carries such a field, so it may follow reloads; it must be fast
+	// and safe for concurrent use. Nil trusts no peer.
+	TrustedProxy func(peer netip.Addr) bool
 	// ErrorHandler answers a request whose upstream exchange failed before the answer's head was
 	// passed on (dial refused, connection reset, no answer); r's context may have ended. Nil answers
 	// 502 with no body.
@@ -54,6 +70,7 @@ type Client struct {
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 	onError   func(http.ResponseWriter, *http.Request, error)
+	trusted   func(netip.Addr) bool
 }
 
 // New returns a Client for the upstream; it dials nothing until the first request.
@@ -77,19 +94,22 @@ func New(opts Options) *Client {
 		WriteBufferSize:       32 << 10,
 		ReadBufferSize:        32 << 10,
 	}
-	return &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, onError), onError: onError}
+	return &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
+		trusted: opts.TrustedProxy}
 }
 
 // newReverseProxy builds the proxy for the requests the fast path does not carry, with Rewrite (not
 // the deprecated Director): the upstream's address, the client's path and query as it sent them (see
-// the package doc), X-Forwarded-* and the original Host.
-func newReverseProxy(host string, tr http.RoundTripper, onError func(http.ResponseWriter, *http.Request, error)) *httputil.ReverseProxy {
+// the package doc), the forwarding fields (not SetXForwarded, which trusts no proxy) and the original
+// Host.
+func newReverseProxy(host string, tr http.RoundTripper, trusted func(netip.Addr) bool, onError func(http.ResponseWriter, *http.Request, error)) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// Not SetURL: joining the target's empty path to the client's turns "*" into "/*".
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", host
 			pr.Out.URL.RawQuery = pr.In.URL.RawQuery // ReverseProxy dropped what it could not parse
-			pr.SetXForwarded()
+			fw := newForwarding(pr.In, trusted)
+			fw.setFields(pr.Out.Header)
 			pr.Out.Host = pr.In.Host
 		},
 		Transport:    tr,

@@ -20,6 +20,9 @@ type exchange struct {
 	// The request: "<Method> <Target> HTTP/1.1", Host, Header ("Name: value" lines), then Body with a
 	// Content-Length when it is not empty.
 	Method, Target, Host, Header, Body string
+	// Peer is the request's RemoteAddr as the edge sees it; "" keeps the real one (127.0.0.1, not a
+	// trusted proxy). Peers in testTrusted are trusted proxies.
+	Peer string
 	// The answer: one informational answer per byte of Info (100, 102 or 103, with InfoHeader), then
 	// Code (see status) with AnswerHeader and AnswerBody, flushed first when Flush is set, then Trailer
 	// ("Name: value" lines; a name starting with "!" is sent unannounced, with http.TrailerPrefix).
@@ -75,13 +78,14 @@ func newPaths(t testing.TB) *paths {
 	p := &paths{}
 	up := httptest.NewServer(http.HandlerFunc(p.answer))
 	t.Cleanup(up.Close)
-	serve, slow := newEdges(t, up.Listener.Addr().String())
+	serve, proxy := newEdges(t, up.Listener.Addr().String())
 	fast := func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		p.forwarded = forwardable(r)
 		p.mu.Unlock()
-		serve(w, r)
+		serve(w, p.fromPeer(r))
 	}
+	slow := func(w http.ResponseWriter, r *http.Request) { proxy(w, p.fromPeer(r)) }
 	for _, e := range []struct {
 		addr *string
 		h    http.HandlerFunc
@@ -92,6 +96,17 @@ func newPaths(t testing.TB) *paths {
 		*e.addr = srv.Listener.Addr().String()
 	}
 	return p
+}
+
+// fromPeer returns r as if it came from the script's peer.
+func (p *paths) fromPeer(r *http.Request) *http.Request {
+	p.mu.Lock()
+	peer := p.script.Peer
+	p.mu.Unlock()
+	if peer != "" {
+		r.RemoteAddr = peer
+	}
+	return r
 }
 
 // answer is the upstream: it records the request and answers as the current script says.
@@ -284,12 +299,14 @@ func cutAlike(fast, slow answered) bool {
 	return fast.Err != "" && slow.Err != "" && slow.Status == 0 && fast.Status != 0 && fast.Body == ""
 }
 
-// equivalenceCases are the requests and answers both paths must treat alike; want, when set, is the
-// request-URI the upstream must see.
+// equivalenceCases are the requests and answers both paths must treat alike; wantURI, when set, is
+// the request-URI the upstream must see, and wantFwd, when set, the forwarding fields it must see
+// (every line of X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Proto and Forwarded, in that order).
 var equivalenceCases = []struct {
 	name    string
 	ex      exchange
 	wantURI string
+	wantFwd []string
 }{
 	{name: "plain GET", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello"}, wantURI: "/p"},
 	{name: "semicolon query", ex: exchange{Method: "GET", Target: "/p?a=1;b=2", Host: "app.test"}, wantURI: "/p?a=1;b=2"},
@@ -320,7 +337,40 @@ var equivalenceCases = []struct {
 	{name: "client's forwarding fields", ex: exchange{
 		Method: "GET", Target: "/p", Host: "app.test",
 		Header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Host: spoofed.example\nX-Forwarded-Proto: https\nForwarded: for=203.0.113.9\nContent-Length: 0",
-	}},
+	}, wantFwd: []string{"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http", "Forwarded: for=127.0.0.1;host=app.test;proto=http"}},
+	{name: "untrusted IPv6 peer forging every field", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test:8080", Peer: "[2001:db9::5]:4711",
+		Header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Host: spoofed.example\nX-Forwarded-Proto: https\nForwarded: for=203.0.113.9;proto=https",
+	}, wantFwd: []string{"X-Forwarded-For: 2001:db9::5", "X-Forwarded-Host: app.test:8080", "X-Forwarded-Proto: http", `Forwarded: for="[2001:db9::5]";host="app.test:8080";proto=http`}},
+	{name: "trusted proxy, X-Forwarded-* only", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711",
+		Header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Proto: https\nX-Forwarded-Host: www.example",
+	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 192.0.2.10", "X-Forwarded-Host: www.example", "X-Forwarded-Proto: https",
+		"Forwarded: for=203.0.113.9;host=www.example;proto=https, for=192.0.2.10"}},
+	{name: "trusted proxy, XFF lines, one blank, an IPv6 entry and a port", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711",
+		Header: "X-Forwarded-For: 203.0.113.9, 2001:db8::9\nX-Forwarded-For:\nX-Forwarded-For: 198.51.100.1:80,,unknown",
+	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 2001:db8::9, 198.51.100.1:80,,unknown, 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http",
+		`Forwarded: for=203.0.113.9;host=app.test;proto=http, for="[2001:db8::9]", for="198.51.100.1:80", for=unknown, for=192.0.2.10`}},
+	{name: "trusted IPv6 proxy with Forwarded", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "[2001:db8::10]:4711",
+		Header: "Forwarded: for=203.0.113.9;proto=https\nForwarded: for=\"[2001:db8:cafe::17]:4711\"\nX-Forwarded-For: 203.0.113.9",
+	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 2001:db8::10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http",
+		`Forwarded: for=203.0.113.9;proto=https, for="[2001:db8:cafe::17]:4711", for="[2001:db8::10]"`}},
+	{name: "trusted proxy sending no forwarding field", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711"},
+		wantFwd: []string{"X-Forwarded-For: 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http", "Forwarded: for=192.0.2.10;host=app.test;proto=http"}},
+	{name: "trusted IPv4-mapped peer, odd values quoted", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "[::ffff:192.0.2.11]:4711",
+		Header: "X-Forwarded-Proto: ht\"tp\\s, http\nX-Forwarded-Host: a b.example",
+	}, wantFwd: []string{"X-Forwarded-For: ::ffff:192.0.2.11", "X-Forwarded-Host: a b.example", `X-Forwarded-Proto: ht"tp\s, http`,
+		`Forwarded: for="[::ffff:192.0.2.11]";host="a b.example";proto="ht\"tp\\s"`}},
+	{name: "peer without an address", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", Peer: "@", Header: "X-Forwarded-For: 203.0.113.9"},
+		wantFwd: []string{"X-Forwarded-Host: app.test", "X-Forwarded-Proto: http", "Forwarded: host=app.test;proto=http"}},
+	{name: "trusted proxy, POST through the ReverseProxy", ex: exchange{
+		Method: "POST", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711", Body: "ping",
+		Header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Proto: https",
+	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: https",
+		"Forwarded: for=203.0.113.9;host=app.test;proto=https, for=192.0.2.10"}},
 	{name: "trailers", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", Header: "Te: trailers", AnswerBody: "hello", Trailer: "X-Sum: 42\nX-Other: 1\n!X-Late: 2"}},
 	{name: "unannounced trailer only", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello", Trailer: "!X-Late: 2"}},
 	{name: "1xx answers", ex: exchange{
@@ -348,11 +398,26 @@ func TestEquivalence(t *testing.T) {
 			if tc.wantURI != "" && (got == nil || got.URI != tc.wantURI) {
 				t.Errorf("upstream received %+v, want request-URI %q", got, tc.wantURI)
 			}
+			if tc.wantFwd != nil && (got == nil || !slices.Equal(forwardingLines(got.Header), tc.wantFwd)) {
+				t.Errorf("upstream received %+v\ngot forwarding fields  %q\nwant %q", got, forwardingLines(got.Header), tc.wantFwd)
+			}
 		})
 	}
 }
 
-// FuzzForwardMatchesReverseProxy is TestEquivalence over any request and answer.
+// forwardingLines returns h's forwarding fields as "Name: value" lines, in the order wantFwd has them.
+func forwardingLines(h http.Header) []string {
+	var out []string
+	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded"} {
+		for _, v := range h[k] {
+			out = append(out, k+": "+v)
+		}
+	}
+	return out
+}
+
+// FuzzForwardMatchesReverseProxy is TestEquivalence over any request and answer, each sent twice:
+// from an untrusted peer and from a trusted proxy.
 func FuzzForwardMatchesReverseProxy(f *testing.F) {
 	for _, tc := range equivalenceCases {
 		e := tc.ex
@@ -366,6 +431,11 @@ func FuzzForwardMatchesReverseProxy(f *testing.F) {
 		if len(info) > 5 {
 			info = info[:5]
 		}
-		p.same(t, exchange{method, target, host, header, body, info, infoHeader, code, answerHeader, answerBody, trailer, flush}, true)
+		ex := exchange{Method: method, Target: target, Host: host, Header: header, Body: body, Info: info, InfoHeader: infoHeader,
+			Code: code, AnswerHeader: answerHeader, AnswerBody: answerBody, Trailer: trailer, Flush: flush}
+		for _, peer := range []string{"", "[2001:db8::10]:4711"} {
+			ex.Peer = peer
+			p.same(t, ex, true)
+		}
 	})
 }

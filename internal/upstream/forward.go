@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -57,7 +56,8 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 		clear(wh)
 		return nil
 	}
-	resp, err := c.pool.do(r, got1xx)
+	fw := newForwarding(r, c.trusted)
+	resp, err := c.pool.do(r, &fw, got1xx)
 	if err != nil {
 		c.onError(w, r, err)
 		return
@@ -114,9 +114,10 @@ func writeAnswer(w http.ResponseWriter, resp *http.Response) {
 	}
 }
 
-// writeHead writes r's request line and header for the upstream (see the package doc); host stands
-// in for a missing Host. Write errors stick in bw and surface when it is flushed.
-func writeHead(bw *bufio.Writer, r *http.Request, host string) {
+// writeHead writes r's request line and header for the upstream (see the package doc), with fw's
+// forwarding fields; host stands in for a missing Host. Write errors stick in bw and surface when it
+// is flushed.
+func writeHead(bw *bufio.Writer, r *http.Request, fw *forwarding, host string) {
 	if r.Host != "" {
 		host = r.Host
 	}
@@ -149,18 +150,13 @@ func writeHead(bw *bufio.Writer, r *http.Request, host string) {
 	if hasToken(r.Header["Te"], "trailers") {
 		bw.WriteString("Te: trailers\r\n")
 	}
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		bw.WriteString("X-Forwarded-For: ")
-		bw.WriteString(ip)
+	fw.fields(func(name, value string) {
+		bw.WriteString(name)
+		bw.WriteString(": ")
+		bw.WriteString(value)
 		bw.WriteString("\r\n")
-	}
-	bw.WriteString("X-Forwarded-Host: ")
-	bw.WriteString(r.Host)
-	if r.TLS == nil {
-		bw.WriteString("\r\nX-Forwarded-Proto: http\r\n\r\n")
-	} else {
-		bw.WriteString("\r\nX-Forwarded-Proto: https\r\n\r\n")
-	}
+	})
+	bw.WriteString("\r\n")
 }
 
 // hopByHop reports the header fields that describe one connection, not the message (canonical keys).
@@ -173,8 +169,8 @@ func hopByHop(k string) bool {
 	return false
 }
 
-// forwardedField reports the fields the edge sets itself; a client's own are dropped, as the
-// ReverseProxy's Rewrite mode does.
+// forwardedField reports the fields the edge sets itself (forwarding): a client's own are not copied,
+// as the ReverseProxy's Rewrite mode drops them; a trusted proxy's are passed on through forwarding.
 func forwardedField(k string) bool {
 	switch k {
 	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":

@@ -62,17 +62,17 @@ func newPool(network, address string, maxConns int) *pool {
 	}
 }
 
-// do sends r (forwardable) on a pooled connection and reads the answer's head; got1xx is handed the
-// informational answers. A failure on a reused connection before any answer byte is retried once on
+// do sends r (forwardable), with fw's forwarding fields, on a pooled connection and reads the
+// answer's head; got1xx is handed the informational answers. A failure on a reused connection before any answer byte is retried once on
 // a new connection.
-func (p *pool) do(r *http.Request, got1xx func(int, http.Header) error) (*http.Response, error) {
+func (p *pool) do(r *http.Request, fw *forwarding, got1xx func(int, http.Header) error) (*http.Response, error) {
 	fresh := false
 	for {
 		c, err := p.conn(r.Context(), fresh)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := p.exchange(r, c, got1xx)
+		resp, err := p.exchange(r, fw, c, got1xx)
 		if err == nil {
 			return resp, nil
 		}
@@ -259,9 +259,9 @@ func expired() time.Time { return time.Unix(1, 0) }
 // exchange sends r on c and reads the answer's head. The answer's body reads from c; closing it
 // returns c to the pool when the body was read to the end and both sides allow keep-alive, and closes
 // c otherwise. r's context aborts the exchange, body included, by expiring c's deadline.
-func (p *pool) exchange(r *http.Request, c *Conn, got1xx func(int, http.Header) error) (*http.Response, error) {
+func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(int, http.Header) error) (*http.Response, error) {
 	stop := context.AfterFunc(r.Context(), func() { _ = c.SetDeadline(expired()) })
-	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, p.host) }, got1xx)
+	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx)
 	if err != nil {
 		stop()
 		if ctxErr := r.Context().Err(); ctxErr != nil {
