@@ -316,3 +316,15 @@ func closeCase(t *testing.T, s Subject) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// WantClass fails t unless err is an error of class want (tenant.ClassOf): the backings' tests of
+// their fault classes share it.
+func WantClass(t testing.TB, err error, want tenant.Class) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want a %s one", want)
+	}
+	if got := tenant.ClassOf(err); got != want {
+		t.Fatalf("ClassOf(%v) = %q, want %q", err, got, want)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
@@ -56,17 +57,6 @@ func scriptBackend(t *testing.T, up registry.Upstream) (*Backend, string) {
 	return b, path
 }
 
-// wantClass fails t unless err is an error of class want.
-func wantClass(t *testing.T, err error, want tenant.Class) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want a %s one", want)
-	}
-	if got := tenant.ClassOf(err); got != want {
-		t.Fatalf("ClassOf(%v) = %q, want %q", err, got, want)
-	}
-}
-
 // wakeErr wakes b within budget and returns the error; a Wake that succeeds fails t.
 func wakeErr(t *testing.T, b *Backend) error {
 	t.Helper()
@@ -99,7 +89,7 @@ func TestTerminalExecutable(t *testing.T) {
 			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), path) {
 				t.Fatalf("Wake = %v, want an error naming %s and wrapping %v", err, path, c.want)
 			}
-			wantClass(t, err, tenant.ClassTerminal)
+			backendtest.WantClass(t, err, tenant.ClassTerminal)
 		})
 	}
 }
@@ -117,7 +107,7 @@ func TestTerminalForeignHolder(t *testing.T) {
 	if !errors.As(err, &held) {
 		t.Fatalf("Wake = %v, want a *foreign.HeldError", err)
 	}
-	wantClass(t, err, tenant.ClassTerminal)
+	backendtest.WantClass(t, err, tenant.ClassTerminal)
 }
 
 // sleep: freeze without cgroups cannot be honoured here, both at the wake and in the host check.
@@ -127,7 +117,7 @@ func TestTerminalUnsupportedSetting(t *testing.T) {
 	if !strings.Contains(err.Error(), "sleep: freeze is unavailable") {
 		t.Fatalf("Wake = %v, want it to say freeze is unavailable", err)
 	}
-	wantClass(t, err, tenant.ClassTerminal)
+	backendtest.WantClass(t, err, tenant.ClassTerminal)
 	if pids := tagged(f.tag); len(pids) > 0 {
 		t.Errorf("the refused wake spawned %v", pids)
 	}
@@ -139,7 +129,7 @@ func TestTerminalUnsupportedSetting(t *testing.T) {
 	if cerr == nil || !strings.Contains(cerr.Error(), "sleep: freeze is unavailable") {
 		t.Fatalf("Check = %v, want it to say freeze is unavailable", cerr)
 	}
-	wantClass(t, cerr, tenant.ClassTerminal)
+	backendtest.WantClass(t, cerr, tenant.ClassTerminal)
 }
 
 // A tenant that daemonizes before printing its ready marker does so at every start.
@@ -152,7 +142,7 @@ func TestTerminalDaemonizes(t *testing.T) {
 		t.Fatalf("Wake = %v, want a *DaemonError", err)
 	}
 	// Its chain holds the retryable *ExitError of the main process; the outer class wins.
-	wantClass(t, err, tenant.ClassTerminal)
+	backendtest.WantClass(t, err, tenant.ClassTerminal)
 }
 
 // A tenant that exits before its ready marker may have met a transient fault: the next wake, after
@@ -164,7 +154,7 @@ func TestRetryableExitBeforeReady(t *testing.T) {
 	if !errors.As(err, &ee) || ee.Code != 3 {
 		t.Fatalf("Wake = %v, want an *ExitError with code 3", err)
 	}
-	wantClass(t, err, tenant.ClassRetryable)
+	backendtest.WantClass(t, err, tenant.ClassRetryable)
 }
 
 // The wake's budget runs out while the ready marker has not been seen. The marker is never printed,
@@ -177,5 +167,5 @@ func TestRetryableBudgetRanOut(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wake = %v, want the wake budget's deadline", err)
 	}
-	wantClass(t, err, tenant.ClassRetryable)
+	backendtest.WantClass(t, err, tenant.ClassRetryable)
 }

@@ -11,6 +11,7 @@ import (
 
 	godbus "github.com/godbus/dbus/v5"
 
+	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/systemdtest"
 	"github.com/activator/activator/internal/tenant"
@@ -20,17 +21,6 @@ import (
 // systemd --user manager. Wake returns once the start job is queued, so what the job's outcome says
 // ends the Life instead: the activator's health gate returns that error (health.ErrGone wrapping the
 // Life's), and these tests read it from the Life.
-
-// wantClass fails t unless err is an error of class want.
-func wantClass(t *testing.T, err error, want tenant.Class) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want a %s one", want)
-	}
-	if got := tenant.ClassOf(err); got != want {
-		t.Fatalf("ClassOf(%v) = %q, want %q", err, got, want)
-	}
-}
 
 // wakeOutcome wakes b and returns the wake's failure: Wake's error, or else the error the Life ends
 // with. It waits for the undoing of a failed start to finish, so the next Wake starts afresh.
@@ -63,10 +53,10 @@ func TestTerminalNotLoaded(t *testing.T) {
 		if !strings.Contains(err.Error(), "LoadState=not-found") {
 			t.Fatalf("Wake = %v, want it to say the unit is not found", err)
 		}
-		wantClass(t, err, tenant.ClassTerminal)
+		backendtest.WantClass(t, err, tenant.ClassTerminal)
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
-		wantClass(t, p.Check(ctx, missing), tenant.ClassTerminal)
+		backendtest.WantClass(t, p.Check(ctx, missing), tenant.ClassTerminal)
 	})
 
 	t.Run("masked", func(t *testing.T) {
@@ -82,7 +72,7 @@ func TestTerminalNotLoaded(t *testing.T) {
 		if !strings.Contains(err.Error(), "masked") {
 			t.Fatalf("Wake = %v, want it to say the unit is masked", err)
 		}
-		wantClass(t, err, tenant.ClassTerminal)
+		backendtest.WantClass(t, err, tenant.ClassTerminal)
 	})
 }
 
@@ -98,7 +88,7 @@ func TestTerminalStart(t *testing.T) {
 		if !errors.As(err, &je) || je.State.ExecMainStatus != exitExec {
 			t.Fatalf("Wake = %v, want a *JobError with ExecMainStatus %d", err, exitExec)
 		}
-		wantClass(t, err, tenant.ClassTerminal)
+		backendtest.WantClass(t, err, tenant.ClassTerminal)
 	})
 
 	t.Run("foreign_holder", func(t *testing.T) {
@@ -113,7 +103,7 @@ func TestTerminalStart(t *testing.T) {
 		if !errors.As(err, &held) {
 			t.Fatalf("Wake = %v, want a *foreign.HeldError", err)
 		}
-		wantClass(t, err, tenant.ClassTerminal)
+		backendtest.WantClass(t, err, tenant.ClassTerminal)
 	})
 }
 
@@ -126,7 +116,7 @@ func TestRetryableStartJob(t *testing.T) {
 	if !errors.As(err, &je) || je.Result != "failed" {
 		t.Fatalf("Wake = %v, want a *JobError with job result failed", err)
 	}
-	wantClass(t, err, tenant.ClassRetryable)
+	backendtest.WantClass(t, err, tenant.ClassRetryable)
 }
 
 // startLimited is Demo d with a start limit of one start an hour, overriding Demo's
@@ -144,7 +134,7 @@ func wantThrottled(t *testing.T, err error) {
 	if !errors.As(err, &je) || !je.Refused && je.State.Result != "start-limit-hit" {
 		t.Fatalf("wake = %v, want a *JobError the start limit refused", err)
 	}
-	wantClass(t, err, tenant.ClassThrottle)
+	backendtest.WantClass(t, err, tenant.ClassThrottle)
 }
 
 // Started again within its start limit (one start an hour), a unit is refused by systemd: a throttle.
@@ -162,7 +152,7 @@ func TestThrottleStartLimit(t *testing.T) {
 		if !strings.Contains(first.Error(), "ExecMainStatus=3") {
 			t.Fatalf("first wake = %v, want the exit status 3", first)
 		}
-		wantClass(t, first, tenant.ClassRetryable)
+		backendtest.WantClass(t, first, tenant.ClassRetryable)
 		second := wakeOutcome(t, f.b)
 		wantThrottled(t, second)
 		if !strings.Contains(second.Error(), "StartLimitBurst=1") {
