@@ -72,6 +72,11 @@ func cmdCheck(args []string) int {
 			fmt.Fprintf(os.Stderr, "%s: warning: %s\n", *cfgPath, w)
 		}
 	}
+	tlsProblems, tlsWarns := checkTLS(cfg) // the certificate files, as serve loads them (edgetls.go)
+	problems = append(problems, tlsProblems...)
+	for _, w := range tlsWarns {
+		fmt.Fprintf(os.Stderr, "%s: warning: %s\n", *cfgPath, w)
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(os.Stderr, "%s: %d problem%s found on this host:\n", *cfgPath, len(problems), plural(len(problems)))
 		for _, p := range problems {

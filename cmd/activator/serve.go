@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	httppprof "net/http/pprof"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -31,6 +33,7 @@ import (
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tlsedge"
 )
 
 // serveOptions is what `serve` and `demo` share.
@@ -112,6 +115,12 @@ func serve(o serveOptions) int {
 		return 1
 	}
 
+	tlsEdge, tlsSet, err := newTLSSide(cfg, log) // nil without listen_tls (edgetls.go)
+	if err != nil {
+		printConfigErrors(os.Stderr, o.configPath, err)
+		return 1
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := bk.contain(ctx, cfg, reg); err != nil { // before anything spawns: kills an earlier run's tenants
@@ -134,7 +143,7 @@ func serve(o serveOptions) int {
 	})
 	// The listeners bind first, so the ports open (and READY is sent) without waiting for any
 	// backing; the routes' host checks run after READY, concurrently (liveCheck).
-	edgeLn, adminLn, err := listeners(cfg, o)
+	edgeLn, tlsLn, adminLn, err := listeners(cfg, o)
 	if err != nil {
 		log.Error("cannot listen", "err", err)
 		_ = srv.Shutdown(context.Background())
@@ -143,14 +152,18 @@ func serve(o serveOptions) int {
 	if err := srv.Apply(cfg); err != nil {
 		log.Error("cannot start routes", "err", err)
 		edgeLn.Close()
+		if tlsLn != nil {
+			tlsLn.Close()
+		}
 		adminLn.Close()
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
 	releaseLoadGarbage()
-	edge := newEdgeServer(srv, cfg.Edge, log)
-	door := watchEdge(edge, edgeLn) // lets the shutdown stop accepting before it stops the edge
-	edgeLn = door
+	handler, ln := edgeParts(cfg, srv, srv.TrustedProxy, edgeLn, tlsLn, tlsEdge, tlsSet)
+	edge := newEdgeServer(handler, cfg.Edge, log)
+	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
+	door := watchEdge(edge, ln)
 	access := activator.NewAdminAccess(adminPolicy(cfg))
 	for _, w := range adminWarnings(cfg, listenerAddr(adminLn.Addr())) {
 		log.Warn(w)
@@ -175,13 +188,15 @@ func serve(o serveOptions) int {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return serveHTTP(edge, activator.Listener(edgeLn)) })
+	g.Go(func() error { return serveHTTP(edge, door) })
 	g.Go(func() error { return serveHTTP(admin, adminLn) })
 	g.Go(func() error { return watchdog(gctx) })
+	g.Go(func() error { return tlsEdge.runACME(gctx) })
 	applied := &graceTracker{srv: srv}
 	applied.grace.Store(int64(cfg.ShutdownGrace))
-	g.Go(func() error { return reloader(gctx, log, o, bk, adminApplier{applied, access}, cfg) })
-	log.Info("activator listening", "edge", edgeLn.Addr().String(), "admin", adminLn.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+	ap := tlsEdge.applier(adminApplier{applied, access})
+	g.Go(func() error { return reloader(gctx, log, o, bk, ap, cfg) })
+	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, cfg)...)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -262,23 +277,52 @@ func serveHTTP(s *http.Server, ln net.Listener) error {
 func edgeProtocols() *http.Protocols {
 	var p http.Protocols
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true) // h2c, prior knowledge
+	p.SetUnencryptedHTTP2(true) // h2c, prior knowledge, on the plain listener
+	p.SetHTTP2(true)            // over TLS, by ALPN: listen_tls's connections (tlsedge.Listener)
 	return &p
 }
 
-// listeners returns the edge and admin listeners: passed in by systemd socket activation
-// (FileDescriptorName=edge / admin, see units/activator.socket and units/activator-admin.socket) when
-// present, bound here otherwise. The admin address is host:port or unix:/path (listenAdmin).
-func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, err error) {
+// edgeParts are the edge http.Server's handler and listener. The listener is the plain one (with the
+// PROXY hook, then the activator's framing record, which must see plaintext), joined with the TLS
+// listener when t is set; the handler is srv, with t's challenges and redirects in front.
+func edgeParts(cfg *registry.Config, srv http.Handler, trusted func(netip.Addr) bool, plain, rawTLS net.Listener, t *tlsSide, s tlsedge.Settings) (http.Handler, net.Listener) {
+	ln := activator.Listener(proxyListener(plain, cfg.ProxyProtocol.Listen, trusted))
+	if t == nil {
+		return srv, ln
+	}
+	tlsLn := t.bind(rawTLS, s, cfg, trusted)
+	return t.edge.Handler(srv), joinListeners(ln, tlsLn)
+}
+
+// listeningAttrs are the "activator listening" record's attributes.
+func listeningAttrs(edge, edgeTLS, admin net.Listener, cfg *registry.Config) []any {
+	attrs := []any{"edge", edge.Addr().String()}
+	if edgeTLS != nil {
+		attrs = append(attrs, "edge_tls", edgeTLS.Addr().String())
+	}
+	return append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+}
+
+// listeners returns the edge's plain and TLS listeners and the admin listener: passed in by systemd
+// socket activation (FileDescriptorName=edge, edge-tls and admin, see units/activator.socket and
+// units/activator-admin.socket) when present, bound here otherwise. edgeTLS is nil without listen_tls
+// (a descriptor named edge-tls is then closed). The admin address is host:port or unix:/path
+// (listenAdmin).
+func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.Listener, err error) {
 	named, err := activation.ListenersWithNames()
 	if err != nil {
-		return nil, nil, fmt.Errorf("systemd socket activation: %w", err)
+		return nil, nil, nil, fmt.Errorf("systemd socket activation: %w", err)
 	}
-	if l := named["edge"]; len(l) > 0 {
-		edge = l[0]
+	first := func(name string) net.Listener {
+		if l := named[name]; len(l) > 0 {
+			return l[0]
+		}
+		return nil
 	}
-	if l := named["admin"]; len(l) > 0 {
-		admin = l[0]
+	edge, edgeTLS, admin = first("edge"), first("edge-tls"), first("admin")
+	if edgeTLS != nil && cfg.ListenTLS == "" {
+		edgeTLS.Close()
+		edgeTLS = nil
 	}
 	edgeAddr, adminAddr := cfg.Listen, cfg.Admin
 	if o.listen != "" {
@@ -287,18 +331,32 @@ func listeners(cfg *registry.Config, o serveOptions) (edge, admin net.Listener, 
 	if o.admin != "" {
 		adminAddr = o.admin
 	}
+	closeAll := func() {
+		for _, l := range []net.Listener{edge, edgeTLS, admin} {
+			if l != nil {
+				l.Close()
+			}
+		}
+	}
 	if edge == nil {
 		if edge, err = net.Listen("tcp", edgeAddr); err != nil {
-			return nil, nil, fmt.Errorf("edge: %w", err)
+			closeAll()
+			return nil, nil, nil, fmt.Errorf("edge: %w", err)
+		}
+	}
+	if edgeTLS == nil && cfg.ListenTLS != "" {
+		if edgeTLS, err = net.Listen("tcp", cfg.ListenTLS); err != nil {
+			closeAll()
+			return nil, nil, nil, fmt.Errorf("listen_tls: %w", err)
 		}
 	}
 	if admin == nil {
 		if admin, err = listenAdmin(adminAddr, cfg.AdminAccess.Socket); err != nil {
-			edge.Close()
-			return nil, nil, fmt.Errorf("admin: %w", err)
+			closeAll()
+			return nil, nil, nil, fmt.Errorf("admin: %w", err)
 		}
 	}
-	return edge, admin, nil
+	return edge, edgeTLS, admin, nil
 }
 
 // watchdog pings systemd's watchdog at half its interval while the activator runs (no-op otherwise).
@@ -350,8 +408,32 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 		settle: func() <-chan time.Time { return time.After(settleTime) },
 		reload: newReload(ctx, log, o, bk, srv, running),
 	}
+	if fw, ok := srv.(fileWatcher); ok && events != nil {
+		watchFiles(l, w, fw, log)
+	}
 	l.run(ctx)
 	return nil
+}
+
+// fileWatcher is an applier whose config names more files that a change to should reload: the TLS
+// edge's certificates and keys (tlsApplier).
+type fileWatcher interface {
+	watchedFiles() []string
+}
+
+// watchFiles has l reload on changes to fw's files too, watching their directories (renewals replace
+// them by rename), and again after each reload, which may name others.
+func watchFiles(l *reloadLoop, w *fsnotify.Watcher, fw fileWatcher, log *slog.Logger) {
+	watchDirs := func() {
+		for _, f := range fw.watchedFiles() {
+			if err := w.Add(filepath.Dir(f)); err != nil {
+				log.Warn("certificate file watching disabled; SIGHUP reloads it", "file", f, "err", err)
+			}
+		}
+	}
+	watchDirs()
+	l.others = func(name string) bool { return slices.Contains(fw.watchedFiles(), filepath.Clean(name)) }
+	l.afterReload = watchDirs
 }
 
 // newReload returns one reload: it reads the config file, and applies the new config or, when it is
@@ -379,9 +461,10 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 		for _, a := range []struct{ key, bound, next, override string }{
 			{"listen", running.Listen, cfg.Listen, o.listen},
 			{"admin", running.Admin, cfg.Admin, o.admin},
+			{"listen_tls", running.ListenTLS, cfg.ListenTLS, ""},
 		} {
 			if a.override == "" && a.next != a.bound {
-				log.Warn(fmt.Sprintf("%s address changed from %s to %s; restart the activator to apply it", a.key, a.bound, a.next),
+				log.Warn(fmt.Sprintf("%s address changed from %s to %s; restart the activator to apply it", a.key, cmp.Or(a.bound, "none"), cmp.Or(a.next, "none")),
 					"key", a.key, "in_force", a.bound, "configured", a.next)
 			}
 		}
@@ -404,6 +487,10 @@ type reloadLoop struct {
 	file   string                  // the config file's base name; events on other files are ignored
 	settle func() <-chan time.Time // opens a settle window: the channel receives when it ends
 	reload func(trigger string)    // one reload; the loop waits for it
+	// others, when set, reports whether an event's path is another file whose change reloads (a
+	// certificate file, watchFiles); afterReload, when set, runs after each reload.
+	others      func(path string) bool
+	afterReload func()
 }
 
 // run reloads until ctx ends.
@@ -416,7 +503,7 @@ func (l *reloadLoop) run(ctx context.Context) {
 		case <-l.hup:
 			settled = nil
 			l.drain()
-			l.reload("SIGHUP")
+			l.reloadNow("SIGHUP")
 		case ev, ok := <-l.events:
 			if !ok {
 				l.events = nil
@@ -428,8 +515,15 @@ func (l *reloadLoop) run(ctx context.Context) {
 		case <-settled:
 			settled = nil
 			l.drain()
-			l.reload("file change")
+			l.reloadNow("file change")
 		}
+	}
+}
+
+func (l *reloadLoop) reloadNow(trigger string) {
+	l.reload(trigger)
+	if l.afterReload != nil {
+		l.afterReload()
 	}
 }
 
@@ -448,9 +542,10 @@ func (l *reloadLoop) drain() {
 	}
 }
 
-// touches reports whether ev may have changed the config file.
+// touches reports whether ev may have changed the config file, or another file it names (others).
 func (l *reloadLoop) touches(ev fsnotify.Event) bool {
-	return filepath.Base(ev.Name) == l.file && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
+	mine := filepath.Base(ev.Name) == l.file || l.others != nil && l.others(ev.Name)
+	return mine && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
 }
 
 // Host checks run this many at a time, each within checkBound: a route whose BMC or bus does not

@@ -1,0 +1,290 @@
+package main
+
+// The edge's TLS side (docs/tls.md), wired from internal/tlsedge: the listen_tls listener and its
+// certificates, the plain listener's redirect, and what check reports about them. Two hook points wait
+// for other packages: newACME (internal/acme) and proxyListener (internal/trust).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/activator/activator/internal/acme"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tlsedge"
+	"github.com/activator/activator/internal/trust"
+)
+
+// acmeHooks are what the ACME manager (internal/acme) gives the edge. Every field may be nil.
+type acmeHooks struct {
+	// source serves the certificates of the config's exact hosts (tlsedge.Options.Source).
+	source tlsedge.Source
+	// challenge wraps the handler of HTTP-01 challenge requests (tlsedge.Options.Challenge).
+	challenge func(http.Handler) http.Handler
+	// setHosts is given the exact hosts of each config a reload applies.
+	setHosts func(hosts []string)
+	// run manages the certificates until ctx ends; serve runs it beside the listeners and joins it.
+	run func(ctx context.Context) error
+}
+
+// newACME builds the ACME manager (internal/acme) for cfg.ExactHosts() when cfg.TLS.ACME is set, and
+// returns its hooks; without ACME it returns none. The manager contacts no CA until serve runs it,
+// after the listeners are bound: the challenges must find the edge listening.
+func newACME(cfg *registry.Config, log *slog.Logger) (acmeHooks, error) {
+	if cfg.TLS.ACME == nil {
+		return acmeHooks{}, nil
+	}
+	m, err := acme.New(acme.Options{ACME: cfg.TLS.ACME, Hosts: cfg.ExactHosts(), HTTPAddr: cfg.Listen, TLSAddr: cfg.ListenTLS}, log)
+	if err != nil {
+		return acmeHooks{}, fmt.Errorf("tls.acme: %w", err)
+	}
+	return acmeHooks{source: m, challenge: m.HTTPChallengeHandler, setHosts: m.SetHosts, run: m.Run}, nil
+}
+
+var _ tlsedge.Source = (*acme.Manager)(nil)
+
+// proxyListener wraps a raw edge listener, below TLS and the activator's framing record, in the PROXY
+// protocol (internal/trust) when the config asks for it on that listener (on): trusted peers must send
+// the header, others may not. trusted is read per connection (Server.TrustedProxy), so a reload's
+// trusted_proxies apply to the next connection; whether a listener expects the header at all is fixed
+// at start-up.
+func proxyListener(ln net.Listener, on bool, trusted func(netip.Addr) bool) net.Listener {
+	if !on {
+		return ln
+	}
+	return trust.Wrap(ln, trusted)
+}
+
+// tlsSide is the edge's TLS side in one serve, set up when listen_tls is: its certificates and
+// redirects (edge), the ACME hooks, and the listener that runs its handshakes.
+type tlsSide struct {
+	edge *tlsedge.Edge
+	acme acmeHooks
+	log  *slog.Logger
+	mu   sync.Mutex // guards files
+	// files are the certificate and key files of the settings in force (watchedFiles).
+	files []string
+}
+
+// tlsSettings loads what cfg gives the TLS edge: the certificate files (each problem a
+// *tlsedge.CertError, all joined), the ACME hosts and the redirect. The warnings are the files' and
+// tlsWarnings'.
+func tlsSettings(cfg *registry.Config, acme acmeHooks) (tlsedge.Settings, []string, error) {
+	certs, warnings, err := tlsedge.LoadCerts(cfg.TLS.Certificates, time.Now())
+	if err != nil {
+		return tlsedge.Settings{}, nil, err
+	}
+	s := tlsedge.Settings{Certs: certs, RedirectHTTP: cfg.RedirectHTTP}
+	if acme.source != nil {
+		s.SourceHosts = cfg.ExactHosts()
+	}
+	return s, append(warnings, tlsWarnings(cfg, certs)...), nil
+}
+
+// tlsWarnings are what is wrong, though servable, in how cfg's hosts get certificates: a wildcard host
+// no file carries. Its hellos get the default certificate, which does not carry it either.
+func tlsWarnings(cfg *registry.Config, certs *tlsedge.Certs) []string {
+	var out []string
+	for _, r := range cfg.Routes {
+		for _, h := range r.Hosts {
+			if strings.HasPrefix(h, "*.") && !certs.Covers(h) {
+				out = append(out, fmt.Sprintf("route %s: %s needs a certificate from files or a DNS challenge: ACME here uses HTTP-01/TLS-ALPN-01, which cannot prove a wildcard", r.Name, h))
+			}
+		}
+	}
+	return out
+}
+
+// newTLSSide loads cfg's TLS settings and sets up ACME when cfg has listen_tls; it returns nil when
+// not. The errors are the certificate files' (joined, for printConfigErrors) or the ACME manager's.
+func newTLSSide(cfg *registry.Config, log *slog.Logger) (*tlsSide, tlsedge.Settings, error) {
+	if cfg.ListenTLS == "" {
+		return nil, tlsedge.Settings{}, nil
+	}
+	acme, err := newACME(cfg, log)
+	if err != nil {
+		return nil, tlsedge.Settings{}, err
+	}
+	s, warnings, err := tlsSettings(cfg, acme)
+	if err != nil {
+		return nil, tlsedge.Settings{}, err
+	}
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	return &tlsSide{acme: acme, log: log, files: cleanPaths(s.Certs.Files())}, s, nil
+}
+
+// bind puts the TLS side on its raw listener (bound for listen_tls, or passed in by systemd): it builds
+// the edge for the listener's port and returns the listener that runs the handshakes.
+func (t *tlsSide) bind(raw net.Listener, s tlsedge.Settings, cfg *registry.Config, trusted func(netip.Addr) bool) *tlsedge.Listener {
+	port := 443
+	if a, ok := raw.Addr().(*net.TCPAddr); ok {
+		port = a.Port
+	}
+	t.edge = tlsedge.New(s, tlsedge.Options{Source: t.acme.source, Challenge: t.acme.challenge, HTTPSPort: port})
+	lim := tlsedge.Limits{Timeout: cfg.Edge.TLSHandshakeTimeout, Max: cfg.Edge.MaxTLSHandshakes}
+	return tlsedge.NewListener(proxyListener(raw, cfg.ProxyProtocol.ListenTLS, trusted), t.edge.TLSConfig(), lim, t.log)
+}
+
+// runACME runs the ACME manager until ctx ends; it returns at once without one.
+func (t *tlsSide) runACME(ctx context.Context) error {
+	if t == nil || t.acme.run == nil {
+		return nil
+	}
+	return t.acme.run(ctx)
+}
+
+// watchedFiles are the certificate and key files in force: a change to one reloads, as one to the
+// config does.
+func (t *tlsSide) watchedFiles() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.files
+}
+
+func cleanPaths(ps []string) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = filepath.Clean(p)
+	}
+	return out
+}
+
+// tlsApplier reads each reloaded config's certificate files, applies the config, and then puts the
+// certificates in force and gives ACME the config's hosts. A file that cannot be served fails the
+// reload before anything is applied: the old config and certificates stay in force. A config without
+// listen_tls (a reload cannot close the TLS listener; newReload warns) leaves the TLS settings as they
+// are. The handshake limits and ACME's settings are set at start-up.
+type tlsApplier struct {
+	applier
+	tls *tlsSide
+}
+
+var _ fileWatcher = tlsApplier{}
+
+// applier is a, with t's certificates reloaded beside each config; a itself without a TLS side.
+func (t *tlsSide) applier(a applier) applier {
+	if t == nil {
+		return a
+	}
+	return tlsApplier{a, t}
+}
+
+func (a tlsApplier) watchedFiles() []string { return a.tls.watchedFiles() }
+
+func (a tlsApplier) Apply(cfg *registry.Config) error {
+	if cfg.ListenTLS == "" {
+		return a.applier.Apply(cfg)
+	}
+	s, warnings, err := tlsSettings(cfg, a.tls.acme)
+	if err != nil {
+		return err
+	}
+	if err := a.applier.Apply(cfg); err != nil {
+		return err
+	}
+	a.tls.edge.Reload(s)
+	if a.tls.acme.setHosts != nil {
+		a.tls.acme.setHosts(cfg.ExactHosts())
+	}
+	a.tls.mu.Lock()
+	a.tls.files = cleanPaths(s.Certs.Files())
+	a.tls.mu.Unlock()
+	for _, w := range warnings {
+		a.tls.log.Warn(w)
+	}
+	return nil
+}
+
+// checkTLS is check's part for the TLS edge: every certificate file's problem, and the warnings serve
+// would log. Nothing without listen_tls.
+func checkTLS(cfg *registry.Config) (problems, warnings []string) {
+	if cfg.ListenTLS == "" {
+		return nil, nil
+	}
+	certs, warnings, err := tlsedge.LoadCerts(cfg.TLS.Certificates, time.Now())
+	for _, e := range registry.Errors(err) {
+		problems = append(problems, e.Error())
+	}
+	return problems, append(warnings, tlsWarnings(cfg, certs)...)
+}
+
+// joinedListener is two listeners as one: the edge's plain and TLS listeners behind one http.Server and
+// one edgeDoor, which thus stop together. Accept returns the next connection of either; each has a
+// goroutine of its own blocked in its Accept, and Close closes both and waits for those.
+type joinedListener struct {
+	lns   [2]net.Listener
+	conns chan net.Conn
+	errs  chan error
+	done  chan struct{} // closed by Close
+	once  sync.Once
+	wg    sync.WaitGroup
+}
+
+func joinListeners(a, b net.Listener) *joinedListener {
+	j := &joinedListener{lns: [2]net.Listener{a, b}, conns: make(chan net.Conn), errs: make(chan error), done: make(chan struct{})}
+	for _, ln := range j.lns {
+		j.wg.Add(1)
+		go j.accept(ln)
+	}
+	return j
+}
+
+// accept hands ln's connections and errors to Accept until Close; ln's closing ends it too.
+func (j *joinedListener) accept(ln net.Listener) {
+	defer j.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			select {
+			case j.errs <- err: // one at a time: net/http backs off on a temporary one before it asks again
+			case <-j.done:
+				return
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case j.conns <- c:
+		case <-j.done:
+			_ = c.Close()
+			return
+		}
+	}
+}
+
+func (j *joinedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-j.conns:
+		return c, nil
+	case err := <-j.errs:
+		return nil, err
+	case <-j.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close closes both listeners and returns once their goroutines have ended.
+func (j *joinedListener) Close() error {
+	var err error
+	j.once.Do(func() {
+		close(j.done)
+		err = errors.Join(j.lns[0].Close(), j.lns[1].Close())
+		j.wg.Wait()
+	})
+	return err
+}
+
+// Addr is the plain listener's address.
+func (j *joinedListener) Addr() net.Addr { return j.lns[0].Addr() }

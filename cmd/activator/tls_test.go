@@ -1,0 +1,373 @@
+package main
+
+// The TLS edge end to end (docs/tls.md): a real `activator serve` with listen_tls and certificates from
+// files made by a test CA, reached by real HTTPS clients.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tlsedge/tlstest"
+)
+
+// tlsTop is the top of a config with listen_tls at addr serving files, and the extra top-level YAML.
+func tlsTop(addr string, files []registry.CertFile, extra string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen_tls: %q\n", addr)
+	b.WriteString("tls:\n  certificates:\n")
+	for _, f := range files {
+		fmt.Fprintf(&b, "    - {cert_file: %q, key_file: %q}\n", f.CertFile, f.KeyFile)
+	}
+	return b.String() + extra
+}
+
+// httpsClient is a client trusting ca that dials addr whatever the URL's host, which is the SNI; h2
+// offers HTTP/2 as well as HTTP/1.1. dials, when set, receives once for each connection made. Its idle
+// connections are closed at cleanup.
+func httpsClient(t *testing.T, ca *tlstest.CA, addr string, h2 bool, dials chan<- struct{}) *http.Client {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetHTTP2(h2)
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			if err == nil && dials != nil {
+				dials <- struct{}{}
+			}
+			return c, err
+		},
+		Protocols: &p,
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: patience}
+}
+
+// httpsAnswer is one HTTPS answer, read to its end.
+type httpsAnswer struct {
+	code  int
+	proto string
+	body  string
+	label string // the common name of the certificate the server presented
+	err   error
+}
+
+func httpsDo(c *http.Client, method, url string, body []byte) httpsAnswer {
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		return httpsAnswer{err: err}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return httpsAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return httpsAnswer{code: resp.StatusCode, proto: resp.Proto, body: string(b), label: resp.TLS.PeerCertificates[0].Subject.CommonName, err: err}
+}
+
+// presented is the label of the certificate the TLS listener at addr presents to a hello for sni ("" for
+// none), the chain not verified: which one it is, is the question.
+func presented(t *testing.T, addr, sni string) string {
+	t.Helper()
+	c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatalf("handshake for %q: %v", sni, err)
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0].Subject.CommonName
+}
+
+// waitLogged waits until the activator has logged msg at least n times, and returns those records.
+func (s *served) waitLogged(msg string, n int) []map[string]any {
+	s.t.Helper()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		s.logs.mu.Lock()
+		changed := s.logs.changed
+		s.logs.mu.Unlock()
+		if recs := s.logs.matching(msg); len(recs) >= n {
+			return recs
+		}
+		select {
+		case <-changed:
+		case <-s.exited:
+			s.t.Fatalf("the activator exited before logging %q %d times", msg, n)
+		case <-deadline.C:
+			s.t.Fatalf("%q logged %d times within %v, want %d", msg, len(s.logs.matching(msg)), patience, n)
+		}
+	}
+}
+
+// TestTLSEdge: over HTTPS, SNI chooses between two certificate files (exact before wildcard, the first
+// for a hello without a name either carries); HTTP/2 is negotiated by ALPN, and HTTP/1.1 serves too; a
+// request held for a sleeping tenant is woken and answered, its body intact; the plain listener
+// redirects the hosts served over TLS with 308, path and query kept, and serves the others as before.
+func TestTLSEdge(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	a := ca.Write(t, dir, "a", tlstest.Leaf{Label: "A", Names: []string{"tlsapp.test", "*.wild.test"}})
+	b := ca.Write(t, dir, "b", tlstest.Leaf{Label: "B", Names: []string{"b.test", "exact.wild.test"}})
+	tlsAddr := freeLoopbackAddr(t)
+	app := appRoute{Name: "tlsapp"}
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{a, b}, "redirect_http: true\n")+configYAML(t, app))
+
+	t.Run("SNI", func(t *testing.T) {
+		for sni, want := range map[string]string{
+			"tlsapp.test": "A", "b.test": "B", "x.wild.test": "A", "exact.wild.test": "B",
+			"nobody.test": "A", "": "A",
+		} {
+			if got := presented(t, tlsAddr, sni); got != want {
+				t.Errorf("hello for %q: certificate %s, want %s", sni, got, want)
+			}
+		}
+	})
+
+	t.Run("a held request, over HTTP/2", func(t *testing.T) {
+		sent := make([]byte, 256<<10)
+		_, _ = rand.Read(sent)
+		got := httpsDo(httpsClient(t, ca, tlsAddr, true, nil), http.MethodPost, "https://tlsapp.test/echo", sent)
+		if got.err != nil || got.code != http.StatusOK || got.proto != "HTTP/2.0" || got.label != "A" {
+			t.Fatalf("POST /echo: %d %s from %s, %v; want 200 over HTTP/2.0 from A", got.code, got.proto, got.label, got.err)
+		}
+		if got.body != string(sent) {
+			t.Errorf("the echo returned %d bytes that differ from the %d sent", len(got.body), len(sent))
+		}
+		if n := len(s.logs.spawns(app.Name)); n != 1 {
+			t.Errorf("%d spawns, want the one wake", n)
+		}
+	})
+
+	t.Run("HTTP/1.1", func(t *testing.T) {
+		got := httpsDo(httpsClient(t, ca, tlsAddr, false, nil), http.MethodGet, "https://tlsapp.test/", nil)
+		if got.err != nil || got.code != http.StatusOK || got.proto != "HTTP/1.1" || got.body != "hello from demoapp\n" {
+			t.Errorf("GET /: %d %s %q, %v; want 200 over HTTP/1.1", got.code, got.proto, got.body, got.err)
+		}
+	})
+
+	t.Run("redirect_http", func(t *testing.T) { checkRedirects(t, s.edge, tlsAddr) })
+}
+
+// checkRedirects checks TestTLSEdge's redirects on the plain listener at edge.
+func checkRedirects(t *testing.T, edge, tlsAddr string) {
+	_, port, _ := net.SplitHostPort(tlsAddr)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tt := range []struct {
+		host, target string
+		code         int
+		location     string
+	}{
+		{"tlsapp.test", "/p/a%20b?q=1&r=x", http.StatusPermanentRedirect, "https://tlsapp.test:" + port + "/p/a%20b?q=1&r=x"},
+		{"x.wild.test", "/", http.StatusPermanentRedirect, "https://x.wild.test:" + port + "/"},
+		{"nobody.test", "/p", http.StatusNotFound, ""}, // no certificate carries it: routed, as before
+	} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+edge+tt.target, nil)
+		req.Host = tt.host
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.code || resp.Header.Get("Location") != tt.location {
+			t.Errorf("http://%s%s: %d to %q, want %d to %q", tt.host, tt.target, resp.StatusCode, resp.Header.Get("Location"), tt.code, tt.location)
+		}
+	}
+}
+
+// TestTLSRenewal: a certificate file replaced on disk is put in force by the file watch alone, and
+// again by SIGHUP; new handshakes get the new certificate, while a connection made before keeps its own
+// and goes on being served.
+func TestTLSRenewal(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	leaf := func(label string) tlstest.Leaf { return tlstest.Leaf{Label: label, Names: []string{"renew.test"}} }
+	files := ca.Write(t, dir, "renew", leaf("v1"))
+	tlsAddr := freeLoopbackAddr(t)
+	app := appRoute{Name: "renew"}
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "")+configYAML(t, app))
+
+	dials := make(chan struct{}, 10)
+	old := httpsClient(t, ca, tlsAddr, true, dials)
+	if got := httpsDo(old, http.MethodGet, "https://renew.test/", nil); got.err != nil || got.code != http.StatusOK || got.label != "v1" {
+		t.Fatalf("before the renewal: %d from %s, %v", got.code, got.label, got.err)
+	}
+	for i, step := range []struct {
+		label string
+		hup   bool
+	}{{"v2", false}, {"v3", true}} {
+		ca.Write(t, dir, "renew", leaf(step.label)) // a new key too: written first, then the certificate
+		if step.hup {
+			if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs := s.waitLogged("config reloaded", i+1)
+		if !step.hup && recs[i]["trigger"] != "file change" {
+			t.Errorf("reload %d was triggered by %v, want the file watch", i+1, recs[i]["trigger"])
+		}
+		if got := presented(t, tlsAddr, "renew.test"); got != step.label {
+			t.Errorf("after renewal %d, a new handshake got %s, want %s", i+1, got, step.label)
+		}
+		if got := httpsDo(old, http.MethodGet, "https://renew.test/", nil); got.err != nil || got.code != http.StatusOK || got.label != "v1" {
+			t.Errorf("after renewal %d, the old connection: %d from %s, %v; want 200 from v1", i+1, got.code, got.label, got.err)
+		}
+	}
+	if n := len(dials); n != 1 {
+		t.Errorf("the old client dialed %d times, want 1: its connection must have survived the reloads", n)
+	}
+	if n := len(s.logs.matching("config reload failed; the old config stays in force")); n > 0 {
+		t.Logf("%d reloads read a half-written pair and were refused (the old certificate stayed in force)", n)
+	}
+}
+
+// TestTLSHandshakeFlood: connections that never send a hello, many more than edge.max_tls_handshakes,
+// starve neither the plain listener nor requests held on established HTTPS connections; each is closed
+// at edge.tls_handshake_timeout, and new HTTPS clients are served afterwards.
+func TestTLSHandshakeFlood(t *testing.T) {
+	t.Parallel()
+	const max = 4
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	files := ca.Write(t, dir, "flood", tlstest.Leaf{Label: "F", Names: []string{"flood.test"}})
+	hold := filepath.Join(dir, "hold") // the tenant starts once this is gone
+	if err := os.WriteFile(hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsAddr := freeLoopbackAddr(t)
+	app := appRoute{Name: "flood", Env: map[string]string{"DEMOAPP_HOLD_FILE": hold}}
+	edge := fmt.Sprintf("edge: {max_tls_handshakes: %d, tls_handshake_timeout: 500ms}\n", max)
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, edge)+configYAML(t, app))
+
+	// Two requests held on one HTTP/2 connection, made before the flood (the second once the first is
+	// held: the connection is up, and the client shares it).
+	dials := make(chan struct{}, 10)
+	c := httpsClient(t, ca, tlsAddr, true, dials)
+	sent := []byte("the held body")
+	answers := make([]httpsAnswer, 2)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = httpsDo(c, http.MethodPost, "https://flood.test/echo", sent)
+		}()
+		s.waitStatus(app.Name, fmt.Sprintf("holding %d requests", i+1), func(st activator.Status) bool { return st.Held == i+1 })
+	}
+
+	flood := dialStalled(t, tlsAddr, 4*max)
+	// The plain listener is served meanwhile (an unknown host: the activator's own 404).
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if got := getFresh(ctx, s.edge, "nobody.test", "/"); got.err != nil || got.code != http.StatusNotFound {
+		t.Errorf("the plain listener during the flood: %d, %v; want the 404 of an unknown host", got.code, got.err)
+	}
+	if err := os.Remove(hold); err != nil { // the tenant starts; the held requests are answered
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, got := range answers {
+		if got.err != nil || got.code != http.StatusOK || got.body != string(sent) || got.proto != "HTTP/2.0" {
+			t.Errorf("held request %d: %d %s %q, %v; want 200 over HTTP/2.0 with the body sent", i, got.code, got.proto, got.body, got.err)
+		}
+	}
+	if n := len(dials); n != 1 {
+		t.Errorf("the held requests used %d connections, want the one made before the flood", n)
+	}
+	for _, conn := range flood {
+		waitServerClosed(t, conn) // at the handshake timeout
+	}
+	// A new client is served. Its handshake has the same short timeout, which a very slow machine may
+	// cut: it retries.
+	var got httpsAnswer
+	for range 3 {
+		if got = httpsDo(httpsClient(t, ca, tlsAddr, false, nil), http.MethodGet, "https://flood.test/", nil); got.err == nil {
+			break
+		}
+		t.Logf("a new client after the flood: %v", got.err)
+	}
+	if got.err != nil || got.code != http.StatusOK {
+		t.Errorf("a new client after the flood: %d, %v", got.code, got.err)
+	}
+}
+
+// dialStalled opens n TCP connections to addr that never send a byte: hellos that never come. They
+// are closed at cleanup.
+func dialStalled(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns
+}
+
+// waitServerClosed waits until the server has closed c: a read returns EOF or a reset, never data.
+func waitServerClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(patience))
+	var ne net.Error
+	if n, err := c.Read(make([]byte, 1)); n > 0 || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("a stalled connection: read %d bytes, %v; want it closed by the server", n, err)
+	}
+}
+
+// TestTLSCheck: check and serve agree on the certificate files: what serve cannot load is a problem
+// for both, each naming its key and file; a wildcard route host no file carries is warned about.
+func TestTLSCheck(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	good := ca.Write(t, dir, "good", tlstest.Leaf{Label: "G", Names: []string{"chk.test"}})
+	missing := registry.CertFile{CertFile: filepath.Join(dir, "missing.crt"), KeyFile: good.KeyFile}
+	wild := strings.Replace(appRoute{Name: "wild"}.yaml(t), "hosts: [wild.test]", `hosts: ["*.wild.test"]`, 1)
+	routes := configYAML(t, appRoute{Name: "chk"}) + wild
+	const wildWarning = "route wild: *.wild.test needs a certificate from files or a DNS challenge: ACME here uses HTTP-01/TLS-ALPN-01, which cannot prove a wildcard"
+	write := func(config string) string {
+		path := filepath.Join(t.TempDir(), "activator.yaml")
+		config = fmt.Sprintf("listen: %q\nadmin: %q\n", freeLoopbackAddr(t), freeLoopbackAddr(t)) + config
+		if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	ok := write(tlsTop(freeLoopbackAddr(t), []registry.CertFile{good}, "") + routes)
+	code, out := runMain(t, "check", "--config", ok)
+	if code != 0 || !strings.Contains(out, "warning: "+wildWarning) {
+		t.Errorf("check with good files: exit %d, output:\n%s\nwant 0 and the wildcard warning", code, out)
+	}
+
+	bad := write(tlsTop(freeLoopbackAddr(t), []registry.CertFile{good, missing}, "") + routes)
+	wantProblem := "tls.certificates[1].cert_file: " + missing.CertFile + ": no such file"
+	for _, cmd := range []string{"check", "serve"} {
+		code, out := runMain(t, cmd, "--config", bad)
+		if code != 1 || !strings.Contains(out, wantProblem) {
+			t.Errorf("%s with a missing file: exit %d, output:\n%s\nwant 1 and %q", cmd, code, out, wantProblem)
+		}
+	}
+}
