@@ -241,3 +241,39 @@ func TestSleepRefusedWhileRequired(t *testing.T) {
 }
 
 func asErr[T error](err error, target *T) bool { return errors.As(err, target) }
+
+// TestReloadReplacesDependents: a reload that changes a requirement replaces its dependents too, so
+// the old requirement is let go and retires, and the new one wakes for the new dependent.
+func TestReloadReplacesDependents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := byName{"db": &fakeBackend{}, "app": &fakeBackend{}, "other": &fakeBackend{}}
+		cfg := func(idle time.Duration) *registry.Config {
+			app, other, db := testRoute("app"), testRoute("other"), testInstance("db")
+			app.Requires, db.Idle = []string{"db"}, idle
+			return &registry.Config{Routes: []*registry.Route{app, other}, Instances: []*registry.Route{db}}
+		}
+		s := newChainServer(t, p, cfg(time.Minute))
+		if err := s.Wake(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		oldApp, oldDB, oldOther := s.instance("app"), s.instance("db"), s.instance("other")
+		if err := s.Apply(cfg(2 * time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if s.instance("app") == oldApp || s.instance("db") == oldDB || s.instance("other") != oldOther {
+			t.Fatal("a changed requirement must replace its dependent, and only it")
+		}
+		synctest.Wait()
+		select {
+		case <-oldDB.retired:
+		default:
+			t.Fatal("the old requirement did not retire once its dependent had")
+		}
+		if err := s.Wake(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		if by := s.instance("db").status().RequiredBy; !slices.Equal(by, []string{"app"}) {
+			t.Fatalf("new db required_by %v", by)
+		}
+	})
+}
