@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/activator/activator/internal/acme/pebbletest"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/testenv"
 )
@@ -30,29 +31,33 @@ func TestFirstHandshakeObtainsCertificate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		conf func(e *edge, nowhere int) pebbleConfig
+		conf func(e *edge, nowhere int) pebbletest.Config
 		used func(e *edge) int64
 	}{
-		{"tls-alpn-01", func(e *edge, nowhere int) pebbleConfig { return pebbleConfig{HTTPPort: nowhere, TLSPort: e.tlsPort()} }, func(e *edge) int64 { return e.alpnHellos.Load() }},
-		{"http-01", func(e *edge, nowhere int) pebbleConfig { return pebbleConfig{HTTPPort: e.httpPort(), TLSPort: nowhere} }, func(e *edge) int64 { return e.httpChallenges.Load() }},
+		{"tls-alpn-01", func(e *edge, nowhere int) pebbletest.Config {
+			return pebbletest.Config{HTTPPort: nowhere, TLSPort: e.tlsPort()}
+		}, func(e *edge) int64 { return e.alpnHellos.Load() }},
+		{"http-01", func(e *edge, nowhere int) pebbletest.Config {
+			return pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: nowhere}
+		}, func(e *edge) int64 { return e.httpChallenges.Load() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEdge(t)
-			p := startPebble(t, tc.conf(e, testenv.FreePort(t)))
+			p := pebbletest.Start(t, tc.conf(e, testenv.FreePort(t)))
 			host := testHost(t)
 			m, rec := newManager(t, p, e, t.TempDir(), host)
 			e.serve(m)
 			stop := run(t, m)
 
-			leaf := e.mustHandshake(host, p.roots)
+			leaf := e.mustHandshake(host, p.Roots)
 			if got := leaf.DNSNames; len(got) != 1 || got[0] != host {
 				t.Errorf("certificate names = %q, want [%s]", got, host)
 			}
 			if n := tc.used(e); n == 0 {
 				t.Errorf("no %s validation reached the edge", tc.name)
 			}
-			code, body, err := e.get(host, "/", p.roots)
+			code, body, err := e.get(host, "/", p.Roots)
 			if err != nil || code != http.StatusOK || body != "tenant" {
 				t.Errorf("GET https://%s/ = %d %q, %v; want 200 \"tenant\"", host, code, body, err)
 			}
@@ -74,23 +79,23 @@ func TestFirstHandshakeObtainsCertificate(t *testing.T) {
 func TestBackgroundManagementAndReload(t *testing.T) {
 	t.Parallel()
 	e := newEdge(t)
-	p := startPebble(t, pebbleConfig{HTTPPort: e.httpPort(), TLSPort: e.tlsPort()})
+	p := pebbletest.Start(t, pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: e.tlsPort()})
 	a, b := "a."+testHost(t), "b."+testHost(t)
 	m, rec := newManager(t, p, e, t.TempDir(), a)
 	e.serve(m)
 	run(t, m)
 
 	rec.waitFor(t, 1, "certificate obtained", "host="+a, "renewal=false")
-	orders := p.orders.Load()
-	e.mustHandshake(a, p.roots)
-	if got := p.orders.Load(); got != orders {
+	orders := p.Orders()
+	e.mustHandshake(a, p.Roots)
+	if got := p.Orders(); got != orders {
 		t.Errorf("orders after a handshake for a managed certificate = %d, want %d", got, orders)
 	}
 
 	m.SetHosts([]string{b})
 	rec.waitFor(t, 1, "certificate obtained", "host="+b)
-	e.mustHandshake(b, p.roots)
-	if _, err := e.handshake(a, p.roots); err == nil || e.refusals(a) == 0 {
+	e.mustHandshake(b, p.Roots)
+	if _, err := e.handshake(a, p.Roots); err == nil || e.refusals(a) == 0 {
 		t.Errorf("handshake for the removed %s: err %v, %d refusals; want ErrNotManaged", a, err, e.refusals(a))
 	}
 }
@@ -101,19 +106,19 @@ func TestBackgroundManagementAndReload(t *testing.T) {
 func TestRenewal(t *testing.T) {
 	t.Parallel()
 	e := newEdge(t)
-	p := startPebble(t, pebbleConfig{HTTPPort: e.httpPort(), TLSPort: e.tlsPort(), Validity: time.Minute})
+	p := pebbletest.Start(t, pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: e.tlsPort(), Validity: time.Minute})
 	host, storage := testHost(t), t.TempDir()
 	m, rec := newManager(t, p, e, storage, host)
 	e.serve(m)
 	stop := run(t, m)
 	rec.waitFor(t, 1, "certificate obtained", "host="+host, "renewal=false")
-	first := e.mustHandshake(host, p.roots)
+	first := e.mustHandshake(host, p.Roots)
 
 	if err := m.cache.RenewManagedCertificates(t.Context()); err != nil {
 		t.Fatalf("maintenance pass: %v", err)
 	}
 	rec.waitFor(t, 1, "certificate obtained", "host="+host, "renewal=true")
-	second := e.waitServed(host, p.roots, first)
+	second := e.waitServed(host, p.Roots, first)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -122,7 +127,7 @@ func TestRenewal(t *testing.T) {
 	e.serve(m2)
 	run(t, m2)
 	rec2.waitFor(t, 1, "certificate obtained", "host="+host, "renewal=true")
-	e.waitServed(host, p.roots, second)
+	e.waitServed(host, p.Roots, second)
 }
 
 // A flood of unknown names (plain and TLS-ALPN-01 hellos, none, a wildcard, a subdomain of the
@@ -132,14 +137,14 @@ func TestRenewal(t *testing.T) {
 func TestUnknownNamesCauseNoOrder(t *testing.T) {
 	t.Parallel()
 	e := newEdge(t)
-	p := startPebble(t, pebbleConfig{HTTPPort: e.httpPort(), TLSPort: e.tlsPort()})
+	p := pebbletest.Start(t, pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: e.tlsPort()})
 	host, storage := testHost(t), t.TempDir()
 	m, _ := newManager(t, p, e, storage, host)
 	e.serve(m)
 	run(t, m)
-	e.mustHandshake(host, p.roots)
+	e.mustHandshake(host, p.Roots)
 
-	orders, requests, files := p.orders.Load(), p.requests.Load(), snapshot(t, storage)
+	orders, requests, files := p.Orders(), p.Requests(), snapshot(t, storage)
 	names := []string{"", "*." + host, "sub." + host, strings.ToUpper(host) + "x"}
 	for i := range 300 {
 		names = append(names, fmt.Sprintf("x%d.flood.test", i))
@@ -161,10 +166,10 @@ func TestUnknownNamesCauseNoOrder(t *testing.T) {
 	}
 	wg.Wait()
 
-	if got := p.orders.Load(); got != orders {
+	if got := p.Orders(); got != orders {
 		t.Errorf("orders after the flood = %d, want %d", got, orders)
 	}
-	if got := p.requests.Load(); got != requests {
+	if got := p.Requests(); got != requests {
 		t.Errorf("requests to the CA during the flood = %d, want %d", got, requests)
 	}
 	if got := snapshot(t, storage); got != files {
@@ -181,20 +186,20 @@ func TestUnknownNamesCauseNoOrder(t *testing.T) {
 func TestStoppedCAKeepsCertificates(t *testing.T) {
 	t.Parallel()
 	e := newEdge(t)
-	p := startPebble(t, pebbleConfig{HTTPPort: e.httpPort(), TLSPort: e.tlsPort(), Validity: time.Minute})
+	p := pebbletest.Start(t, pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: e.tlsPort(), Validity: time.Minute})
 	host, storage := testHost(t), t.TempDir()
 	m, rec := newManager(t, p, e, storage, host)
 	e.serve(m)
 	stop := run(t, m)
 	rec.waitFor(t, 1, "certificate obtained", "host="+host)
-	first := e.mustHandshake(host, p.roots)
+	first := e.mustHandshake(host, p.Roots)
 
-	p.stop()
+	p.Stop()
 	if err := m.cache.RenewManagedCertificates(t.Context()); err != nil { // due: tries, and fails
 		t.Fatalf("maintenance pass: %v", err)
 	}
 	rec.waitFor(t, 1, "certificate order failed", "host="+host, "renewal=true")
-	if leaf := e.mustHandshake(host, p.roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
+	if leaf := e.mustHandshake(host, p.Roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
 		t.Errorf("serving serial %x with the CA stopped, want %x", leaf.SerialNumber, first.SerialNumber)
 	}
 	if err := stop(); err != nil {
@@ -204,11 +209,11 @@ func TestStoppedCAKeepsCertificates(t *testing.T) {
 	m2, rec2 := newManager(t, p, e, storage, host)
 	e.serve(m2)
 	run(t, m2)
-	if leaf := e.mustHandshake(host, p.roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
+	if leaf := e.mustHandshake(host, p.Roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
 		t.Errorf("after a restart, serving serial %x, want %x from storage", leaf.SerialNumber, first.SerialNumber)
 	}
 	rec2.waitFor(t, 1, "certificate order failed", "host="+host, "renewal=true") // Run tried, and runs on
-	if leaf := e.mustHandshake(host, p.roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
+	if leaf := e.mustHandshake(host, p.Roots); leaf.SerialNumber.Cmp(first.SerialNumber) != 0 {
 		t.Errorf("after a failed renewal at start, serving serial %x, want %x", leaf.SerialNumber, first.SerialNumber)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/mholt/acmez/v3"
 
+	"github.com/activator/activator/internal/acme/pebbletest"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -168,11 +169,11 @@ func (e *edge) get(host, path string, roots *x509.CertPool) (int, string, error)
 
 // newManager builds a Manager on pebble's directory for hosts, storing in storage, behind e's
 // listeners; its log goes to the returned recorder.
-func newManager(t *testing.T, p *pebble, e *edge, storage string, hosts ...string) (*Manager, *logRecorder) {
+func newManager(t *testing.T, p *pebbletest.Pebble, e *edge, storage string, hosts ...string) (*Manager, *logRecorder) {
 	t.Helper()
 	rec := newLogRecorder(t)
 	m, err := New(Options{
-		ACME:     &registry.ACME{Email: "ops@example.org", CA: p.directory, Storage: storage, CARoot: p.caFile},
+		ACME:     &registry.ACME{Email: "ops@example.org", CA: p.Directory, Storage: storage, CARoot: p.CARoot},
 		Hosts:    hosts,
 		HTTPAddr: e.httpLn.Addr().String(),
 		TLSAddr:  e.tlsLn.Addr().String(),
