@@ -57,9 +57,6 @@ func Terminal(err error) error { return Classify(ClassTerminal, err) }
 // Retryable is Classify(ClassRetryable, err).
 func Retryable(err error) error { return Classify(ClassRetryable, err) }
 
-// Throttle is Classify(ClassThrottle, err).
-func Throttle(err error) error { return Classify(ClassThrottle, err) }
-
 // ClassOf returns err's class: that of the outermost Classer in its chain; else terminal for a
 // missing executable or a permission error; else retryable (a deadline among them). An error no rule
 // classifies counts as retryable because the activator never gives up on a tenant for good: the next

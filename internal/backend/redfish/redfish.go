@@ -150,13 +150,9 @@ var (
 	_ tenant.Closer  = (*Backend)(nil)
 )
 
-// New returns a Backend for settings s; name is how messages call the node until its system Id is
-// known. It does not contact the BMC. Its throttle gate is its own: backends that share a BMC are
-// opened through one Provider. Its errors are terminal.
-func New(s *Settings, log *slog.Logger, name string) (*Backend, error) {
-	return newBackend(s, log, name, newThrottleGate(nil))
-}
-
+// newBackend returns a Backend for settings s; name is how messages call the node until its system Id
+// is known. It does not contact the BMC. gate is the throttle gate of its BMC endpoint, shared by every
+// route of one Provider on that BMC. Its errors are terminal.
 func newBackend(s *Settings, log *slog.Logger, name string, gate *throttleGate) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
