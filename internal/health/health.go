@@ -1,8 +1,9 @@
 // Package health owns probing a tenant's upstream: one HTTP GET per probe (or, with health.tcp, one
 // connect), and the gate that waits for N consecutive passes, probing every FastPause at first, so a
 // fast tenant is released within a fraction of a millisecond of listening while a slow one is not
-// hammered. A health path the tenant keeps refusing with the same client error fails the gate at once
-// (ErrWrongPath).
+// hammered. While nothing listens at a loopback upstream, most probes are a kernel lookup instead of a
+// refused dial (listen.go). A health path the tenant keeps refusing with the same client error fails
+// the gate at once (ErrWrongPath).
 package health
 
 import (
@@ -13,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -72,6 +74,8 @@ type Prober struct {
 	// connection on.
 	keepReq []byte
 	pacer   *Pacer // nil: every pause is on a time.Timer
+	// listen is the lookups that spare a gate its refused dials (listen.go).
+	listen listenState
 }
 
 // An Option adjusts a Prober built by New.
@@ -117,6 +121,10 @@ func New(u registry.Upstream, h registry.Health, opts ...Option) *Prober {
 	// asks the tenant to close it.
 	req := "GET " + h.Path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: activator-health\r\n"
 	p := &Prober{cfg: h, up: u, req: []byte(req + "Connection: close\r\n\r\n"), keepReq: []byte(req + "\r\n")}
+	if at, err := netip.ParseAddrPort(u.Address); err == nil && u.Network == "tcp" && at.Addr().IsLoopback() {
+		p.listen.at, p.listen.open = at, newListenSource
+		p.listen.refused = p.wrap(refusedAt(at))
+	}
 	for _, o := range opts {
 		o(p)
 	}
@@ -171,10 +179,15 @@ func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 	case ended(pctx):
 		err = fmt.Errorf("no answer within %v (the probe timeout): %w", p.cfg.Timeout, context.DeadlineExceeded)
 	}
+	return nil, p.wrap(err)
+}
+
+// wrap words a failed probe's error: what was tried, then why it failed.
+func (p *Prober) wrap(err error) error {
 	if p.cfg.TCP {
-		return nil, fmt.Errorf("connect check: %w", err)
+		return fmt.Errorf("connect check: %w", err)
 	}
-	return nil, fmt.Errorf("GET %s: %w", p.cfg.Path, err)
+	return fmt.Errorf("GET %s: %w", p.cfg.Path, err)
 }
 
 // connect is a TCP-mode probe: one dial, closed at once.
@@ -309,6 +322,9 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 			p.pacer.leave()
 		}
 	}()
+	// While nothing listens at a loopback upstream, probes are counted as refused without a dial.
+	lc := p.listen.openCheck()
+	defer lc.close()
 	gateErr := func() (net.Conn, error) {
 		// ctx.Err() may still be nil when ended(ctx) saw the deadline pass before ctx's timer fired.
 		return nil, &GateError{Probes: probes, Last: last, Err: cmp.Or(ctx.Err(), context.DeadlineExceeded)}
@@ -316,7 +332,14 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 	for {
 		probes++
 		final := passes+1 >= p.cfg.Passes // only the probe that can pass the gate keeps its connection
-		c, err := p.probeConn(pctx, keep && final)
+		var c net.Conn
+		var err error
+		if now := time.Now(); lc.skip(now) {
+			err = p.listen.refused
+		} else {
+			c, err = p.probeConn(pctx, keep && final)
+			lc.dialed(now, err)
+		}
 		if err == nil && final {
 			// The gate passes on this probe, even if gone closed meanwhile (see the doc above).
 			return c, nil

@@ -31,7 +31,7 @@ import (
 // cleanup kills whatever an unheld root holds), below this process's cgroup. It skips, or fails under
 // ACTIVATOR_INTEGRATION=required, where no writable cgroup v2 exists. The root's directory is removed
 // when the test ends.
-func testRoot(t *testing.T) string {
+func testRoot(t testing.TB) string {
 	t.Helper()
 	mnt, err := cgroup.Mount()
 	if err != nil {
@@ -63,7 +63,7 @@ func testRoot(t *testing.T) string {
 }
 
 // contained returns a cgroup Containment over a fresh testRoot, closed when the test ends.
-func contained(t *testing.T) *Containment {
+func contained(t testing.TB) *Containment {
 	t.Helper()
 	root := testRoot(t)
 	c, err := Contain(context.Background(), root, testLogger(t))

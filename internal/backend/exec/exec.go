@@ -476,16 +476,22 @@ func (b *Backend) groupLocked(ctx context.Context) (*cgroup.Group, error) {
 		b.group = &g
 	}
 	g := *b.group
-	if _, err := os.Stat(g.Dir()); err == nil { // a group whose removal failed: clear it away
+	// One mkdir on the spawn's critical path; the stats of a make-if-missing are for what is rare.
+	err := unix.Mkdir(g.Dir(), 0o755)
+	if errors.Is(err, unix.EEXIST) { // a group whose removal failed: clear it away
 		if err := g.Kill(ctx); err != nil {
 			return nil, fmt.Errorf("exec: clear the tenant's old cgroup: %w", err)
 		}
 		if err := g.Remove(); err != nil {
 			return nil, fmt.Errorf("exec: clear the tenant's old cgroup: %w", err)
 		}
+		err = unix.Mkdir(g.Dir(), 0o755)
 	}
-	if err := g.Make(); err != nil {
-		return nil, fmt.Errorf("exec: %w", err)
+	if errors.Is(err, unix.ENOENT) { // the root itself is gone
+		err = g.Make()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("exec: cgroup: create %s: %w", g.Dir(), err)
 	}
 	if b.cont.mark {
 		_ = unix.Setxattr(g.Dir(), markAttr, []byte(b.route), 0)

@@ -130,7 +130,7 @@ func (f *fixture) wake(t *testing.T) *tenant.Life {
 }
 
 // testLogger logs warnings and errors to the test's output; child output lines (Info) are dropped.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 

@@ -118,7 +118,13 @@ func (p *proc) kill() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), reapGrace)
 	defer cancel()
-	return p.group.Kill(ctx)
+	err := p.group.Kill(ctx)
+	if errors.Is(err, os.ErrNotExist) {
+		// The owner removed the group while Kill waited for it to empty: a group is removed only once
+		// empty, so the kill is done.
+		return nil
+	}
+	return err
 }
 
 // markStopping records why the backend is stopping the child; the first reason wins.
@@ -157,18 +163,20 @@ func (b *Backend) startLocked(sp spec, g *cgroup.Group) (*proc, error) {
 		Pdeathsig: syscall.SIGKILL,
 	}
 	if g != nil {
-		dir, err := g.OpenDir()
+		// A bare descriptor: an *os.File would try the netpoller first, a few syscalls more on the
+		// spawn's critical path.
+		dir, err := unix.Open(g.Dir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cgroup: open %s: %w", g.Dir(), err)
 		}
-		defer dir.Close() // after the start: the child holds no reference to it
-		attr.UseCgroupFD, attr.CgroupFD = true, int(dir.Fd())
+		defer unix.Close(dir) // after the start: the child holds no reference to it
+		attr.UseCgroupFD, attr.CgroupFD = true, dir
 	}
-	outR, outW, err := os.Pipe()
+	outR, outW, err := outputPipe()
 	if err != nil {
 		return nil, err
 	}
-	errR, errW, err := os.Pipe()
+	errR, errW, err := outputPipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
@@ -206,6 +214,23 @@ func (b *Backend) startLocked(sp spec, g *cgroup.Group) (*proc, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// outputPipe is a pipe for one of the child's output streams: the read end non-blocking and in the
+// netpoller, so that closing it ends a drain's Read; the write end blocking and outside it, as the child
+// gets it. (os.Pipe makes both ends pollable, and Start then makes the write end blocking again: four
+// syscalls more per pipe on the spawn's critical path.)
+func outputPipe() (r, w *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	if err := unix.SetNonblock(p[0], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
 
 // own starts cmd on a locked OS thread, reports the start on started, then drains the child's output

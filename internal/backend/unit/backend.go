@@ -267,6 +267,15 @@ func (b *Backend) quickState(ctx context.Context) (st UnitState, err error) {
 	return st, err
 }
 
+// liveState reads whether the unit is active and its invocation (see readLive).
+func (b *Backend) liveState(ctx context.Context) (st UnitState, err error) {
+	err = b.bus.do(ctx, func(l *link) (err error) {
+		st, err = readLive(ctx, l.c, b.s.Unit)
+		return err
+	})
+	return st, err
+}
+
 // state reads the unit's state.
 func (b *Backend) state(ctx context.Context) (st UnitState, err error) {
 	err = b.bus.do(ctx, func(l *link) (err error) {
@@ -377,7 +386,7 @@ func (b *Backend) track(ctx context.Context) (*tenant.Life, error) {
 // (so a death between the start and the registration is not missed) and records its invocation.
 func (b *Backend) watchLife(ctx context.Context, life *tenant.Life) (*watch, error) {
 	w := b.bus.watch(b.s.Unit, life)
-	st, err := b.quickState(ctx)
+	st, err := b.liveState(ctx)
 	if err == nil {
 		b.saw(st)
 	}
@@ -393,7 +402,7 @@ func (b *Backend) watchLife(ctx context.Context, life *tenant.Life) (*watch, err
 		return nil, err
 	}
 	w.setInvocation(st.InvocationID)
-	b.log.Debug("unit awake", "sub_state", st.SubState)
+	b.log.Debug("unit awake", "active_state", st.ActiveState)
 	return w, nil
 }
 

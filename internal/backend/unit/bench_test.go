@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,6 +49,37 @@ func gate(ctx context.Context, r *registry.Route, life *tenant.Life) error {
 	return health.New(r.Upstream, r.Health).Wait(ctx, life.Done())
 }
 
+// selfCPU is the CPU time this process has used so far: the backend, its D-Bus connection, the gate.
+func selfCPU(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// managerCPU is the CPU time m's manager process has used so far (its threads' schedstat).
+func managerCPU(b *testing.B, m *systemdtest.Manager) time.Duration {
+	b.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", m.PID))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", m.PID, t.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		var ns int64
+		if _, err := fmt.Sscan(string(data), &ns); err == nil {
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
+}
+
 // BenchmarkColdFirstByte compares a cold request's time to the first byte:
 //
 //   - unit: Wake (start job) + health gate + GET, the activator's path through this backend;
@@ -55,7 +88,8 @@ func gate(ctx context.Context, r *registry.Route, life *tenant.Life) error {
 //     starts the proxy and the app; the proxy connects once, without waiting for health). Requests it
 //     fails are counted (failed/op) and retried at once, so its time includes the retries.
 //
-// Sleeping between iterations is outside the timer.
+// Sleeping between iterations is outside the timer. The unit and sigstop runs also report the CPU time
+// the manager (manager-cpu-ns/op) and this process (self-cpu-ns/op) spent on each wake.
 func BenchmarkColdFirstByte(b *testing.B) {
 	m := systemdtest.Start(b)
 	p := newProvider(b)
@@ -86,6 +120,8 @@ func BenchmarkColdFirstByte(b *testing.B) {
 			}
 		}
 		b.ResetTimer()
+		var cpu, self time.Duration
+		cpu0, self0 := managerCPU(b, m), selfCPU(b)
 		for i := 0; i < b.N; i++ {
 			wctx, cancel := context.WithTimeout(ctx, budget)
 			life, err := bk.Wake(wctx, tenant.Discard)
@@ -100,11 +136,15 @@ func BenchmarkColdFirstByte(b *testing.B) {
 				b.Fatalf("iteration %d: %v", i, err)
 			}
 			b.StopTimer()
+			cpu, self = cpu+managerCPU(b, m)-cpu0, self+selfCPU(b)-self0
 			if err := bk.Sleep(ctx); err != nil {
 				b.Fatal(err)
 			}
+			cpu0, self0 = managerCPU(b, m), selfCPU(b)
 			b.StartTimer()
 		}
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "manager-cpu-ns/op")
+		b.ReportMetric(float64(self.Nanoseconds())/float64(b.N), "self-cpu-ns/op")
 	}
 	b.Run("unit", func(b *testing.B) { run(b, SleepStop) })
 	b.Run("sigstop", func(b *testing.B) { run(b, SleepSIGSTOP) })

@@ -59,8 +59,8 @@ type bus struct {
 	watches map[string]map[*watch]struct{}
 }
 
-// link is one live connection. ctx ends when either of its two D-Bus connections (go-systemd uses
-// one for calls, one for signals) drops or is closed.
+// link is one live connection. ctx ends when its D-Bus connection drops or is closed. go-systemd asks
+// for two, one for calls and one for signals; it is given the same one twice (see connect).
 type link struct {
 	c      *sddbus.Conn
 	ctx    context.Context
@@ -186,16 +186,22 @@ func (b *bus) connect(done chan struct{}) {
 	// without a context if the manager does not answer within dialBudget.
 	cctx, cancel := context.WithCancel(b.ctx)
 	timer := time.AfterFunc(dialBudget, cancel)
+	// One connection carries go-systemd's calls and its signals (godbus hands signals on without
+	// blocking the replies behind them). A manager sends every signal to each of its private socket's
+	// connections, so a second connection doubled what it serialises, and what this process decodes,
+	// at every unit's start on the host: work on the two CPUs a tenant is starting on.
 	var (
-		raws  []*godbus.Conn
-		gates []*gatedSignals
+		raw  *godbus.Conn
+		gate *gatedSignals
 	)
 	c, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
+		if raw != nil {
+			return raw, nil
+		}
 		g := newGatedSignals()
 		rc, err := b.dial(cctx, godbus.WithSignalHandler(g))
 		if err == nil {
-			raws = append(raws, rc)
-			gates = append(gates, g)
+			raw, gate = rc, g
 		}
 		return rc, err
 	})
@@ -203,9 +209,7 @@ func (b *bus) connect(done chan struct{}) {
 	lost := make(chan error, 1)
 	if err == nil {
 		c.SetPropertiesSubscriber(updates, lost)
-		for _, g := range gates {
-			g.open()
-		}
+		gate.open()
 		if err = c.Subscribe(); err != nil {
 			c.Close()
 			err = fmt.Errorf("subscribe to unit changes: %w", err)
@@ -233,9 +237,8 @@ func (b *bus) connect(done chan struct{}) {
 		b.dialErr = errClosed
 		return
 	}
-	lctx, lcancel := context.WithCancel(raws[0].Context())
-	context.AfterFunc(raws[1].Context(), lcancel)
-	l := &link{c: c, ctx: lctx, cancel: cancel}
+	lctx, lcancel := context.WithCancel(raw.Context())
+	l := &link{c: c, ctx: lctx, cancel: func() { lcancel(); cancel() }}
 	b.link = l
 	b.wg.Add(1)
 	go b.serve(l, updates, lost)
@@ -329,12 +332,13 @@ func (b *bus) resync(c *sddbus.Conn) {
 	}
 }
 
-// check reads unit's state and ends the watches it shows dead. A failed read leaves the watches alone:
-// the connection is probably dropping, and the resync after reconnecting checks again.
+// check reads unit's state (readLive) and ends the watches it shows dead, with the unit's full state
+// (readState) to say why. A failed read leaves the watches alone: the connection is probably dropping,
+// and the resync after reconnecting checks again.
 func (b *bus) check(c *sddbus.Conn, unit string) {
 	ctx, cancel := context.WithTimeout(b.ctx, callBudget)
 	defer cancel()
-	st, err := readState(ctx, c, unit)
+	st, err := readLive(ctx, c, unit)
 	if err != nil {
 		b.log.Debug("read unit state", "unit", unit, "err", err)
 		return
@@ -348,6 +352,12 @@ func (b *bus) check(c *sddbus.Conn, unit string) {
 		}
 	}
 	b.mu.Unlock()
+	if len(dead) == 0 {
+		return
+	}
+	if full, err := readState(ctx, c, unit); err == nil {
+		st = full
+	}
 	for _, w := range dead {
 		b.log.Info("unit stopped behind the activator's back", "unit", unit, "active_state", st.ActiveState, "sub_state", st.SubState, "result", st.Result)
 		w.life.End(&ExitError{Unit: unit, State: st})

@@ -157,11 +157,25 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, err
 // measured here (hundreds of properties serialised), two of them were half of a unit wake; one
 // property Get costs about 0.15 ms. Failures still get readState's full picture.
 func readQuick(ctx context.Context, c *sddbus.Conn, unit string, freezer bool) (UnitState, error) {
-	var st UnitState
 	names := []string{"LoadState", "ActiveState", "SubState", "InvocationID"}
 	if freezer {
 		names = append(names, "FreezerState")
 	}
+	return readProps(ctx, c, unit, names...)
+}
+
+// readLive reads what decides whether a watched unit's awake period goes on, ActiveState and
+// InvocationID, in two property Gets. A watch is checked on every change of either while the unit
+// starts, where readState's two GetAlls kept the manager serialising hundreds of properties while the
+// tenant started beside it.
+func readLive(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, error) {
+	return readProps(ctx, c, unit, "ActiveState", "InvocationID")
+}
+
+// readProps reads the named Unit properties one Get each (LoadState first, if named: a unit that is not
+// loaded has nothing else to read; FreezerState is left empty on a systemd without it).
+func readProps(ctx context.Context, c *sddbus.Conn, unit string, names ...string) (UnitState, error) {
+	var st UnitState
 	for _, name := range names {
 		p, err := c.GetUnitPropertyContext(ctx, unit, name)
 		if err != nil {

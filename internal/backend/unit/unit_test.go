@@ -206,6 +206,24 @@ func TestWakeActiveNoSecondJob(t *testing.T) {
 	}
 }
 
+// TestWakeReadsNoFullState: wakes that succeed, and the watches they set up, read the unit with
+// property Gets only. readState's GetAll calls cost the manager milliseconds each and are for
+// explaining a failure; a watch is checked on every ActiveState and InvocationID change while the unit
+// starts, beside the tenant starting. The backend talks to the manager through a proxy that counts the
+// calls it sends.
+func TestWakeReadsNoFullState(t *testing.T) {
+	m := systemdtest.Start(t)
+	f, proxy := proxiedFixture(t, m, SleepStop)
+	for range 3 {
+		f.wake(t)
+		backendtest.Get(t, f.subject())
+		f.sleep(t)
+	}
+	if n := proxy.Calls("GetAll"); n != 0 {
+		t.Fatalf("three wake/sleep cycles sent %d GetAll calls, want 0", n)
+	}
+}
+
 // TestWakeActiveSIGSTOPNoJob: in sigstop mode Wake reads the unit first, and an active unit is taken
 // as it is (SIGCONT), without a start job.
 func TestWakeActiveSIGSTOPNoJob(t *testing.T) {
