@@ -216,12 +216,19 @@ func waitHealthy(tb testing.TB, ctx context.Context, up registry.Upstream, life 
 	}
 }
 
+// sleepB puts b to sleep and waits until it has settled, as the next Wake would: a snapshot sleep
+// returns before its QEMU has quit and the snapshot is bound to the RAM file.
 func sleepB(tb testing.TB, b *Backend) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := b.Sleep(ctx); err != nil {
 		tb.Fatalf("Sleep: %v", err)
+	}
+	b.op.Lock()
+	defer b.op.Unlock()
+	if err := b.settle(ctx); err != nil {
+		tb.Fatal(err)
 	}
 }
 

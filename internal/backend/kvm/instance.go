@@ -20,6 +20,9 @@ type instance struct {
 	pid int
 	mon *monitor
 	log *slog.Logger
+	// ramFile: the guest's RAM is the route's RAM file (file mode). Set by the backend once, right
+	// after attach; read under the backend's op lock.
+	ramFile bool
 
 	monClosed chan struct{} // closed by drain when the event stream ends
 	fatal     chan struct{} // closed (once, by drain) on SHUTDOWN or GUEST_PANICKED

@@ -1,11 +1,12 @@
 // Package kvm is the activator's QEMU backing: each route is one guest, launched and owned by the
 // backend as a qemu-system-x86_64 process and driven over one QMP monitor (go-qemu).
 //
-// A guest sleeps in one of three modes: pause (QMP stop; wake is cont, in milliseconds), snapshot (RAM
-// and device state migrated to a file, QEMU quits; wake starts QEMU with -incoming and loads the file)
-// and poweroff (ACPI power button, QEMU quits; wake is a cold boot). QEMU daemonizes, its pid file and
-// QMP socket live in the route's private runtime dir, so a restarted activator adopts a guest that is
-// still running (Adopt). Guests do not outlive the activator's shutdown (Close quits them) unless
+// A guest sleeps in one of three modes: pause (QMP stop; wake is cont, in milliseconds), snapshot (the
+// guest's state saved in the snapshot dir, QEMU quits; wake starts QEMU with -incoming and loads it)
+// and poweroff (ACPI power button, QEMU quits; wake is a cold boot). A snapshot holds only the device
+// state when the guest's RAM is a shared file of the route's (ramfile.go), else RAM and device state.
+// QEMU daemonizes, its pid file and QMP socket live in the route's private runtime dir, so a restarted
+// activator adopts a guest that is still running (Adopt). Guests do not outlive the activator's shutdown (Close quits them) unless
 // keep_running_on_exit is set.
 package kvm
 
@@ -17,6 +18,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -69,7 +71,8 @@ func New(o Options) *Provider {
 }
 
 // Open returns the route's Backend. r.Settings must be the *Settings Decode returned. Open starts
-// nothing; the accelerator is chosen here (and logged with the reason).
+// no guest; the accelerator and, in snapshot mode, where the guest's RAM lives are chosen here (and
+// logged with the reasons).
 func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
@@ -82,19 +85,27 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	log := p.log.With("route", r.Name, "backing", "kvm")
 	accel, reason := chooseAccel(s.Accel, readHostFacts())
 	log.Info("kvm accelerator chosen", "accel", accel, "reason", reason)
-	return &Backend{name: r.Name, s: s, p: newPaths(s), bin: bin, accel: accel, log: log}, nil
+	var ram ramPlan
+	if s.Sleep == SleepSnapshot {
+		ram = planRAM(s, readRAMHost(context.Background(), bin, s))
+		log.Info("kvm snapshot RAM chosen", "ram", ram.mode(), "reason", ram.reason)
+	}
+	return &Backend{name: r.Name, s: s, p: newPaths(s), bin: bin, accel: accel, ram: ram, log: log}, nil
 }
 
-// Check verifies, without starting anything, that the host can run the route's guest: the QEMU
-// binary, the boot files, zstd for compressed snapshots, and /dev/kvm when accel is kvm. All it
-// reports is terminal: the host or the route's settings must change.
-func (p *Provider) Check(_ context.Context, r *registry.Route) error {
+// Check verifies, without starting a guest, that the host can run the route's guest: the QEMU
+// binary, the boot files, zstd for compressed snapshots, /dev/kvm when accel is kvm, and, in snapshot
+// mode, where the guest's RAM lives (logged with the reason, as Open does) and that a configured
+// snapshot_ram: file can be had. All it reports is terminal: the host or the route's settings must
+// change.
+func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
 		return tenant.Terminal(fmt.Errorf("no kvm settings (got %T)", r.Settings))
 	}
 	var errs []error
-	if _, err := exec.LookPath(s.QEMU); err != nil {
+	bin, err := exec.LookPath(s.QEMU)
+	if err != nil {
 		errs = append(errs, fmt.Errorf("qemu: %w", err))
 	}
 	if err := bootFiles(s); err != nil {
@@ -110,6 +121,14 @@ func (p *Provider) Check(_ context.Context, r *registry.Route) error {
 			errs = append(errs, fmt.Errorf("accel kvm: %w", h.devKVM))
 		}
 	}
+	if s.Sleep == SleepSnapshot && bin != "" {
+		h := readRAMHost(ctx, bin, s)
+		plan := planRAM(s, h)
+		p.log.Info("kvm snapshot RAM chosen", "route", r.Name, "backing", "kvm", "ram", plan.mode(), "reason", plan.reason)
+		if why := h.problem(s.SnapshotDir); s.SnapshotRAM == RAMFile && why != "" {
+			errs = append(errs, fmt.Errorf("snapshot_ram file: %s", why))
+		}
+	}
 	return tenant.Terminal(errors.Join(errs...))
 }
 
@@ -121,6 +140,7 @@ type Backend struct {
 	p     paths
 	bin   string
 	accel string
+	ram   ramPlan // snapshot mode: where the guest's RAM lives
 	log   *slog.Logger
 
 	op sync.Mutex     // serialises Wake, Sleep, Adopt and Close
@@ -130,6 +150,11 @@ type Backend struct {
 	inst   *instance    // the QEMU process (running or paused), nil when none
 	life   *tenant.Life // the current wake's Life, nil while asleep
 	closed bool
+
+	retiring chan struct{} // closed once the QEMU the last snapshot sleep quit is gone (retire); guarded by op
+
+	gen      sync.Mutex // guards savedGen and the RAM file's sidecar (ramfile.go)
+	savedGen string     // the generation of the last save while it may still be resumed; "" once a QEMU maps the RAM file again
 }
 
 var (
@@ -140,10 +165,10 @@ var (
 
 // Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued, under
 // a new Life (a guest paused under a Life that has not ended, which a sleep that failed half-way
-// leaves, counts as paused: that Life ends); in snapshot mode a snapshot file is restored (a missing
-// or unusable one falls back to a cold boot, with the reason noted); otherwise QEMU boots the guest.
-// Wake returns once the guest runs; the health gate is the activator's. A failed Wake leaves no QEMU
-// running.
+// leaves, counts as paused: that Life ends); in snapshot mode the snapshot is restored (a missing,
+// refused or unusable one falls back to a cold boot, with the reason noted); otherwise QEMU boots the
+// guest. It first waits for the QEMU the last snapshot sleep quit to be gone (settle). Wake returns
+// once the guest runs; the health gate is the activator's. A failed Wake leaves no QEMU running.
 func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
@@ -155,6 +180,9 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	b.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
+	}
+	if err := b.settle(ctx); err != nil {
+		return nil, fmt.Errorf("kvm wake: %w", err)
 	}
 	if inst != nil && life != nil {
 		if st, _ := inst.state(); st == "running" && life.Err() == nil {
@@ -185,21 +213,34 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		return nil, err
 	}
 	if b.s.Sleep == SleepSnapshot {
-		life, err := b.restore(ctx, t)
-		if err == nil {
-			return life, nil
-		}
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		if errors.Is(err, errNoSnapshot) {
-			t.Note("no snapshot file: cold boot")
-		} else {
-			b.log.Warn("snapshot restore failed; cold boot instead", "err", err)
-			t.Note(fmt.Sprintf("snapshot restore failed (%v): cold boot instead", err))
+		if life, err := b.restoreOrExplain(ctx, t); life != nil || err != nil {
+			return life, err
 		}
 	}
 	return b.boot(ctx, t)
+}
+
+// restoreOrExplain restores the guest's snapshot. When there is none, or it is refused or does not
+// load, it notes why in the wake record and returns neither a Life nor an error: the wake boots
+// instead. It returns the errors a boot would meet too (ctx ended, the RAM file held by another QEMU).
+func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
+	life, err := b.restore(ctx, t)
+	var re *refusedError
+	switch {
+	case err == nil:
+		return life, nil
+	case ctx.Err() != nil || errors.Is(err, errRAMBusy):
+		return nil, err
+	case errors.Is(err, errNoSnapshot):
+		t.Note("no snapshot file: cold boot")
+	case errors.As(err, &re):
+		b.log.Warn("snapshot refused; cold boot instead", "err", err)
+		t.Note(fmt.Sprintf("%v: cold boot instead", err))
+	default:
+		b.log.Warn("snapshot restore failed; cold boot instead", "err", err)
+		t.Note(fmt.Sprintf("snapshot restore failed (%v): cold boot instead", err))
+	}
+	return nil, nil
 }
 
 // checkForeign fails a wake that would launch QEMU when something else already answers on the
@@ -228,9 +269,17 @@ func (b *Backend) resume(ctx context.Context, t tenant.Tracker, inst *instance) 
 	return b.awake(inst)
 }
 
-// boot cold-boots a new guest.
+// boot cold-boots a new guest; in file mode on a fresh RAM file.
 func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
-	inst, err := b.start(ctx, t, false)
+	var l launch
+	if b.ram.file {
+		ram, err := b.freshRAM()
+		if err != nil {
+			return nil, fmt.Errorf("%s: qemu not launched: %w", PhaseQEMUStart, err)
+		}
+		l.ram = ram
+	}
+	inst, err := b.start(ctx, t, l)
 	if err != nil {
 		return nil, err
 	}
@@ -292,8 +341,11 @@ func (b *Backend) awake(inst *instance) (*tenant.Life, error) {
 	return b.life, nil
 }
 
-// start launches QEMU and connects its monitor. incoming starts it waiting for a snapshot.
-func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*instance, error) {
+// start launches QEMU for l and connects its monitor. It closes l.ram (QEMU has its own descriptor).
+func (b *Backend) start(ctx context.Context, t tenant.Tracker, l launch) (*instance, error) {
+	if l.ram != nil {
+		defer l.ram.Close()
+	}
 	budget := b.s.Budgets.QEMUStart.D()
 	tenant.PhaseWithin(t, PhaseQEMUStart, budget)
 	if err := bootFiles(b.s); err != nil {
@@ -304,14 +356,14 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*
 	}
 	b.reapOrphan()
 	sctx, cancel := context.WithTimeout(ctx, budget)
-	pid, err := spawn(sctx, b.bin, argv(b.name, b.s, b.p, b.accel, incoming), b.p)
+	pid, err := spawn(sctx, b.bin, argv(b.name, b.s, b.p, b.accel, l), b.p, l.ram)
 	err = overBudget(ctx, sctx, PhaseQEMUStart, budget, func() string { return starting(b.p) }, err)
 	cancel()
 	if err != nil {
 		removeStale(b.p)
 		return nil, fmt.Errorf("%s: %w", PhaseQEMUStart, err)
 	}
-	b.log.Info("qemu started", "qemu_pid", pid, "incoming", incoming, "accel", b.accel)
+	b.log.Info("qemu started", "qemu_pid", pid, "incoming", l.incoming, "ram_file", l.ram != nil, "accel", b.accel)
 
 	tenant.PhaseWithin(t, PhaseQMP, b.s.Budgets.QMP.D())
 	inst, err := b.attach(ctx, pid)
@@ -320,6 +372,7 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, incoming bool) (*
 		removeStale(b.p)
 		return nil, fmt.Errorf("%s: %w", PhaseQMP, err)
 	}
+	inst.ramFile = l.ram != nil
 	return inst, nil
 }
 
@@ -448,6 +501,7 @@ func (b *Backend) Stop(ctx context.Context) error {
 	inst.quit(ctx, b.s.Budgets.Quit.D())
 	inst.close()
 	removeStale(b.p)
+	b.dropRAM()
 	return nil
 }
 
@@ -518,11 +572,10 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 		return nil, false, fmt.Errorf("adopt qemu pid %d: %w", pid, err)
 	}
 	st, _ := inst.state()
-	if b.s.Sleep == SleepSnapshot && (st == "running" || st == "paused") {
+	inst.ramFile = holdsFile(pid, b.ramPath())
+	if b.s.Sleep == SleepSnapshot && slices.Contains([]string{"running", "paused", "postmigrate", "suspended"}, st) {
 		// The live guest supersedes a snapshot left from before (an activator that died mid-sleep).
-		file, other := b.snapFile()
-		_ = os.Remove(file)
-		_ = os.Remove(other)
+		_ = b.removeSnapshots()
 	}
 	switch st {
 	case "running":
@@ -578,6 +631,7 @@ func (b *Backend) Close(ctx context.Context) error {
 			inst.quit(ctx, b.s.Budgets.Quit.D())
 			inst.close()
 			removeStale(b.p)
+			b.dropRAM()
 		}
 	}
 	done := make(chan struct{})

@@ -44,75 +44,154 @@ func TestConformancePoweroff(t *testing.T) {
 }
 
 // TestSleepModes checks, for each mode, the state a sleep leaves behind and what the next wake does:
-// pause keeps a paused QEMU (same boot), snapshot leaves no QEMU but a snapshot file and restores the
-// same boot, poweroff leaves nothing and cold-boots.
+// pause keeps a paused QEMU (same boot), snapshot leaves no QEMU but a snapshot and restores the same
+// boot (the guest's RAM, where its /boot_id lives, comes back: from the RAM file in file mode, from the
+// copy otherwise), poweroff leaves nothing and cold-boots.
 func TestSleepModes(t *testing.T) {
 	g := needGuest(t)
-	cases := []struct {
-		mode        string
-		extra       string
-		sameBoot    bool
-		wakePhases  []string
-		qemuAsleep  bool
-		snapshotExt string
-	}{
-		{mode: SleepPause, sameBoot: true, wakePhases: []string{PhaseRunning}, qemuAsleep: true},
-		{mode: SleepSnapshot, sameBoot: true, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}, snapshotExt: ""},
-		{mode: SleepSnapshot + "-zstd", extra: "snapshot_compress: zstd", sameBoot: true, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}, snapshotExt: ".zst"},
-		{mode: SleepPoweroff, sameBoot: false, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRunning}},
+	restorePhases := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}
+	cases := []sleepCase{
+		{name: "pause", mode: SleepPause, sameBoot: true, wakePhases: []string{PhaseRunning}, qemuAsleep: true},
+		{name: "snapshot", mode: SleepSnapshot, ram: RAMFile, sameBoot: true, wakePhases: restorePhases, snapshot: devBase},
+		{name: "snapshot-copy", mode: SleepSnapshot, extra: "snapshot_ram: copy", ram: RAMCopy, sameBoot: true, wakePhases: restorePhases, snapshot: snapBase},
+		{name: "snapshot-zstd", mode: SleepSnapshot, extra: "snapshot_compress: zstd", ram: RAMCopy, sameBoot: true, wakePhases: restorePhases, snapshot: snapBase + ".zst"},
+		{name: "poweroff", mode: SleepPoweroff, sameBoot: false, wakePhases: []string{PhaseQEMUStart, PhaseQMP, PhaseRunning}},
 	}
 	for _, c := range cases {
-		t.Run(c.mode, func(t *testing.T) {
-			mode, _, _ := strings.Cut(c.mode, "-")
-			r := route(t, g, mode, c.extra)
-			b := open(t, r)
-			wake(t, b, r.Upstream, tenant.Discard)
-			boot1 := get(t, r.Upstream, "/boot_id")
-			pid1 := qemuPid(b.p)
-			if pid1 == 0 {
-				t.Fatal("no qemu running after Wake")
-			}
-			sleepB(t, b)
-
-			pid := qemuPid(b.p)
-			switch {
-			case c.qemuAsleep && pid != pid1:
-				t.Fatalf("asleep: qemu pid %d, want the same qemu %d", pid, pid1)
-			case c.qemuAsleep:
-				if st := qmpStatus(t, b); st != "paused" {
-					t.Fatalf("asleep: QMP status %q, want paused", st)
-				}
-			case pid != 0 || alive(pid1):
-				t.Fatalf("asleep: qemu still running (pid file %d, old pid %d alive %v)", pid, pid1, alive(pid1))
-			}
-			snap := filepath.Join(b.s.SnapshotDir, snapBase+c.snapshotExt)
-			if mode == SleepSnapshot {
-				if fi, err := os.Stat(snap); err != nil || fi.Size() == 0 {
-					t.Fatalf("asleep: snapshot file %s: %v", snap, err)
-				}
-			}
-
-			rec := &recorder{}
-			wake(t, b, r.Upstream, rec)
-			phases, notes := rec.get()
-			if !slices.Equal(phases, c.wakePhases) {
-				t.Errorf("wake phases = %q, want %q (notes %q)", phases, c.wakePhases, notes)
-			}
-			boot2 := get(t, r.Upstream, "/boot_id")
-			if got := boot1 == boot2; got != c.sameBoot {
-				t.Errorf("same boot after wake = %v (boot ids %s, %s), want %v", got, boot1, boot2, c.sameBoot)
-			}
-			if mode == SleepSnapshot {
-				if _, err := os.Stat(snap); !os.IsNotExist(err) {
-					t.Errorf("snapshot file after restore: %v, want removed", err)
-				}
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t, g) })
 	}
 }
 
-// TestCorruptSnapshot: a snapshot file that does not load makes the wake cold-boot, with the reason in
-// a Note, and is moved aside.
+// sleepCase is one case of TestSleepModes.
+type sleepCase struct {
+	name       string
+	mode       string
+	extra      string
+	ram        string // the snapshot RAM mode the route must get
+	sameBoot   bool
+	wakePhases []string
+	qemuAsleep bool
+	snapshot   string // the snapshot file a sleep leaves
+}
+
+func (c sleepCase) run(t *testing.T, g guest) {
+	r := route(t, g, c.mode, c.extra)
+	b := open(t, r)
+	if c.ram != "" && b.ram.mode() != c.ram {
+		t.Fatalf("snapshot RAM %s (%s), want %s", b.ram.mode(), b.ram.reason, c.ram)
+	}
+	wake(t, b, r.Upstream, tenant.Discard)
+	boot1 := get(t, r.Upstream, "/boot_id")
+	pid1 := qemuPid(b.p)
+	if pid1 == 0 {
+		t.Fatal("no qemu running after Wake")
+	}
+	sleepB(t, b)
+	c.checkAsleep(t, b, pid1)
+
+	rec := &recorder{}
+	wake(t, b, r.Upstream, rec)
+	phases, notes := rec.get()
+	if !slices.Equal(phases, c.wakePhases) {
+		t.Errorf("wake phases = %q, want %q (notes %q)", phases, c.wakePhases, notes)
+	}
+	boot2 := get(t, r.Upstream, "/boot_id")
+	if got := boot1 == boot2; got != c.sameBoot {
+		t.Errorf("same boot after wake = %v (boot ids %s, %s), want %v", got, boot1, boot2, c.sameBoot)
+	}
+	if c.snapshot != "" {
+		if _, err := os.Stat(filepath.Join(b.s.SnapshotDir, c.snapshot)); !os.IsNotExist(err) {
+			t.Errorf("snapshot file after restore: %v, want removed", err)
+		}
+	}
+	if c.ram == RAMFile {
+		checkRAMInUse(t, b)
+	}
+}
+
+// checkAsleep checks what the sleep left: the paused QEMU pid1, or none and the snapshot.
+func (c sleepCase) checkAsleep(t *testing.T, b *Backend, pid1 int) {
+	t.Helper()
+	pid := qemuPid(b.p)
+	switch {
+	case c.qemuAsleep && pid != pid1:
+		t.Fatalf("asleep: qemu pid %d, want the same qemu %d", pid, pid1)
+	case c.qemuAsleep:
+		if st := qmpStatus(t, b); st != "paused" {
+			t.Fatalf("asleep: QMP status %q, want paused", st)
+		}
+	case pid != 0 || alive(pid1):
+		t.Fatalf("asleep: qemu still running (pid file %d, old pid %d alive %v)", pid, pid1, alive(pid1))
+	}
+	if c.snapshot != "" {
+		snap := filepath.Join(b.s.SnapshotDir, c.snapshot)
+		if fi, err := os.Stat(snap); err != nil || fi.Size() == 0 {
+			t.Fatalf("asleep: snapshot file %s: %v", snap, err)
+		}
+	}
+	switch c.ram {
+	case RAMFile:
+		checkFileSnapshot(t, b)
+	case RAMCopy:
+		if _, err := os.Stat(b.ramPath()); !os.IsNotExist(err) {
+			t.Errorf("copy mode left a RAM file: %v", err)
+		}
+	}
+}
+
+// maxDeviceState bounds a file-mode snapshot of the test guest: device state only, no RAM (QEMU 7.2
+// writes about 58 KB).
+const maxDeviceState = 1 << 20
+
+// checkFileSnapshot checks what a file-mode sleep leaves: a device state of at most maxDeviceState,
+// bound to the RAM file (the same generation in both sidecars, the RAM file of the guest's size), and
+// no QEMU holding the RAM file.
+func checkFileSnapshot(t *testing.T, b *Backend) {
+	t.Helper()
+	fi, err := os.Stat(b.devPath())
+	if err != nil {
+		t.Fatalf("device state: %v", err)
+	}
+	if fi.Size() > maxDeviceState {
+		t.Errorf("device state is %d bytes, want at most %d (RAM left out)", fi.Size(), maxDeviceState)
+	}
+	var rs ramSidecar
+	var ds devSidecar
+	if err := readSidecar(b.ramPath()+genExt, &rs); err != nil {
+		t.Fatalf("RAM file sidecar: %v", err)
+	}
+	if err := readSidecar(b.devPath()+genExt, &ds); err != nil {
+		t.Fatalf("device state sidecar: %v", err)
+	}
+	if rs.Generation == "" || rs.Generation != ds.Generation || ds.Bytes != fi.Size() {
+		t.Errorf("sidecars do not bind: RAM %+v, device state %+v (device state %d bytes)", rs, ds, fi.Size())
+	}
+	ram, err := os.Stat(b.ramPath())
+	if err != nil || ram.Size() != b.ramBytes() || rs.Bytes != ram.Size() {
+		t.Errorf("RAM file: %v (err %v), want %d bytes", ram, err, b.ramBytes())
+	}
+	f, err := lockRAM(b.ramPath(), false)
+	if err != nil {
+		t.Fatalf("RAM file of a sleeping guest still locked: %v", err)
+	}
+	f.Close()
+}
+
+// checkRAMInUse checks an awake file-mode guest: its RAM file is locked (no second QEMU may map it)
+// and has no generation (it matches no saved device state).
+func checkRAMInUse(t *testing.T, b *Backend) {
+	t.Helper()
+	if f, err := lockRAM(b.ramPath(), false); !errors.Is(err, errRAMBusy) {
+		if f != nil {
+			f.Close()
+		}
+		t.Errorf("lock the RAM file of an awake guest: %v, want %v", err, errRAMBusy)
+	}
+	if _, err := os.Stat(b.ramPath() + genExt); !os.IsNotExist(err) {
+		t.Errorf("RAM file sidecar while the guest runs: %v, want none", err)
+	}
+}
+
 // TestStopQuitsWhateverTheMode: the activator's Stopper call after a failed gate must leave no QEMU,
 // even in pause mode where Sleep would keep it.
 func TestStopQuitsWhateverTheMode(t *testing.T) {
@@ -135,29 +214,36 @@ func TestStopQuitsWhateverTheMode(t *testing.T) {
 	wake(t, b, r.Upstream, tenant.Discard)
 }
 
+// TestCorruptSnapshot: a copied snapshot that does not load makes the wake cold-boot, with the reason
+// in a Note, and is moved aside; in either RAM mode.
 func TestCorruptSnapshot(t *testing.T) {
 	g := needGuest(t)
-	r := route(t, g, SleepSnapshot, "")
-	b := open(t, r)
-	if err := privateDir(b.s.SnapshotDir); err != nil {
-		t.Fatal(err)
-	}
-	snap := filepath.Join(b.s.SnapshotDir, snapBase)
-	if err := os.WriteFile(snap, []byte("QEVM but not really a migration stream"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	wake(t, b, r.Upstream, rec)
-	get(t, r.Upstream, "/")
-	phases, notes := rec.get()
-	if !containsSub(notes, "snapshot restore failed") {
-		t.Errorf("notes %q do not explain the cold boot", notes)
-	}
-	if want := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}; !slices.Equal(phases, want) {
-		t.Errorf("phases = %q, want %q", phases, want)
-	}
-	if _, err := os.Stat(snap + ".bad"); err != nil {
-		t.Errorf("corrupt snapshot not moved aside: %v", err)
+	for _, ram := range []string{RAMFile, RAMCopy} {
+		t.Run(ram, func(t *testing.T) {
+			// In file mode the copied snapshot is loaded into a fresh RAM file.
+			r := route(t, g, SleepSnapshot, "snapshot_ram: "+ram)
+			b := open(t, r)
+			if err := privateDir(b.s.SnapshotDir); err != nil {
+				t.Fatal(err)
+			}
+			snap := filepath.Join(b.s.SnapshotDir, snapBase)
+			if err := os.WriteFile(snap, []byte("QEVM but not really a migration stream"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{}
+			wake(t, b, r.Upstream, rec)
+			get(t, r.Upstream, "/")
+			phases, notes := rec.get()
+			if !containsSub(notes, "snapshot restore failed") {
+				t.Errorf("notes %q do not explain the cold boot", notes)
+			}
+			if want := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}; !slices.Equal(phases, want) {
+				t.Errorf("phases = %q, want %q", phases, want)
+			}
+			if _, err := os.Stat(snap + badExt); err != nil {
+				t.Errorf("corrupt snapshot not moved aside: %v", err)
+			}
+		})
 	}
 }
 
@@ -352,9 +438,19 @@ func TestReloadChangesModeWhileParked(t *testing.T) {
 				t.Fatalf("%s sleep left qemu %d running", to, pid)
 			}
 			if to == SleepSnapshot {
+				// The adopted QEMU's RAM is not the route's RAM file: the snapshot copies it. The
+				// next wake loads that copy into a RAM file, and the sleep after saves the device
+				// state only.
 				if _, err := os.Stat(filepath.Join(s2.SnapshotDir, snapBase)); err != nil {
 					t.Fatalf("snapshot sleep wrote no snapshot: %v", err)
 				}
+				wake(t, b2, r.Upstream, tenant.Discard)
+				if boot3 := get(t, r.Upstream, "/boot_id"); boot3 != boot1 {
+					t.Fatalf("boot id changed by the restore of the copy: %s -> %s", boot1, boot3)
+				}
+				checkRAMInUse(t, b2)
+				sleepB(t, b2)
+				checkFileSnapshot(t, b2)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package kvm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/activator/activator/internal/tenant"
 )
@@ -22,6 +25,7 @@ const (
 	consoleName = "console.log"
 	logName     = "qemu.log"       // QEMU's messages (-D), e.g. why a snapshot did not load
 	startName   = "qemu-start.log" // the daemonizing parent's output
+	migName     = "mig.sock"       // file mode: the device state's migration socket
 	snapBase    = "guest.snap"     // + ".zst" when compressed
 )
 
@@ -99,7 +103,7 @@ func moduleList(m []string) string {
 
 // paths are the files of one route.
 type paths struct {
-	sock, pid, console, log, start string
+	sock, pid, console, log, start, mig string
 }
 
 func newPaths(s *Settings) paths {
@@ -109,11 +113,21 @@ func newPaths(s *Settings) paths {
 		console: filepath.Join(s.RuntimeDir, consoleName),
 		log:     filepath.Join(s.RuntimeDir, logName),
 		start:   filepath.Join(s.RuntimeDir, startName),
+		mig:     filepath.Join(s.RuntimeDir, migName),
 	}
 }
 
-// argv builds QEMU's arguments (without the binary). incoming adds -incoming defer, for a restore.
-func argv(name string, s *Settings, p paths, accel string, incoming bool) []string {
+// launch is what a QEMU is started for. incoming waits for a snapshot (-incoming defer). ram, when set,
+// is the locked RAM file the guest's memory is mapped from (file mode): QEMU inherits it as descriptor
+// ramFD, maps it through /proc/self/fd (so it maps the very file that is locked) and so holds its lock
+// until it exits.
+type launch struct {
+	incoming bool
+	ram      *os.File
+}
+
+// argv builds QEMU's arguments (without the binary).
+func argv(name string, s *Settings, p paths, accel string, l launch) []string {
 	a := []string{"-name", "guest=" + name + ",process=activator-kvm-" + name}
 	switch accel {
 	case AccelKVM:
@@ -121,8 +135,14 @@ func argv(name string, s *Settings, p paths, accel string, incoming bool) []stri
 	default:
 		a = append(a, "-accel", "tcg")
 	}
+	machine := s.Machine
+	if l.ram != nil {
+		id := ramBlockID(s.Machine)
+		machine += ",memory-backend=" + id
+		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=/proc/self/fd/%d,share=on", id, s.Memory, ramFD))
+	}
 	a = append(a,
-		"-M", s.Machine,
+		"-M", machine,
 		"-m", strconv.Itoa(s.Memory),
 		"-smp", strconv.Itoa(s.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -157,16 +177,16 @@ func argv(name string, s *Settings, p paths, accel string, incoming bool) []stri
 		}
 	}
 	a = append(a, s.ExtraArgs...)
-	if incoming {
+	if l.incoming {
 		a = append(a, "-incoming", "defer")
 	}
 	return a
 }
 
 // spawn runs QEMU, which daemonizes once its monitor socket exists, and returns the daemon's pid.
-// QEMU's own output before it daemonizes goes to logFile and ends up in the error. If ctx ends first,
-// or QEMU fails, nothing is left running.
-func spawn(ctx context.Context, bin string, args []string, p paths) (int, error) {
+// QEMU's own output before it daemonizes goes to logFile and ends up in the error. ram, when not nil,
+// becomes QEMU's descriptor ramFD. If ctx ends first, or QEMU fails, nothing is left running.
+func spawn(ctx context.Context, bin string, args []string, p paths, ram *os.File) (int, error) {
 	_ = os.Remove(p.log)
 	out, err := os.OpenFile(p.start, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -176,6 +196,9 @@ func spawn(ctx context.Context, bin string, args []string, p paths) (int, error)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = out
 	cmd.Stderr = out
+	if ram != nil {
+		cmd.ExtraFiles = []*os.File{ram} // descriptor 3: ramFD
+	}
 	if err := cmd.Start(); err != nil {
 		return 0, startFault(fmt.Errorf("start %s: %w", bin, err))
 	}
@@ -277,13 +300,31 @@ func killPid(pid int) {
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
-// waitGone polls until pid has exited (or is a zombie), or ctx ends. QEMU daemonizes, so it is not
-// our child and cannot be waited for.
+// waitGone waits until pid has exited (or is a zombie), or ctx ends. QEMU daemonizes, so it is not
+// our child and cannot be waited for: a pidfd tells when it exits, and alive confirms (polling, where
+// pidfds are missing).
 func waitGone(ctx context.Context, pid int) error {
+	waitPidfd(ctx, pid)
 	if err := pollUntil(ctx, func() bool { return !alive(pid) }); err != nil {
 		return fmt.Errorf("qemu pid %d still running: %w", pid, err)
 	}
 	return nil
+}
+
+// waitPidfd returns once pid has exited, ctx has ended, or pidfd_open fails (no pidfds, or no such
+// process). A pidfd becomes readable when the process exits.
+func waitPidfd(ctx context.Context, pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	for ctx.Err() == nil {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 50)
+		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+			return
+		}
+	}
 }
 
 // pollUntil checks cond at once, then with a pause doubling from 1 ms to 50 ms, until it holds (nil) or

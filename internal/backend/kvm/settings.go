@@ -23,6 +23,13 @@ const (
 	SleepPoweroff = "poweroff" // ACPI power button, QEMU quits; wake is a cold boot
 )
 
+// RAM modes of snapshot sleep (snapshot_ram): where a sleeping guest's memory is kept.
+const (
+	RAMAuto = "auto" // file, unless the settings or the host rule it out (Open logs which, and why)
+	RAMFile = "file" // the guest's RAM is a shared file in snapshot_dir; the snapshot holds the device state only
+	RAMCopy = "copy" // the RAM is copied into the snapshot file (QEMU migrates the whole guest to a file)
+)
+
 // Accelerator choices.
 const (
 	AccelAuto = "auto" // KVM when it can run guests, else TCG (the reason is logged)
@@ -84,6 +91,9 @@ type Settings struct {
 	SnapshotDir string `yaml:"snapshot_dir"`
 	// SnapshotCompress is none or zstd.
 	SnapshotCompress string `yaml:"snapshot_compress"`
+	// SnapshotRAM is auto, file or copy: whether a snapshot-mode guest's RAM lives in a shared file in
+	// SnapshotDir, so that the snapshot holds only the device state, or is copied into the snapshot.
+	SnapshotRAM string `yaml:"snapshot_ram"`
 	// KeepSnapshot keeps the snapshot file after a successful restore.
 	KeepSnapshot bool `yaml:"keep_snapshot"`
 	// RuntimeDir holds the QMP socket, the pid file and the console log. Private (0700).
@@ -143,6 +153,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	s.Accel = or(s.Accel, AccelAuto)
 	s.Sleep = or(s.Sleep, SleepPause)
 	s.SnapshotCompress = or(s.SnapshotCompress, "none")
+	s.SnapshotRAM = or(s.SnapshotRAM, RAMAuto)
 	s.DiskFormat = or(s.DiskFormat, DefaultDiskFormat)
 	s.Network.Mode = or(s.Network.Mode, NetUser)
 	if s.Memory == 0 {
@@ -177,11 +188,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	default:
 		bad("sleep", "%q is not one of pause, snapshot, poweroff", s.Sleep)
 	}
-	switch s.SnapshotCompress {
-	case "none", "zstd":
-	default:
-		bad("snapshot_compress", "%q is not one of none, zstd", s.SnapshotCompress)
-	}
+	checkSnapshot(s, bad)
 	switch s.DiskFormat {
 	case "raw", "qcow2":
 	default:
@@ -272,6 +279,24 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		return nil, errors.Join(errs...)
 	}
 	return s, nil
+}
+
+// checkSnapshot validates the snapshot settings, reporting each problem to bad.
+func checkSnapshot(s *Settings, bad func(key, format string, args ...any)) {
+	switch s.SnapshotCompress {
+	case "none", "zstd":
+	default:
+		bad("snapshot_compress", "%q is not one of none, zstd", s.SnapshotCompress)
+	}
+	switch s.SnapshotRAM {
+	case RAMAuto, RAMCopy:
+	case RAMFile:
+		if why := fileRAMRuledOut(s); why != "" {
+			bad("snapshot_ram", "file: %s; use snapshot_ram: copy (or auto)", why)
+		}
+	default:
+		bad("snapshot_ram", "%q is not one of auto, file, copy", s.SnapshotRAM)
+	}
 }
 
 // isReserved reports whether opt (without its dashes) is a QEMU option the backing sets itself, which

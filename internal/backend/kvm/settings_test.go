@@ -70,6 +70,7 @@ func TestDecodeDefaults(t *testing.T) {
 		{"append", s.Append, DefaultAppend},
 		{"sleep", s.Sleep, SleepPause},
 		{"snapshot_compress", s.SnapshotCompress, "none"},
+		{"snapshot_ram", s.SnapshotRAM, RAMAuto},
 		{"network.mode", s.Network.Mode, NetUser},
 		{"network.guest_port", s.Network.GuestPort, 80},
 		{"budgets.qemu_start", s.Budgets.QEMUStart.D(), 10 * time.Second},
@@ -113,6 +114,11 @@ func TestDecodeErrors(t *testing.T) {
 		{"long runtime dir", "127.0.0.1:1", "kernel: " + kernel + "\nruntime_dir: /" + strings.Repeat("d", 120) + "\n", []string{"runtime_dir"}, "too long"},
 		{"relative snapshot dir", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_dir: snaps\n", []string{"snapshot_dir"}, "absolute"},
 		{"compress", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_compress: gzip\n", []string{"snapshot_compress"}, "none, zstd"},
+		{"snapshot_ram", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_ram: shared\n", []string{"snapshot_ram"}, "auto, file, copy"},
+		{"snapshot_ram file, zstd", "127.0.0.1:1", "kernel: " + kernel + "\nsleep: snapshot\nsnapshot_ram: file\nsnapshot_compress: zstd\n", []string{"snapshot_ram"}, "snapshot_compress: zstd"},
+		{"snapshot_ram file, keep_snapshot", "127.0.0.1:1", "kernel: " + kernel + "\nsleep: snapshot\nsnapshot_ram: file\nkeep_snapshot: true\n", []string{"snapshot_ram"}, "keep_snapshot"},
+		{"snapshot_ram file, unknown machine", "127.0.0.1:1", "kernel: " + kernel + "\nmachine: virt\nsnapshot_ram: file\n", []string{"snapshot_ram"}, "RAM block"},
+		{"snapshot_ram file, hugepages", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_ram: file\nextra_args: [-mem-path, /dev/hugepages]\n", []string{"snapshot_ram"}, "extra_args"},
 		{"unknown key", "127.0.0.1:1", "kernel: " + kernel + "\nmemroy: 64\n", []string{"memroy"}, "unknown key"},
 		{"bad duration", "127.0.0.1:1", "kernel: " + kernel + "\nbudgets: {restore: soon}\n", []string{"budgets.restore"}, "not a duration"},
 		{"all at once", "unix:/x.sock", "kernel: /no/such\nsleep: nap\naccel: x\n", []string{"kernel", "network.mode", "sleep", "accel"}, ""},
@@ -206,14 +212,45 @@ func TestArgv(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := argv("vm", s, newPaths(s), AccelTCG, true)
+			a := argv("vm", s, newPaths(s), AccelTCG, launch{incoming: true})
 			joined := strings.Join(a, " ")
+			if strings.Contains(joined, "memory-backend") {
+				t.Errorf("argv without a RAM file names a memory backend:\n%s", joined)
+			}
 			for _, w := range append(c.want,
 				"-accel tcg", "-M "+c.machine, "-m 128", "-daemonize", "-no-reboot",
 				"-qmp unix:"+filepath.Join(s.RuntimeDir, sockName)+",server=on,wait=off",
 				"user,id=net0,hostfwd=tcp:127.0.0.1:8081-:8000",
 				"-kernel "+kernel, "-initrd "+initrd,
 				"-device virtio-rng-device -incoming defer") {
+				if !strings.Contains(joined, w) {
+					t.Errorf("argv lacks %q:\n%s", w, joined)
+				}
+			}
+		})
+	}
+}
+
+// With a RAM file (file mode) the guest's memory is the inherited descriptor ramFD, shared, under the
+// machine's own RAM block name.
+func TestArgvRAMFile(t *testing.T) {
+	kernel, _, _ := fakeFiles(t)
+	for machine, id := range map[string]string{"microvm": "microvm.ram", "q35": "pc.ram", "pc-i440fx-7.2": "pc.ram"} {
+		t.Run(machine, func(t *testing.T) {
+			s, err := decode(t, "127.0.0.1:8081", "machine: "+machine+"\nkernel: "+kernel+"\nsleep: snapshot\nmemory: 256\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ram, err := os.CreateTemp(t.TempDir(), "ram")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ram.Close()
+			joined := strings.Join(argv("vm", s, newPaths(s), AccelTCG, launch{ram: ram}), " ")
+			for _, w := range []string{
+				"-object memory-backend-file,id=" + id + ",size=256M,mem-path=/proc/self/fd/3,share=on",
+				"-M " + machine + ",memory-backend=" + id + " -m 256",
+			} {
 				if !strings.Contains(joined, w) {
 					t.Errorf("argv lacks %q:\n%s", w, joined)
 				}

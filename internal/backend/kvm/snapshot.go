@@ -30,21 +30,20 @@ func (b *Backend) snapFile() (file, other string) {
 	return raw, zst
 }
 
-// snapshot stops the guest, migrates its RAM and device state into the snapshot file, and quits QEMU.
-// QEMU writes through `exec:` (cat or zstd, run by QEMU's /bin/sh); the writer writes a temp file and
-// renames it once complete, so the snapshot file exists only when whole. If the snapshot fails, the
-// guest is continued (it stays awake) and the error returned.
+// snapshot stops the guest, migrates its state into the snapshot dir and has QEMU quit. A guest whose
+// RAM is the route's RAM file saves its device state only (saveDevice), bound to the RAM file once
+// QEMU has exited; any other guest saves RAM and device state into one file (saveCopy). Either file
+// exists only when whole. Sleep returns once it is saved: QEMU's exit (10–20 ms) and the binding
+// happen in retire, which the next Wake and Close wait for. If the snapshot fails, the guest is
+// continued (it stays awake) and the error returned.
 func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 	started := time.Now()
-	final, other := b.snapFile()
-	tmp := final + ".tmp"
+	shared := b.ram.file && inst.ramFile
 	if err := privateDir(b.s.SnapshotDir); err != nil {
 		return fmt.Errorf("snapshot dir: %w", err)
 	}
-	for _, f := range []string{final, other, tmp} {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove old snapshot: %w", err)
-		}
+	if err := b.removeSnapshots(); err != nil {
+		return fmt.Errorf("remove old snapshot: %w", err)
 	}
 
 	inst.setWantRun(false)
@@ -52,36 +51,72 @@ func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 		inst.setWantRun(true)
 		return err
 	}
-	err := b.migrateOut(ctx, inst, tmp, final)
+	var saved savedState
+	var err error
+	if shared {
+		saved, err = b.saveDevice(ctx, inst)
+	} else {
+		saved, err = b.saveCopy(ctx, inst)
+	}
 	if err != nil {
-		_ = os.Remove(tmp)
-		_ = os.Remove(final)
+		_ = removeFiles(saved.file+".tmp", saved.file)
 		b.rollback(inst)
 		return err
 	}
-
 	b.asleep(inst, true)
-	inst.quit(ctx, b.s.Budgets.Quit.D())
-	inst.close()
-	removeStale(b.p)
-	fi, _ := os.Stat(final)
-	var size int64
-	if fi != nil {
-		size = fi.Size()
-	}
-	b.log.Info("guest snapshot written", "file", final, "bytes", size, "ms", sinceMs(started))
+	b.retire(inst, saved)
+	b.log.Info("guest snapshot written", "file", saved.file, "bytes", saved.dev.Bytes, "ram", saved.mode(), "ms", sinceMs(started))
 	return nil
 }
 
-// migrateOut runs the outgoing migration into tmp and waits until the writer has renamed it to final
-// and the file is on disk.
-func (b *Backend) migrateOut(ctx context.Context, inst *instance, tmp, final string) error {
+// savedState is what a snapshot sleep saved: the file, and, in file mode, the device state's size and
+// hash for its sidecar.
+type savedState struct {
+	file   string
+	shared bool // the device state only: the RAM is in the RAM file
+	dev    devSidecar
+}
+
+func (s savedState) mode() string {
+	if s.shared {
+		return RAMFile
+	}
+	return RAMCopy
+}
+
+// saveDevice saves the device state of a guest whose RAM is the RAM file: x-ignore-shared leaves the
+// shared RAM out of the migration, which the backend receives itself (receiveDevice). Making it
+// durable is left to syncSaved.
+func (b *Backend) saveDevice(ctx context.Context, inst *instance) (savedState, error) {
+	saved := savedState{file: b.devPath(), shared: true}
+	caps := []map[string]any{{"capability": "events", "state": true}, {"capability": "x-ignore-shared", "state": true}}
+	if err := inst.mon.run(ctx, nil, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
+		return saved, err
+	}
+	deadline := time.Now().Add(b.s.Budgets.Quit.D())
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	dev, err := b.receiveDevice(ctx, inst, saved.file, deadline)
+	if err != nil {
+		return saved, b.migrationFailed(inst, err)
+	}
+	saved.dev = dev
+	return saved, nil
+}
+
+// saveCopy saves RAM and device state into the snapshot file and flushes it to disk. QEMU writes
+// through exec: (cat, or zstd when compressed, run by QEMU's /bin/sh) into a temp file the writer
+// renames once complete.
+func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, error) {
+	final, _ := b.snapFile()
+	saved := savedState{file: final}
 	caps := map[string]any{"capabilities": []map[string]any{{"capability": "events", "state": true}}}
 	if err := inst.mon.run(ctx, nil, "migrate-set-capabilities", caps); err != nil {
-		return err
+		return saved, err
 	}
 	if err := inst.mon.run(ctx, nil, "migrate-set-parameters", map[string]any{"max-bandwidth": maxBandwidth}); err != nil {
-		return err
+		return saved, err
 	}
 	writer := "cat"
 	if b.s.SnapshotCompress == "zstd" {
@@ -89,38 +124,81 @@ func (b *Backend) migrateOut(ctx context.Context, inst *instance, tmp, final str
 	}
 	// QEMU kills the writer (TERM, then KILL) shortly after closing its pipe; ignoring TERM gives the
 	// writer time to flush, and the rename happens only after a complete write.
+	tmp := final + ".tmp"
 	uri := fmt.Sprintf("exec:trap '' TERM; %s > %s && mv -f %s %s", writer, shellQuote(tmp), shellQuote(tmp), shellQuote(final))
 	if err := inst.mon.run(ctx, nil, "migrate", map[string]any{"uri": uri}); err != nil {
-		return err
+		return saved, err
 	}
-	err := inst.waitFor(ctx, func(_, m string) (bool, error) {
-		switch m {
-		case "completed":
-			return true, nil
-		case "failed", "cancelled":
-			return false, fmt.Errorf("migration %s", m)
-		}
-		return false, nil
-	})
-	if err != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_ = inst.mon.run(cctx, nil, "migrate_cancel", nil)
-			cancel()
-		}
-		if m := b.migrationError(inst); m != "" {
-			err = fmt.Errorf("%w: %s", err, m)
-		}
-		return fmt.Errorf("snapshot: %w", err)
+	if err := waitMigrated(ctx, inst); err != nil {
+		return saved, b.migrationFailed(inst, err)
 	}
 	// The writer finishes moments after QEMU reports completion; bound the wait so a writer that was
 	// killed (no file will come) fails the sleep without using up the whole sleep budget.
 	wctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Quit.D())
 	defer cancel()
 	if err := waitFile(wctx, final, tmp); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+		return saved, fmt.Errorf("snapshot: %w", err)
 	}
-	return syncFile(final)
+	if fi, err := os.Stat(final); err == nil {
+		saved.dev.Bytes = fi.Size()
+	}
+	if err := syncPaths(final, filepath.Dir(final)); err != nil {
+		return saved, fmt.Errorf("sync snapshot: %w", err)
+	}
+	return saved, nil
+}
+
+// migrationFailed cancels a migration that ran out of time and adds QEMU's reason to err.
+func (b *Backend) migrationFailed(inst *instance, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = inst.mon.run(cctx, nil, "migrate_cancel", nil)
+		cancel()
+	}
+	if m := b.migrationError(inst); m != "" {
+		err = fmt.Errorf("%w: %s", err, m)
+	}
+	return fmt.Errorf("snapshot: %w", err)
+}
+
+// retire has the QEMU of a guest whose snapshot is saved quit (killed past budgets.quit), off the
+// sleep's path, then, in file mode, binds the save to the RAM file (bindSaved needs QEMU gone: it holds
+// the RAM file until it exits), or in copy mode removes a RAM file the guest had. b.retiring is closed
+// once that is done; settle waits for it. Called under op.
+func (b *Backend) retire(inst *instance, saved savedState) {
+	done := make(chan struct{})
+	b.retiring = done
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer close(done)
+		inst.quit(context.Background(), b.s.Budgets.Quit.D())
+		inst.close()
+		removeStale(b.p)
+		if !saved.shared {
+			b.dropRAM() // a RAM file the guest had (adopted from file mode) is in the copy now
+			return
+		}
+		if err := b.bindSaved(saved.dev); err != nil {
+			_ = removeFiles(saved.file)
+			b.log.Error("snapshot saved but not bound to its RAM file; the next wake boots", "err", err)
+		}
+	}()
+}
+
+// settle waits until the QEMU the last sleep retired is gone and its snapshot bound, or ctx ends.
+// Called under op, before anything looks at the snapshot or starts a QEMU.
+func (b *Backend) settle(ctx context.Context) error {
+	if b.retiring == nil {
+		return nil
+	}
+	select {
+	case <-b.retiring:
+		b.retiring = nil
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the last sleep's qemu to quit: %w", ctx.Err())
+	}
 }
 
 // migrationError asks QEMU why the last migration failed ("" when it does not say).
@@ -163,48 +241,53 @@ func waitFile(ctx context.Context, final, tmp string) error {
 	return nil
 }
 
-// syncFile flushes file and its directory to disk.
-func syncFile(file string) error {
-	for _, p := range []string{file, filepath.Dir(file)} {
+// syncPaths flushes each file or directory to disk.
+func syncPaths(paths ...string) error {
+	for _, p := range paths {
 		f, err := os.Open(p)
 		if err != nil {
-			return fmt.Errorf("sync snapshot: %w", err)
+			return err
 		}
 		err = f.Sync()
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("sync snapshot: %w", err)
+			return err
 		}
 	}
 	return nil
 }
 
-// restore starts QEMU waiting for a migration, loads the snapshot file into it and continues the guest.
-// It returns an error wrapping errNoSnapshot when there is no file. A file that does not load is moved
-// aside (".bad") so the next wake does not try it again.
+// snapshotSource is what restore loads: the migration stream QEMU reads, its sidecar (file mode), and
+// the locked RAM file the guest's memory is mapped from (nil without a RAM file). shared: the RAM is
+// in the RAM file, not in the stream.
+type snapshotSource struct {
+	file, side string
+	ram        *os.File
+	shared     bool
+}
+
+// restore starts QEMU waiting for a migration, loads the snapshot into it and continues the guest. It
+// returns an error wrapping errNoSnapshot when there is nothing to restore, a *refusedError for a
+// device state that must not be resumed on its RAM file. A snapshot that is refused or does not load
+// is moved aside (".bad") so the next wake does not try it again.
 func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
-	file, other := b.snapFile()
-	if _, err := os.Stat(file); err != nil {
-		if _, oerr := os.Stat(other); oerr != nil {
-			return nil, fmt.Errorf("%w in %s", errNoSnapshot, b.s.SnapshotDir)
-		}
-		file = other
+	src, err := b.findSnapshot()
+	if err != nil {
+		return nil, err
 	}
 	started := time.Now()
-	inst, err := b.start(ctx, t, true)
+	inst, err := b.start(ctx, t, launch{incoming: true, ram: src.ram})
 	if err != nil {
 		return nil, err
 	}
 	tenant.PhaseWithin(t, PhaseRestore, b.s.Budgets.Restore.D())
-	if err := b.migrateIn(ctx, inst, file); err != nil {
+	if err := b.migrateIn(ctx, inst, src); err != nil {
 		b.discard(inst)
 		if msg := logTail(b.p.log, 300); msg != "" {
 			err = fmt.Errorf("%w: qemu: %s", err, strings.ReplaceAll(msg, "\n", "; "))
 		}
 		if ctx.Err() == nil {
-			if rerr := os.Rename(file, file+".bad"); rerr == nil {
-				err = fmt.Errorf("%w (moved aside to %s.bad)", err, filepath.Base(file))
-			}
+			err = moveAside(src, err)
 		}
 		return nil, fmt.Errorf("%s: %w", PhaseRestore, err)
 	}
@@ -214,16 +297,65 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, 
 		return nil, err
 	}
 	if !b.s.KeepSnapshot {
-		if err := os.Remove(file); err != nil {
+		if err := removeFiles(src.file, src.side); err != nil {
 			b.log.Warn("cannot remove the restored snapshot", "err", err)
 		}
 	}
-	b.log.Info("guest restored from snapshot", "file", file, "ms", sinceMs(started))
+	b.log.Info("guest restored from snapshot", "file", src.file, "ram_file", src.ram != nil, "ms", sinceMs(started))
 	return life, nil
 }
 
-// migrateIn loads file into a QEMU started with -incoming defer, within budgets.restore.
-func (b *Backend) migrateIn(ctx context.Context, inst *instance, file string) error {
+// findSnapshot picks what restore loads. In file mode that is the device state if there is one,
+// checked against its RAM file (savedRAM). Otherwise it is a copied snapshot, prefetched into the page
+// cache while QEMU starts; in file mode its RAM is loaded into a fresh RAM file.
+func (b *Backend) findSnapshot() (snapshotSource, error) {
+	if b.ram.file {
+		if _, err := os.Stat(b.devPath()); err == nil {
+			src := snapshotSource{file: b.devPath(), side: b.devPath() + genExt, shared: true}
+			ram, err := b.savedRAM()
+			var re *refusedError
+			if errors.As(err, &re) {
+				err = moveAside(src, err)
+			}
+			src.ram = ram
+			return src, err
+		}
+	}
+	file, other := b.snapFile()
+	if _, err := os.Stat(file); err != nil {
+		if _, oerr := os.Stat(other); oerr != nil {
+			return snapshotSource{}, fmt.Errorf("%w in %s", errNoSnapshot, b.s.SnapshotDir)
+		}
+		file = other
+	}
+	if err := prefetch(file); err != nil {
+		b.log.Debug("snapshot prefetch", "err", err)
+	}
+	src := snapshotSource{file: file}
+	if b.ram.file {
+		ram, err := b.freshRAM()
+		if err != nil {
+			return snapshotSource{}, err
+		}
+		src.ram = ram
+	}
+	return src, nil
+}
+
+// moveAside renames a snapshot that must not be tried again (and its sidecar) to *.bad, and says so in
+// err.
+func moveAside(src snapshotSource, err error) error {
+	if rerr := os.Rename(src.file, src.file+badExt); rerr != nil {
+		return err
+	}
+	if src.side != "" {
+		_ = os.Rename(src.side, src.side+badExt)
+	}
+	return fmt.Errorf("%w (moved aside to %s%s)", err, filepath.Base(src.file), badExt)
+}
+
+// migrateIn loads src into a QEMU started with -incoming defer, within budgets.restore.
+func (b *Backend) migrateIn(ctx context.Context, inst *instance, src snapshotSource) error {
 	budget := b.s.Budgets.Restore.D()
 	rctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
@@ -231,22 +363,31 @@ func (b *Backend) migrateIn(ctx context.Context, inst *instance, file string) er
 		st, m := inst.state()
 		return fmt.Sprintf("snapshot still loading (QMP status %s, migration %s)", or(st, "unknown"), or(m, "not started"))
 	}
-	return overBudget(ctx, rctx, PhaseRestore, budget, last, b.loadSnapshot(rctx, inst, file))
+	return overBudget(ctx, rctx, PhaseRestore, budget, last, b.loadSnapshot(rctx, inst, src))
 }
 
-// loadSnapshot runs the incoming migration of file, until ctx ends.
-func (b *Backend) loadSnapshot(ctx context.Context, inst *instance, file string) error {
-	caps := map[string]any{"capabilities": []map[string]any{{"capability": "events", "state": true}}}
-	if err := inst.mon.run(ctx, nil, "migrate-set-capabilities", caps); err != nil {
+// loadSnapshot runs the incoming migration of src, until ctx ends.
+func (b *Backend) loadSnapshot(ctx context.Context, inst *instance, src snapshotSource) error {
+	caps := []map[string]any{{"capability": "events", "state": true}}
+	if src.shared {
+		caps = append(caps, map[string]any{"capability": "x-ignore-shared", "state": true})
+	}
+	if err := inst.mon.run(ctx, nil, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
 		return err
 	}
-	reader := "cat"
-	if filepath.Ext(file) == ".zst" {
-		reader = "zstd -q -d -c"
-	}
-	uri := fmt.Sprintf("exec:%s %s", reader, shellQuote(file))
-	if err := inst.mon.run(ctx, nil, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
-		return err
+	if src.shared {
+		if err := b.sendDevice(ctx, inst, src.file); err != nil {
+			return err
+		}
+	} else {
+		reader := "cat"
+		if filepath.Ext(src.file) == ".zst" {
+			reader = "zstd -q -d -c"
+		}
+		uri := fmt.Sprintf("exec:%s %s", reader, shellQuote(src.file))
+		if err := inst.mon.run(ctx, nil, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
+			return err
+		}
 	}
 	return inst.waitFor(ctx, func(s, m string) (bool, error) {
 		switch {

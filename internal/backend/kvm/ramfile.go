@@ -1,0 +1,518 @@
+package kvm
+
+// The RAM file of snapshot_ram: file. The guest's memory is a memory-backend-file (share=on) on a file
+// in the route's snapshot dir, so a sleeping guest's memory is page cache the kernel can reclaim, a
+// restore faults pages in as the guest touches them, and the snapshot holds only the device state
+// (QEMU's x-ignore-shared migration capability, set on both sides, leaves shared RAM out of it).
+//
+// A device state is resumed only on the RAM it was saved with. At the save, once QEMU has exited, a
+// random generation goes into a sidecar of the RAM file and into one of the device state (with the
+// device state's size and SHA-256); a restore checks both, the RAM file's size and, after a host
+// restart, that the save had reached the disk, and refuses on any mismatch (*refusedError). The RAM
+// file's sidecar is removed before a QEMU maps the file, so a RAM file that has run since matches no
+// saved device state. While a QEMU maps the RAM file it holds an exclusive flock on it (the backend
+// takes it, QEMU inherits the descriptor), so no second QEMU can share a guest's RAM.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Files of file mode in the snapshot dir, and the RAM file's descriptor in QEMU.
+const (
+	ramBase = "guest.ram" // the guest's RAM
+	devBase = "guest.dev" // the device state: QEMU's migration stream without the RAM
+	genExt  = ".gen"      // the sidecar of the RAM file or of the device state: their generation
+	badExt  = ".bad"      // a snapshot moved aside: it did not load, or was refused
+	ramFD   = 3           // the first of exec.Cmd.ExtraFiles
+)
+
+// errRAMBusy is a RAM file whose lock another process holds: a QEMU maps it.
+var errRAMBusy = errors.New("RAM file in use by another QEMU")
+
+// refusedError is a saved device state that restore will not resume: it does not match its own
+// sidecar, or its RAM file does not match it.
+type refusedError struct{ why string }
+
+func (e *refusedError) Error() string { return "snapshot refused: " + e.why }
+
+// ramSidecar is the RAM file's sidecar (guest.ram.gen), written at a save and removed before a QEMU
+// maps the file again.
+type ramSidecar struct {
+	Generation string `json:"generation"`
+	Bytes      int64  `json:"bytes"`        // the RAM file's size at the save
+	HostBoot   string `json:"host_boot_id"` // the host's boot id at the save
+	Synced     bool   `json:"synced"`       // the RAM file, the device state and its sidecar are on disk
+}
+
+// devSidecar is the device state's sidecar (guest.dev.gen): its commit.
+type devSidecar struct {
+	Generation string `json:"generation"`
+	Bytes      int64  `json:"bytes"`
+	SHA256     string `json:"sha256"`
+	RAMBytes   int64  `json:"ram_bytes"`
+}
+
+// ramPlan is how a snapshot-mode route keeps its guest's RAM, and why. Open decides it once; Check
+// reports it.
+type ramPlan struct {
+	file   bool // the guest's RAM is the route's RAM file, and a snapshot its device state only
+	reason string
+}
+
+func (p ramPlan) mode() string {
+	if p.file {
+		return RAMFile
+	}
+	return RAMCopy
+}
+
+// ramHost is what the host says about giving a route's guest a RAM file. readRAMHost fills it from
+// the running system; tests build their own.
+type ramHost struct {
+	fsType  int64 // statfs f_type of snapshot_dir, or of its nearest existing parent
+	fsErr   error
+	backend error // nil when QEMU's machine takes the memory-backend property
+}
+
+func readRAMHost(ctx context.Context, bin string, s *Settings) ramHost {
+	h := ramHost{backend: machineTakesBackend(ctx, bin, s.Machine)}
+	dir := s.SnapshotDir
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(dir, &st)
+		if err == nil || !errors.Is(err, unix.ENOENT) || dir == filepath.Dir(dir) {
+			h.fsType, h.fsErr = st.Type, err
+			return h
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+// problem says why the host cannot give the guest a RAM file that frees its memory while it sleeps
+// ("" when it can).
+func (h ramHost) problem(dir string) string {
+	switch {
+	case h.backend != nil:
+		return fmt.Sprintf("qemu cannot map the guest's RAM from a file: %v", h.backend)
+	case h.fsErr != nil:
+		return fmt.Sprintf("snapshot_dir: %v", h.fsErr)
+	case h.fsType == unix.TMPFS_MAGIC || h.fsType == unix.RAMFS_MAGIC:
+		return fmt.Sprintf("snapshot_dir %s is in memory (tmpfs or ramfs): a RAM file there is never reclaimed while the guest sleeps", dir)
+	}
+	return ""
+}
+
+// planRAM decides where a snapshot-mode guest's RAM lives. auto takes a RAM file unless the settings
+// (fileRAMRuledOut) or the host (ramHost.problem) rule it out; file is taken as configured (Check
+// reports a host that cannot do it).
+func planRAM(s *Settings, h ramHost) ramPlan {
+	if s.Sleep != SleepSnapshot {
+		return ramPlan{reason: "sleep: " + s.Sleep + " takes no snapshot"}
+	}
+	switch s.SnapshotRAM {
+	case RAMCopy:
+		return ramPlan{reason: "snapshot_ram: copy configured"}
+	case RAMFile:
+		if why := h.problem(s.SnapshotDir); why != "" {
+			return ramPlan{file: true, reason: "snapshot_ram: file configured, but " + why}
+		}
+		return ramPlan{file: true, reason: "snapshot_ram: file configured"}
+	}
+	if why := fileRAMRuledOut(s); why != "" {
+		return ramPlan{reason: "snapshot_ram auto: copy, as " + why}
+	}
+	if why := h.problem(s.SnapshotDir); why != "" {
+		return ramPlan{reason: "snapshot_ram auto: copy, as " + why}
+	}
+	return ramPlan{file: true, reason: fmt.Sprintf("snapshot_ram auto: file, as QEMU maps machine %s's RAM from a file and snapshot_dir is on disk", s.Machine)}
+}
+
+// fileRAMRuledOut says why the route's settings rule out a RAM file ("" when they do not).
+func fileRAMRuledOut(s *Settings) string {
+	switch {
+	case s.SnapshotCompress == "zstd":
+		return "snapshot_compress: zstd compresses a copy of the RAM, and a RAM file is not compressed"
+	case s.KeepSnapshot:
+		return "keep_snapshot: a kept snapshot can be restored again only from its own copy of the RAM"
+	case ramBlockID(s.Machine) == "":
+		return fmt.Sprintf("machine %q: the name of its RAM block is not known to the backing", s.Machine)
+	}
+	for _, a := range s.ExtraArgs {
+		opt := strings.TrimLeft(a, "-")
+		if strings.HasPrefix(a, "-") && (opt == "mem-path" || opt == "mem-prealloc" || opt == "numa") || strings.Contains(a, "memory-backend") {
+			return fmt.Sprintf("extra_args configure the guest's memory themselves (%q)", a)
+		}
+	}
+	return ""
+}
+
+// ramBlockID is the name QEMU gives the machine's RAM block when the machine allocates it itself
+// (MachineClass default_ram_id). The memory backend takes it as its id, so the RAM block is named alike
+// in both modes and a copied snapshot loads into a QEMU whose RAM is the file, and back.
+func ramBlockID(machine string) string {
+	switch {
+	case machine == "microvm":
+		return "microvm.ram"
+	case machine == "isapc" || strings.HasPrefix(machine, "pc") || strings.HasPrefix(machine, "q35"):
+		return "pc.ram"
+	}
+	return ""
+}
+
+// machineTakesBackend runs `qemu -M MACHINE,help`: nil when the machine lists the memory-backend
+// property (QEMU 5.0 and later; x-ignore-shared is older).
+func machineTakesBackend(ctx context.Context, bin, machine string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "-M", machine+",help").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s -M %s,help: %v: %.200s", bin, machine, err, bytes.TrimSpace(out))
+	}
+	if !bytes.Contains(out, []byte("memory-backend=")) {
+		return fmt.Errorf("machine %s has no memory-backend property (QEMU 5.0 or later has it)", machine)
+	}
+	return nil
+}
+
+func (b *Backend) ramPath() string { return filepath.Join(b.s.SnapshotDir, ramBase) }
+func (b *Backend) devPath() string { return filepath.Join(b.s.SnapshotDir, devBase) }
+func (b *Backend) ramBytes() int64 { return int64(b.s.Memory) << 20 }
+
+// freshRAM readies the RAM file for a guest that continues no saved RAM (a cold boot, or the restore
+// of a copied snapshot): it is locked, its sidecar and any device state saved with it are removed, and
+// it is emptied to the guest's size. It returns the file locked, for start.
+func (b *Backend) freshRAM() (*os.File, error) {
+	if err := privateDir(b.s.SnapshotDir); err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	f, err := lockRAM(b.ramPath(), true)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.invalidate(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := resetRAM(f, b.ramBytes()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("RAM file %s: %w", b.ramPath(), err)
+	}
+	return f, nil
+}
+
+// invalidate removes the RAM file's sidecar (durably, when there was one: a host crash must not bring
+// it back for a RAM file that has run since), then the device state and its sidecar.
+func (b *Backend) invalidate() error {
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	b.savedGen = ""
+	err := os.Remove(b.ramPath() + genExt)
+	if err == nil {
+		err = syncPaths(b.s.SnapshotDir)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("invalidate the RAM file: %w", err)
+	}
+	return removeFiles(b.devPath(), b.devPath()+genExt)
+}
+
+// savedRAM checks the device state in guest.dev and that the RAM file belongs to it, and returns the RAM
+// file locked, its sidecar removed: from here on the guest changes its RAM, which then matches no
+// saved device state. A mismatch is a *refusedError; a RAM file another QEMU holds, errRAMBusy.
+func (b *Backend) savedRAM() (*os.File, error) {
+	dev, err := checkDevice(b.devPath())
+	if err != nil {
+		return nil, err
+	}
+	f, err := lockRAM(b.ramPath(), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, &refusedError{"RAM file " + ramBase + " missing"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil {
+		err = b.claimRAM(dev, fi.Size())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// claimRAM matches the RAM file's sidecar with the device state's and removes it, durably when the save
+// had reached the disk (after a host crash an unsynced sidecar is refused anyway).
+func (b *Backend) claimRAM(dev devSidecar, size int64) error {
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	b.savedGen = ""
+	side := b.ramPath() + genExt
+	var rs ramSidecar
+	if err := readSidecar(side, &rs); errors.Is(err, fs.ErrNotExist) {
+		return &refusedError{"the RAM file has no generation: it has run since the save"}
+	} else if err != nil {
+		return &refusedError{fmt.Sprintf("the RAM file's sidecar: %v", err)}
+	}
+	if why := matchRAM(rs, dev, size, b.ramBytes(), hostBootID()); why != "" {
+		return &refusedError{why}
+	}
+	if err := os.Remove(side); err != nil {
+		return fmt.Errorf("claim the RAM file: %w", err)
+	}
+	if rs.Synced {
+		return syncPaths(b.s.SnapshotDir)
+	}
+	return nil
+}
+
+// matchRAM says why a RAM file of size bytes, with sidecar rs, cannot resume the device state whose
+// sidecar is dev in a guest of want bytes on host boot boot ("" when it can).
+func matchRAM(rs ramSidecar, dev devSidecar, size, want int64, boot string) string {
+	switch {
+	case rs.Generation != dev.Generation:
+		return fmt.Sprintf("the RAM file is of generation %.8s, the device state of %.8s", rs.Generation, dev.Generation)
+	case size != want:
+		return fmt.Sprintf("the RAM file is %d bytes, the guest's memory %d", size, want)
+	case size != rs.Bytes || size != dev.RAMBytes:
+		return fmt.Sprintf("the RAM file is %d bytes, it was %d at the save", size, rs.Bytes)
+	case !rs.Synced && (rs.HostBoot == "" || rs.HostBoot != boot):
+		return "the host restarted after the save, before the RAM file had reached the disk"
+	}
+	return ""
+}
+
+// checkDevice checks the device state against its sidecar: its size and SHA-256.
+func checkDevice(file string) (devSidecar, error) {
+	var dev devSidecar
+	if err := readSidecar(file+genExt, &dev); err != nil {
+		return dev, &refusedError{fmt.Sprintf("device state without a valid sidecar (%v)", err)}
+	}
+	sum, n, err := hashFile(file)
+	if err != nil {
+		return dev, &refusedError{fmt.Sprintf("device state unreadable (%v)", err)}
+	}
+	if n != dev.Bytes || sum != dev.SHA256 {
+		return dev, &refusedError{fmt.Sprintf("device state corrupt: %d bytes, sha256 %.12s; saved as %d bytes, sha256 %.12s", n, sum, dev.Bytes, dev.SHA256)}
+	}
+	return dev, nil
+}
+
+// bindSaved binds the device state just saved (dev: its size and hash) to the RAM file, once QEMU
+// has exited (its lock on the RAM file is free, so nothing writes the RAM any more): a new generation
+// goes into the RAM file's sidecar, then into the device state's, which commits the snapshot. Making
+// the save durable is left to syncSaved.
+func (b *Backend) bindSaved(dev devSidecar) error {
+	f, err := lockRAM(b.ramPath(), false)
+	if err != nil {
+		return fmt.Errorf("RAM file after qemu quit: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	rs := ramSidecar{Generation: newGeneration(), Bytes: fi.Size(), HostBoot: hostBootID()}
+	dev.Generation, dev.RAMBytes = rs.Generation, fi.Size()
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	if err := writeSidecar(b.ramPath()+genExt, rs); err != nil {
+		return err
+	}
+	if err := writeSidecar(b.devPath()+genExt, dev); err != nil {
+		return err
+	}
+	b.savedGen = rs.Generation
+	b.wg.Add(1)
+	go b.syncSaved(rs)
+	return nil
+}
+
+// syncSaved makes the save of generation rs durable: the RAM file's dirty pages, the device state and
+// its sidecar reach the disk, then the RAM file's sidecar is rewritten with synced set, which lets a
+// restore after a host restart trust the RAM file. A wake or boot that begins meanwhile clears
+// savedGen, and then nothing is rewritten. Close joins it.
+func (b *Backend) syncSaved(rs ramSidecar) {
+	defer b.wg.Done()
+	started := time.Now()
+	if err := syncPaths(b.ramPath(), b.devPath(), b.devPath()+genExt, b.s.SnapshotDir); err != nil {
+		b.log.Warn("snapshot not made durable: after a host restart the guest will cold-boot", "err", err)
+		return
+	}
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	if b.savedGen != rs.Generation {
+		return
+	}
+	rs.Synced = true
+	side := b.ramPath() + genExt
+	err := writeSidecar(side, rs)
+	if err == nil {
+		err = syncPaths(side, b.s.SnapshotDir)
+	}
+	if err != nil {
+		b.log.Warn("snapshot not marked durable: after a host restart the guest will cold-boot", "err", err)
+		return
+	}
+	b.log.Debug("snapshot durable", "ms", sinceMs(started))
+}
+
+// dropRAM removes the RAM file and its sidecar unless a QEMU holds it: after a guest's QEMU has quit
+// without a snapshot, or its RAM went into a copy, the file holds nothing of use.
+func (b *Backend) dropRAM() {
+	f, err := lockRAM(b.ramPath(), false)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	b.savedGen = ""
+	_ = removeFiles(b.ramPath()+genExt, b.ramPath())
+}
+
+// removeSnapshots removes every saved snapshot of the route (both modes, temp files and sidecars
+// included, not those moved aside) and the RAM file's sidecar: a live guest supersedes them.
+func (b *Backend) removeSnapshots() error {
+	file, other := b.snapFile()
+	b.gen.Lock()
+	defer b.gen.Unlock()
+	b.savedGen = ""
+	return removeFiles(b.ramPath()+genExt, b.devPath()+genExt, b.devPath(), b.devPath()+".tmp", file, file+".tmp", other, other+".tmp")
+}
+
+// lockRAM opens the RAM file (creating it with create) and takes its exclusive flock without waiting.
+// The lock belongs to the open file: QEMU inherits the descriptor, and holds the lock until it exits.
+func lockRAM(path string, create bool) (*os.File, error) {
+	flag := os.O_RDWR
+	if create {
+		flag |= os.O_CREATE
+	}
+	f, err := os.OpenFile(path, flag, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s", errRAMBusy, path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// resetRAM empties f and gives it size bytes of zeros, allocated on disk where the filesystem can: a
+// guest that touches a page of a sparse file on a full disk kills QEMU (SIGBUS).
+func resetRAM(f *os.File, size int64) error {
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return f.Truncate(size)
+	}
+	return err
+}
+
+// holdsFile reports whether process pid has file open.
+func holdsFile(pid int, file string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == file {
+			return true
+		}
+	}
+	return false
+}
+
+// prefetch asks the kernel to read file into the page cache in the background (posix_fadvise
+// WILLNEED), so a copied snapshot gone cold on disk is read while QEMU starts.
+func prefetch(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_WILLNEED)
+}
+
+func hashFile(file string) (sum string, n int64, err error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err = io.Copy(h, f)
+	return hex.EncodeToString(h.Sum(nil)), n, err
+}
+
+// writeSidecar writes v as JSON through a temp file and a rename: a reader finds the old sidecar or
+// the new one, never a part.
+func writeSidecar(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".tmp", append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write sidecar: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("write sidecar: %w", err)
+	}
+	return nil
+}
+
+func readSidecar(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// removeFiles removes files, those already gone included; it returns the first other failure.
+func removeFiles(files ...string) error {
+	var first error
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// hostBootID is the kernel's boot id, new at every host boot ("" when unreadable).
+func hostBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func newGeneration() string {
+	return rand.Text()
+}

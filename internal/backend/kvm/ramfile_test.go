@@ -1,0 +1,267 @@
+package kvm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/tenant"
+)
+
+// TestSnapshotRefused: a saved device state is resumed only on the RAM file it was saved with. Each
+// case damages a file-mode snapshot while the guest sleeps; the wake must refuse it before QEMU loads
+// anything (or, for a device state QEMU cannot load, when the load fails), say why in the wake record,
+// move the device state aside and cold-boot on a recreated RAM file, which the next sleep and wake
+// then use as usual.
+func TestSnapshotRefused(t *testing.T) {
+	g := needGuest(t)
+	boot := []string{PhaseQEMUStart, PhaseQMP, PhaseRunning}
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, b *Backend)
+		note   string   // in the wake record
+		phases []string // of the wake that refuses
+	}{
+		{"RAM file of another generation", func(t *testing.T, b *Backend) {
+			var rs ramSidecar
+			must(t, readSidecar(b.ramPath()+genExt, &rs))
+			rs.Generation = newGeneration()
+			must(t, writeSidecar(b.ramPath()+genExt, rs))
+		}, "snapshot refused: the RAM file is of generation", boot},
+		{"RAM file truncated", func(t *testing.T, b *Backend) {
+			must(t, os.Truncate(b.ramPath(), b.ramBytes()/2))
+		}, "snapshot refused: the RAM file is 67108864 bytes, the guest's memory 134217728", boot},
+		{"RAM file without generation (it ran since)", func(t *testing.T, b *Backend) {
+			must(t, os.Remove(b.ramPath()+genExt))
+		}, "snapshot refused: the RAM file has no generation", boot},
+		{"device state corrupt", func(t *testing.T, b *Backend) {
+			d, err := os.ReadFile(b.devPath())
+			must(t, err)
+			d[len(d)/2] ^= 0xff
+			must(t, os.WriteFile(b.devPath(), d, 0o600))
+		}, "snapshot refused: device state corrupt", boot},
+		{"device state QEMU cannot load", func(t *testing.T, b *Backend) {
+			// Consistent with its sidecar, so only QEMU can tell.
+			junk := []byte("QEVM but not really a migration stream")
+			must(t, os.WriteFile(b.devPath(), junk, 0o600))
+			sum, n, err := hashFile(b.devPath())
+			must(t, err)
+			var dev devSidecar
+			must(t, readSidecar(b.devPath()+genExt, &dev))
+			dev.Bytes, dev.SHA256 = n, sum
+			must(t, writeSidecar(b.devPath()+genExt, dev))
+		}, "snapshot restore failed", []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { checkRefused(t, g, c.damage, c.note, c.phases) })
+	}
+}
+
+// checkRefused sleeps a file-mode guest, damages its snapshot, and checks that the wake refuses it
+// (with note in the wake record, through phases), cold-boots on a recreated RAM file, and that the next
+// sleep and wake restore as usual.
+func checkRefused(t *testing.T, g guest, damage func(*testing.T, *Backend), note string, wantPhases []string) {
+	r := route(t, g, SleepSnapshot, "")
+	b := open(t, r)
+	wake(t, b, r.Upstream, tenant.Discard)
+	boot1 := get(t, r.Upstream, "/boot_id")
+	sleepB(t, b)
+	checkFileSnapshot(t, b)
+	damage(t, b)
+
+	rec := &recorder{}
+	wake(t, b, r.Upstream, rec)
+	phases, notes := rec.get()
+	if !containsSub(notes, note) || !containsSub(notes, "cold boot instead") {
+		t.Errorf("notes %q, want one mentioning %q and the cold boot", notes, note)
+	}
+	if !slices.Equal(phases, wantPhases) {
+		t.Errorf("phases %q, want %q", phases, wantPhases)
+	}
+	boot2 := get(t, r.Upstream, "/boot_id")
+	if boot2 == boot1 {
+		t.Fatal("the damaged snapshot was resumed (same boot id)")
+	}
+	if _, err := os.Stat(b.devPath() + badExt); err != nil {
+		t.Errorf("refused device state not moved aside: %v", err)
+	}
+	if fi, err := os.Stat(b.ramPath()); err != nil || fi.Size() != b.ramBytes() {
+		t.Errorf("RAM file after the cold boot: %v (%v), want %d bytes", fi, err, b.ramBytes())
+	}
+	checkRAMInUse(t, b)
+
+	sleepB(t, b)
+	checkFileSnapshot(t, b)
+	rec = &recorder{}
+	wake(t, b, r.Upstream, rec)
+	if phases, notes := rec.get(); !slices.Contains(phases, PhaseRestore) || len(notes) > 0 {
+		t.Errorf("the wake after the cold boot: phases %q, notes %q; want a plain restore", phases, notes)
+	}
+	if boot3 := get(t, r.Upstream, "/boot_id"); boot3 != boot2 {
+		t.Errorf("boot id %s after the restore, want %s (the cold-booted guest's)", boot3, boot2)
+	}
+}
+
+// TestRAMFileExclusive: while a guest runs, no other QEMU may map its RAM file. A second backend with
+// the same snapshot_dir (a configuration mistake) fails its wake without launching QEMU, and the first
+// guest keeps running untouched.
+func TestRAMFileExclusive(t *testing.T) {
+	g := needGuest(t)
+	r1 := route(t, g, SleepSnapshot, "")
+	b1 := open(t, r1)
+	wake(t, b1, r1.Upstream, tenant.Discard)
+	boot1 := get(t, r1.Upstream, "/boot_id")
+
+	r2 := route(t, g, SleepSnapshot, "")
+	s2 := *r2.Settings.(*Settings)
+	s2.SnapshotDir = b1.s.SnapshotDir
+	r2.Settings = &s2
+	b2 := open(t, r2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := b2.Wake(ctx, tenant.Discard)
+	if !errors.Is(err, errRAMBusy) {
+		t.Fatalf("Wake of a second guest on the same RAM file: %v, want %v", err, errRAMBusy)
+	}
+	if pid := qemuPid(b2.p); pid != 0 {
+		t.Fatalf("qemu %d launched on a RAM file in use", pid)
+	}
+	if boot := get(t, r1.Upstream, "/boot_id"); boot != boot1 {
+		t.Fatalf("first guest's boot id changed: %s -> %s", boot1, boot)
+	}
+	checkRAMInUse(t, b1)
+}
+
+// TestSnapshotOutlivesTheActivator: a file-mode snapshot is made durable off the sleep's path (Close
+// waits for it), after which its RAM file's sidecar says so, and a new backend on the same dirs (a
+// restarted activator) restores the guest.
+func TestSnapshotOutlivesTheActivator(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepSnapshot, "")
+	b1 := open(t, r)
+	wake(t, b1, r.Upstream, tenant.Discard)
+	boot1 := get(t, r.Upstream, "/boot_id")
+	sleepB(t, b1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b1.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	var rs ramSidecar
+	if err := readSidecar(b1.ramPath()+genExt, &rs); err != nil || !rs.Synced {
+		t.Fatalf("RAM file sidecar after Close: %+v (%v), want synced", rs, err)
+	}
+
+	b2 := open(t, r)
+	if _, awake, err := b2.Adopt(ctx); awake || err != nil {
+		t.Fatalf("Adopt with the guest asleep: awake %v, %v", awake, err)
+	}
+	rec := &recorder{}
+	wake(t, b2, r.Upstream, rec)
+	if phases, notes := rec.get(); !slices.Contains(phases, PhaseRestore) || len(notes) > 0 {
+		t.Errorf("wake by the new backend: phases %q, notes %q; want a restore", phases, notes)
+	}
+	if boot2 := get(t, r.Upstream, "/boot_id"); boot2 != boot1 {
+		t.Errorf("boot id %s after the restore, want %s", boot2, boot1)
+	}
+}
+
+func TestMatchRAM(t *testing.T) {
+	const mib128 = 128 << 20
+	dev := devSidecar{Generation: "g1", RAMBytes: mib128}
+	saved := ramSidecar{Generation: "g1", Bytes: mib128, HostBoot: "boot-a"}
+	synced := saved
+	synced.Synced = true
+	cases := []struct {
+		name      string
+		rs        ramSidecar
+		size      int64
+		boot, has string // has: in the refusal, "" for none
+	}{
+		{"match", saved, mib128, "boot-a", ""},
+		{"other generation", ramSidecar{Generation: "g2", Bytes: mib128, HostBoot: "boot-a"}, mib128, "boot-a", "generation g2"},
+		{"truncated", saved, mib128 / 2, "boot-a", "the guest's memory"},
+		{"memory setting changed", ramSidecar{Generation: "g1", Bytes: 64 << 20, HostBoot: "boot-a"}, 64 << 20, "boot-a", "the guest's memory"},
+		{"host restarted before the sync", saved, mib128, "boot-b", "host restarted"},
+		{"host restarted after the sync", synced, mib128, "boot-b", ""},
+		{"boot id unknown", ramSidecar{Generation: "g1", Bytes: mib128}, mib128, "", "host restarted"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := matchRAM(c.rs, dev, c.size, mib128, c.boot)
+			if (got == "") != (c.has == "") || !strings.Contains(got, c.has) {
+				t.Errorf("matchRAM = %q, want %q", got, c.has)
+			}
+		})
+	}
+}
+
+func TestPlanRAM(t *testing.T) {
+	kernel, _, _ := fakeFiles(t)
+	ok := ramHost{fsType: 0xef53} // ext4
+	cases := []struct {
+		name  string
+		doc   string
+		host  ramHost
+		file  bool
+		cause string // in the reason
+	}{
+		{"auto on disk", "sleep: snapshot", ok, true, "auto: file"},
+		{"pause", "sleep: pause", ok, false, "takes no snapshot"},
+		{"copy configured", "sleep: snapshot\nsnapshot_ram: copy", ok, false, "copy configured"},
+		{"zstd", "sleep: snapshot\nsnapshot_compress: zstd", ok, false, "snapshot_compress: zstd"},
+		{"keep_snapshot", "sleep: snapshot\nkeep_snapshot: true", ok, false, "keep_snapshot"},
+		{"extra_args memory", "sleep: snapshot\nextra_args: [-mem-path, /dev/hugepages]", ok, false, "extra_args"},
+		{"tmpfs", "sleep: snapshot", ramHost{fsType: 0x01021994}, false, "tmpfs"},
+		{"old qemu", "sleep: snapshot", ramHost{backend: errors.New("no memory-backend property")}, false, "memory-backend"},
+		{"file on tmpfs", "sleep: snapshot\nsnapshot_ram: file", ramHost{fsType: 0x01021994}, true, "configured, but snapshot_dir"},
+		{"q35", "sleep: snapshot\nmachine: q35", ok, true, "machine q35"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := decode(t, "127.0.0.1:8081", "kernel: "+kernel+"\n"+c.doc+"\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := planRAM(s, c.host)
+			if p.file != c.file || !strings.Contains(p.reason, c.cause) {
+				t.Errorf("planRAM = %+v, want file %v with a reason mentioning %q", p, c.file, c.cause)
+			}
+		})
+	}
+}
+
+// A snapshot_ram: file that the host cannot give (here a QEMU without memory-backend) fails Check; in
+// auto, Open takes the copy and says why.
+func TestCheckRAMFile(t *testing.T) {
+	dir := shortDir(t)
+	fake := filepath.Join(dir, "old-qemu")
+	must(t, os.WriteFile(fake, []byte("#!/bin/sh\necho 'microvm-x86_64-machine options:'\n"), 0o755))
+	r := cheapRoute(t, dir, "qemu: "+fake+"\nsleep: snapshot\nsnapshot_ram: file\n")
+	err := New(Options{}).Check(context.Background(), r)
+	wantClass(t, err, tenant.ClassTerminal)
+	if !strings.Contains(err.Error(), "snapshot_ram file: qemu cannot map the guest's RAM from a file") {
+		t.Errorf("Check = %v, want it to say QEMU cannot give a RAM file", err)
+	}
+
+	r = cheapRoute(t, dir, "qemu: "+fake+"\nsleep: snapshot\n")
+	if err := New(Options{}).Check(context.Background(), r); err != nil {
+		t.Errorf("Check with snapshot_ram auto = %v, want nil (auto takes the copy)", err)
+	}
+	b := open(t, r)
+	if b.ram.file || !strings.Contains(b.ram.reason, "memory-backend property") {
+		t.Errorf("plan with an old QEMU: %+v, want copy, saying why", b.ram)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
