@@ -581,3 +581,22 @@ func stopServed(t *testing.T, s *served) {
 	s.sigterm()
 	s.wait()
 }
+
+// TestCheckNamesSnapshotMode: `activator check` says which snapshot mode a kvm route gets on this
+// host, and why (tenant.Noter).
+func TestCheckNamesSnapshotMode(t *testing.T) {
+	g := needTestGuest(t)
+	dir := t.TempDir()
+	guest := strings.Replace(guestYAML(t, g, dir, ""), "sleep: poweroff", "sleep: snapshot", 1)
+	guest = strings.Replace(guest, "    requires: [node]\n", "", 1)
+	cfg := fmt.Sprintf("listen: 127.0.0.1:%d\nadmin: 127.0.0.1:%d\nroutes:\n  - name: app\n    hosts: [app.localhost]\n    backing: exec\n    upstream: 127.0.0.1:%d\n    requires: [guest]\n    exec: {argv: [/bin/true]}\ninstances:\n%s",
+		testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t), guest)
+	path := filepath.Join(dir, "activator.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runMain(t, "check", "--config", path)
+	if code != 0 || !strings.Contains(out, `note: instance "guest": snapshot RAM: file (`) {
+		t.Fatalf("check exited %d:\n%s", code, out)
+	}
+}

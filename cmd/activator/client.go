@@ -20,6 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -77,6 +78,9 @@ func cmdCheck(args []string) int {
 	for _, w := range tlsWarns {
 		fmt.Fprintf(os.Stderr, "%s: warning: %s\n", *cfgPath, w)
 	}
+	for _, n := range tenantNotes(ctx, bk.provider, cfg) { // what a setting resolves to here
+		fmt.Fprintf(os.Stderr, "%s: note: %s\n", *cfgPath, n)
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(os.Stderr, "%s: %d problem%s found on this host:\n", *cfgPath, len(problems), plural(len(problems)))
 		for _, p := range problems {
@@ -90,6 +94,27 @@ func cmdCheck(args []string) int {
 		fmt.Printf("%s: ok, %d route%s\n", *cfgPath, len(cfg.Routes), plural(len(cfg.Routes)))
 	}
 	return 0
+}
+
+// tenantNotes are the backings' notes on each route and instance (tenant.Noter), each prefixed with
+// its name and bounded like a host check.
+func tenantNotes(ctx context.Context, p *split.Provider, cfg *registry.Config) []string {
+	var out []string
+	for _, r := range tenants(cfg) {
+		cctx, cancel := context.WithTimeout(ctx, checkBound)
+		for _, n := range p.Notes(cctx, r) {
+			out = append(out, fmt.Sprintf("%s %q: %s", kindOf(r), r.Name, n))
+		}
+		cancel()
+	}
+	return out
+}
+
+func kindOf(r *registry.Route) string {
+	if r.Instance {
+		return "instance"
+	}
+	return "route"
 }
 
 // adminClient is how the CLI reaches the admin API: the address (host:port or unix:/path) and the

@@ -78,6 +78,13 @@ type Checker interface {
 	Check(ctx context.Context, r *registry.Route) error
 }
 
+// Noter is an optional Opener ability: what `activator check` reports about a route besides its
+// problems, such as the mode a setting resolves to on this host ("snapshot RAM: file"). Like Check it
+// must not wake anything.
+type Noter interface {
+	Notes(ctx context.Context, r *registry.Route) []string
+}
+
 // SharedCloser is an optional Opener ability, for openers that hold resources their routes' Backends
 // share (the unit backing's D-Bus connections). Close is called once, when the activator shuts down,
 // after every route's Backend has been closed.

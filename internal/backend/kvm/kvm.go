@@ -132,6 +132,23 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	return tenant.Terminal(errors.Join(errs...))
 }
 
+// Notes says which snapshot mode a snapshot route gets on this host, and why (tenant.Noter): the RAM
+// file, or a copy of the RAM into the snapshot.
+func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
+	s, ok := r.Settings.(*Settings)
+	if !ok || s == nil || s.Sleep != SleepSnapshot {
+		return nil
+	}
+	bin, err := exec.LookPath(s.QEMU)
+	if err != nil {
+		return nil // Check reports it
+	}
+	plan := planRAM(s, readRAMHost(ctx, bin, s))
+	return []string{fmt.Sprintf("snapshot RAM: %s (%s)", plan.mode(), plan.reason)}
+}
+
+var _ tenant.Noter = (*Provider)(nil)
+
 // Backend is one route's guest. The activator serialises Wake, Sleep, Adopt and Close; the backend
 // serialises them too (op), and its instance's goroutines report QEMU's end through instanceGone.
 type Backend struct {

@@ -26,6 +26,7 @@ var (
 	_ tenant.Opener       = (*Provider)(nil)
 	_ tenant.Checker      = (*Provider)(nil)
 	_ tenant.SharedCloser = (*Provider)(nil)
+	_ tenant.Noter        = (*Provider)(nil)
 )
 
 // New returns a Provider over the given openers, keyed by backing name.
@@ -59,6 +60,14 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Notes returns what r's backing has to say about it on this host (tenant.Noter), if anything.
+func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
+	if n, ok := p.openers[r.Backing].(tenant.Noter); ok {
+		return n.Notes(ctx, r)
+	}
+	return nil
 }
 
 // checkUpstream reports a unix upstream whose path is a directory: no tenant can listen there. A path
