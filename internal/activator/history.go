@@ -41,12 +41,13 @@ type SleepRecord struct {
 
 // history is a route's ring of events. An instance writes to it as its wakes and sleeps end; a changed
 // route's new instance shares its predecessor's (see Server.Apply), so the old instance's last sleep
-// lands in the same ring and nothing is lost across a reload.
+// lands in the same ring and nothing is lost across a reload. The ring is made by the first event:
+// most routes of a large config never wake, and it is most of an idle route's memory.
 type history struct {
-	mu   sync.Mutex // guards the fields below
-	ring [HistorySize]historyEntry
-	next int // where the next event goes
-	n    int // events held, up to HistorySize
+	mu   sync.Mutex                 // guards the fields below
+	ring *[HistorySize]historyEntry // nil until the first event
+	next int                        // where the next event goes
+	n    int                        // events held, up to HistorySize
 }
 
 type historyEntry struct {
@@ -60,6 +61,9 @@ func newHistory() *history { return &history{} }
 func (h *history) add(ev Event, att *attempt) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.ring == nil {
+		h.ring = new([HistorySize]historyEntry)
+	}
 	h.ring[h.next] = historyEntry{ev: ev, att: att}
 	h.next = (h.next + 1) % HistorySize
 	h.n = min(h.n+1, HistorySize)
@@ -69,6 +73,9 @@ func (h *history) add(ev Event, att *attempt) {
 func (h *history) amend(id string, rows []MemberRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.ring == nil {
+		return
+	}
 	for i := range h.ring {
 		e := &h.ring[i]
 		if e.ev.Wake != nil && e.ev.Wake.ID == id {

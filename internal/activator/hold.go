@@ -25,14 +25,13 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 // costs no atomic beyond the instance's lock. c nil counts nothing.
 func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge) (release func(), err error) {
 	var (
-		timer     *time.Timer // the hold limit; nil until the request is first held
+		limit     context.Context // ends at the hold limit or the server's end (holdLimitLocked); nil until first held
 		heldSince time.Time
 	)
 	// One function-level defer (open-coded, nothing on the heap), not two defers inside the loop, which
-	// the compiler must allocate: a held request's own cost counts 10,000 times in a herd.
+	// the compiler must allocate: a held request's own cost counts 100,000 times in a herd.
 	defer func() {
-		if timer != nil {
-			timer.Stop()
+		if limit != nil {
 			d := in.now().Sub(heldSince)
 			in.series.holdEnd(d)
 			if c != nil {
@@ -43,8 +42,8 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 	}()
 	for {
 		in.mu.Lock()
-		if timer != nil {
-			in.held-- // counted as held by the previous turn, which started the timer
+		if limit != nil {
+			in.held-- // counted as held by the previous turn
 		}
 		if in.state == Awake && !in.closed {
 			in.inflight++
@@ -55,25 +54,28 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 			in.mu.Unlock()
 			return in.releaseFn, nil
 		}
-		if c != nil && timer == nil {
+		if c != nil && limit == nil {
 			if err := c.take(); err != nil {
 				in.mu.Unlock()
 				return nil, err
 			}
 		}
-		wait, att, err := in.holdLocked(trig, timer == nil)
+		wait, att, err := in.holdLocked(trig, limit == nil)
+		first := err == nil && limit == nil
+		if first {
+			limit = in.holdLimitLocked()
+		}
 		in.mu.Unlock()
 		if err != nil {
 			c.give()
 			return nil, err
 		}
 		c.noteWake(att) // for its Server-Timing (servertiming.go)
-		if timer == nil {
+		if first {
 			heldSince = in.now()
 			in.series.holdBegin()
-			timer = time.NewTimer(in.route.Hold.MaxTime)
 		}
-		if release, again, err := in.awaitHeld(ctx, wait, att, timer); !again {
+		if release, again, err := in.awaitHeld(ctx, wait, att, limit); !again {
 			return release, err
 		}
 	}
@@ -81,10 +83,12 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 
 // awaitHeld waits out one turn of a held request: for the wake it joined (att) or the stop in
 // progress (att nil, wait is the stop's channel). It reports again when the request must take
-// another turn (the stop ended, or the wake ended without handing the request over).
-func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *attempt, timer *time.Timer) (release func(), again bool, err error) {
+// another turn (the stop ended, or the wake ended without handing the request over). limit ends at
+// the request's hold limit, or when Server.Shutdown ends the root context: then every request still
+// held is answered.
+func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *attempt, limit context.Context) (release func(), again bool, err error) {
 	// Once the activator drains, a request held behind a stop is answered at once (no wake follows
-	// that stop); when Server.Shutdown ends the root context, every request still held is.
+	// that stop).
 	var drain <-chan struct{}
 	if att == nil {
 		drain = in.drain
@@ -94,14 +98,14 @@ func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *at
 	case <-ctx.Done():
 		in.leave(att)
 		return nil, false, ctx.Err()
-	case <-timer.C:
+	case <-limit.Done():
 		in.leave(att)
+		if in.root.Err() != nil {
+			return nil, false, ErrClosed
+		}
 		return nil, false, ErrHoldTimeout
 	case <-drain:
 		in.leave(nil)
-		return nil, false, ErrClosed
-	case <-in.root.Done():
-		in.leave(att)
 		return nil, false, ErrClosed
 	}
 	if att != nil {
@@ -115,6 +119,33 @@ func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *at
 		}
 	}
 	return nil, true, nil
+}
+
+// holdSlots is how many hold limits a route's hold.max_time is cut into: see holdLimitLocked.
+const holdSlots = 64
+
+// holdLimitLocked returns what a request held from now on waits on for its hold limit: a context that
+// ends once it has been held for hold.max_time, or with the server's root context. Requests first held
+// within one slot of time (hold.max_time ÷ holdSlots) share one, which ends a slot after the first of
+// them reaches max_time, so a held request costs neither a timer of its own nor a fourth channel to
+// wait on, and is held for max_time and at most a 64th more. A slot's context is never canceled
+// early: it ends by itself, and only the route's held requests wait on it.
+func (in *instance) holdLimitLocked() context.Context {
+	now := time.Now() // the runtime's clock, which the context's timer runs on (in.now may be a test's)
+	if s := in.holdSlot; s != nil && now.Before(s.end) {
+		return s.ctx
+	}
+	width := in.route.Hold.MaxTime / holdSlots
+	ctx, cancel := context.WithTimeout(in.root, in.route.Hold.MaxTime+width)
+	in.holdSlot = &holdSlot{ctx: ctx, cancel: cancel, end: now.Add(width)}
+	return ctx
+}
+
+// holdSlot is the hold limit shared by the requests first held before end (holdLimitLocked).
+type holdSlot struct {
+	ctx    context.Context
+	cancel context.CancelFunc // kept to satisfy the context's contract; the deadline cancels it
+	end    time.Time
 }
 
 // holdLocked counts a request that found the instance not awake as held, and returns what it waits on:

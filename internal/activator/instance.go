@@ -124,6 +124,7 @@ type instance struct {
 	unseen   int           // ignored requests being proxied: a sleep waits for them, the idle clock does not (filter.go)
 	idleDue  uint64        // the idle timer of this generation found only ignored requests in flight (filter.go)
 	held     int           // requests waiting for a wake
+	holdSlot *holdSlot     // the hold limit requests held now share (holdLimitLocked); nil until the first
 	idle     *time.Timer   // armed while Awake with no in-flight requests
 	idleGen  uint64        // the idle timer that may fire; older timers are ignored
 	fails    int           // consecutive failed wakes

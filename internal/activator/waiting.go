@@ -24,9 +24,30 @@ const maxEventStreams = 4096
 // routePage is a route's waiting page and what it needs. A changed route's new instance shares its
 // predecessor's (Apply), so the expected wake time survives a reload.
 type routePage struct {
-	page    atomic.Pointer[waitpage.Page] // nil: waiting_page off; set by every Apply
-	times   waitpage.History              // the route's successful wakes, for the page's expected time
-	streams atomic.Int64                  // event streams open on the route
+	page atomic.Pointer[waitpage.Page] // nil: waiting_page off; set by every Apply
+	// times is the route's successful wakes, for the page's expected time: made by the first, since
+	// most routes of a large config never wake.
+	times   atomic.Pointer[waitpage.History]
+	streams atomic.Int64 // event streams open on the route
+}
+
+// expected is the wake time the route's waiting page promises (waitpage.History.Expected): 0 before
+// its first successful wake.
+func (p *routePage) expected() time.Duration {
+	if h := p.times.Load(); h != nil {
+		return h.Expected()
+	}
+	return 0
+}
+
+// addWake adds a successful wake's duration to the route's history.
+func (p *routePage) addWake(d time.Duration) {
+	h := p.times.Load()
+	if h == nil {
+		p.times.CompareAndSwap(nil, &waitpage.History{}) // the instances sharing p may race here
+		h = p.times.Load()
+	}
+	h.Add(d)
 }
 
 // waitingPagesLocked builds the waiting page of every route in cfg: nil for a route with waiting_page
@@ -64,7 +85,7 @@ func (s *Server) waitingPagesLocked(cfg *registry.Config) (map[string]*waitpage.
 // route's recent wakes.
 func (in *instance) followLocked(att *attempt) {
 	t := att.rec // not shared yet: the wake goroutine has not started
-	t.progress = waitpage.NewProgress(t.rec.ID, t.rec.Started, in.pages.times.Expected())
+	t.progress = waitpage.NewProgress(t.rec.ID, t.rec.Started, in.pages.expected())
 }
 
 // endProgressLocked tells the pages following att how it ended: failed, with the short client message
@@ -77,7 +98,7 @@ func (in *instance) endProgressLocked(att *attempt, out wakeOutcome) {
 		return
 	}
 	if out.rec.Result == ResultOK {
-		in.pages.times.Add(out.rec.Duration)
+		in.pages.addWake(out.rec.Duration)
 	}
 	att.rec.progress.Ready()
 }
