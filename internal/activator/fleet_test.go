@@ -175,6 +175,7 @@ func TestFleetBelowQuorumStops(t *testing.T) {
 		if err := s.Wake(t.Context(), "pool"); err != nil {
 			t.Fatal(err)
 		}
+		synctest.Wait() // the wake returned at the quorum: the third member joins now
 		in := s.instance("pool")
 		kill := func(n string) {
 			fb := members[n]
@@ -205,6 +206,7 @@ func TestFleetBelowQuorumStops(t *testing.T) {
 		if err := s.Wake(t.Context(), "pool"); err != nil {
 			t.Fatal(err)
 		}
+		synctest.Wait() // as above: the member not needed for the quorum may still be waking
 		if n := members["a"].wakes.Load(); n != 2 {
 			t.Fatalf("a woken %d times, want 2", n)
 		}
