@@ -64,6 +64,7 @@ func findGuest() (testGuest, error) {
 // guestRoute is one kvm route of the experiment: the same guest, one sleep mode.
 type guestRoute struct {
 	name, sleep string
+	ram         string // snapshot_ram ("": the default, auto)
 	port        int    // upstream: QEMU forwards it to the guest's port 80
 	dir         string // holds the route's runtime and snapshot dirs
 }
@@ -72,8 +73,12 @@ func (r guestRoute) host() string    { return r.name + ".localhost" }
 func (r guestRoute) runDir() string  { return filepath.Join(r.dir, "run") }
 func (r guestRoute) snapDir() string { return filepath.Join(r.dir, "snap") }
 
-// snapFile is the uncompressed snapshot file of the route (snapshot_compress: none).
+// snapFile is the copied snapshot of the route (snapshot_ram: copy, snapshot_compress: none).
 func (r guestRoute) snapFile() string { return filepath.Join(r.snapDir(), "guest.snap") }
+
+// devFile and ramFile are the device state and the RAM file of snapshot_ram: file (docs/kvm.md).
+func (r guestRoute) devFile() string { return filepath.Join(r.snapDir(), "guest.dev") }
+func (r guestRoute) ramFile() string { return filepath.Join(r.snapDir(), "guest.ram") }
 
 // renderGuestConfig renders kvm routes for the guest. The health probe times out after 250 ms: QEMU's
 // user network accepts connections on the forwarded port before the guest listens (and while it is
@@ -101,6 +106,9 @@ func renderGuestConfig(edge, admin int, g testGuest, routes []guestRoute) string
       snapshot_dir: %s
 `, r.name, r.host(), r.port, strconv.Quote(g.kernel), strconv.Quote(g.initrd), strconv.Quote(g.append), r.sleep,
 			strconv.Quote(r.runDir()), strconv.Quote(r.snapDir()))
+		if r.ram != "" {
+			fmt.Fprintf(&b, "      snapshot_ram: %s\n", r.ram)
+		}
 	}
 	return b.String()
 }
@@ -112,6 +120,7 @@ type guestMode struct {
 	route guestRoute
 	prep  func() error
 	check func(sameBoot bool, w *wakeRecord) error
+	after func() error // after the sample (untimed)
 
 	fb, wake, sleep []float64 // per round; NaN for a failed sample, so rounds stay aligned
 	phases          phaseLog
@@ -119,9 +128,18 @@ type guestMode struct {
 	firstErr        string
 }
 
-// runKVM wakes one QEMU guest, in alternating rounds, from a cold boot (a snapshot-mode route whose
-// snapshot file was removed), from its RAM snapshot, and from a pause (a pause-mode route), and reports
-// the warm wakes against the cold boot.
+// guestFigures are the per-round quantities besides times: snapshot sizes and the page cache a
+// sleeping guest's RAM file holds (guestmem.go).
+type guestFigures struct {
+	devKiB, copyMiB       []float64
+	cachedMiB, droppedMiB []float64
+	syncMs                []float64
+}
+
+// runKVM wakes one QEMU guest, in alternating rounds: a route with snapshot_ram auto (which takes the
+// RAM file here) from a cold boot (its snapshot removed) and from its snapshot, a route with
+// snapshot_ram: copy likewise, a pause-mode route, and the first route's snapshot again after the page
+// cache was dropped; it reports the warm wakes against the cold boot on anonymous RAM.
 func runKVM(ctx context.Context, e *env, dir string) error {
 	if ok, why := backingWired(ctx, e, dir, "kvm", "    kvm: {}\n"); !ok {
 		e.report.skip("guest wake (kvm)", "%s", why)
@@ -137,13 +155,14 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 		e.report.skip("guest wake (kvm)", "no test guest in %s (%v): build it with scripts/build-test-guest.sh (Debian packages qemu-system-x86 busybox-static cpio lz4 zstd), or point ACTIVATOR_GUEST_DIR at one", g.dir, err)
 		return nil
 	}
-	ports, err := freePorts(4)
+	ports, err := freePorts(5)
 	if err != nil {
 		return err
 	}
 	snap := guestRoute{name: "guest-snap", sleep: "snapshot", port: ports[2], dir: filepath.Join(dir, "kvm-snap")}
-	pause := guestRoute{name: "guest-pause", sleep: "pause", port: ports[3], dir: filepath.Join(dir, "kvm-pause")}
-	routes := []guestRoute{snap, pause}
+	cp := guestRoute{name: "guest-copy", sleep: "snapshot", ram: "copy", port: ports[3], dir: filepath.Join(dir, "kvm-copy")}
+	pause := guestRoute{name: "guest-pause", sleep: "pause", port: ports[4], dir: filepath.Join(dir, "kvm-pause")}
+	routes := []guestRoute{snap, cp, pause}
 	// QEMU daemonizes out of every process group of ours: the activator quits it on shutdown, and this
 	// kills whatever a killed activator left behind. Deferred first, so it runs after act.Stop.
 	defer func() {
@@ -168,39 +187,80 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 		boots[r.name] = boot
 	}
 	setup := guestSetup(qemu, g, snap.runDir())
+	fig := &guestFigures{}
+	modes := guestModes(g, snap, cp, pause, fig)
+	if why := canDropCaches(); why != "" {
+		modes = modes[:len(modes)-1]
+		e.report.skip("guest wake (kvm): restore with the page cache dropped", "%s", why)
+	}
+	if err := guestRounds(ctx, e, act, modes, boots); err != nil {
+		return err
+	}
+	reportGuest(e, setup, modes, fig)
+	return nil
+}
 
-	var snapBytes []float64
-	modes := []*guestMode{
-		{name: "cold boot", route: snap,
-			prep: func() error {
-				for _, f := range []string{snap.snapFile(), snap.snapFile() + ".zst"} {
-					if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-						return err
-					}
-				}
-				return nil
-			},
-			check: func(same bool, w *wakeRecord) error {
-				if same || !slices.ContainsFunc(w.Notes, func(n string) bool { return strings.Contains(n, "cold boot") }) {
-					return fmt.Errorf("not a cold boot (same boot id: %v, notes: %q)", same, w.Notes)
-				}
-				return nil
-			}},
-		{name: "snapshot restore", route: snap,
-			prep: func() error {
-				fi, err := os.Stat(snap.snapFile())
-				if err != nil {
-					return fmt.Errorf("no snapshot after the sleep: %w", err)
-				}
-				snapBytes = append(snapBytes, float64(fi.Size()))
-				return nil
-			},
-			check: func(same bool, w *wakeRecord) error {
-				if !same || !hasPhase(w, "restore") {
-					return fmt.Errorf("not a snapshot restore (same boot id: %v, notes: %q)", same, w.Notes)
-				}
-				return nil
-			}},
+// The modes of guestModes, in order; dropped is last (left out where the cache cannot be dropped).
+// Both routes cold-boot each round: the RAM file's route on its RAM file, the copy's route on
+// anonymous RAM, as every guest booted before RAM files.
+const (
+	gmCold = iota
+	gmFile
+	gmColdAnon
+	gmCopy
+	gmPause
+	gmDropped
+)
+
+// guestModes are the ways the guest is woken each round, each with its preparation (between the
+// sleep and the request) and the check that the wake was what it claims.
+func guestModes(g testGuest, snap, cp, pause guestRoute, fig *guestFigures) []*guestMode {
+	restored := func(same bool, w *wakeRecord) error {
+		if !same || !hasPhase(w, "restore") || len(w.Notes) > 0 {
+			return fmt.Errorf("not a snapshot restore (same boot id: %v, notes: %q)", same, w.Notes)
+		}
+		return nil
+	}
+	size := func(file string, unit float64, into *[]float64) func() error {
+		return func() error {
+			fi, err := os.Stat(file)
+			if err != nil {
+				return fmt.Errorf("no snapshot after the sleep: %w", err)
+			}
+			*into = append(*into, float64(fi.Size())/unit)
+			return nil
+		}
+	}
+	coldBoot := func(same bool, w *wakeRecord) error {
+		if same || !slices.ContainsFunc(w.Notes, func(n string) bool { return strings.Contains(n, "cold boot") }) {
+			return fmt.Errorf("not a cold boot (same boot id: %v, notes: %q)", same, w.Notes)
+		}
+		return nil
+	}
+	noSnapshot := func(r guestRoute) func() error {
+		return func() error {
+			return removeAll(r.devFile(), r.devFile()+".gen", r.snapFile(), r.snapFile()+".zst")
+		}
+	}
+	// A RAM-file guest is woken once the activator has flushed its RAM file after the sleep, as a
+	// guest asleep for its idle window would be: a wake right after the sleep competes with the flush.
+	flushed := func(into *[]float64, then func() error) func() error {
+		return func() error {
+			d, err := waitSynced(snap.ramFile()+".gen", 30*time.Second)
+			if err != nil {
+				return err
+			}
+			if into != nil {
+				*into = append(*into, msOf(d))
+			}
+			return then()
+		}
+	}
+	return []*guestMode{
+		{name: "cold boot, RAM file", route: snap, prep: flushed(nil, noSnapshot(snap)), check: coldBoot},
+		{name: "snapshot restore, RAM file", route: snap, prep: flushed(&fig.syncMs, size(snap.devFile(), 1<<10, &fig.devKiB)), check: restored},
+		{name: "cold boot, anonymous RAM", route: cp, prep: noSnapshot(cp), check: coldBoot},
+		{name: "snapshot restore, RAM copy", route: cp, prep: size(cp.snapFile(), 1<<20, &fig.copyMiB), check: restored},
 		{name: "pause / cont", route: pause,
 			check: func(same bool, w *wakeRecord) error {
 				if !same || hasPhase(w, "qemu_start") {
@@ -208,7 +268,14 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 				}
 				return nil
 			}},
+		{name: "snapshot restore, RAM file, page cache dropped", route: snap,
+			prep:  func() error { return dropGuestCache(snap, fig) },
+			check: restored, after: func() error { return rewarm(g) }},
 	}
+}
+
+// guestRounds takes e.opts.guestRuns rounds of every mode's sample, in order.
+func guestRounds(ctx context.Context, e *env, act *activatorProc, modes []*guestMode, boots map[string]string) error {
 	for i := 0; i < e.opts.guestRuns; i++ {
 		for _, m := range modes {
 			if err := alive(ctx, act); err != nil {
@@ -223,9 +290,14 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 				}
 			}
 		}
-		e.log.Info("guest round", "round", i+1, "cold_ms", modes[0].fb[i], "restore_ms", modes[1].fb[i], "pause_ms", modes[2].fb[i])
+		e.log.Info("guest round", "round", i+1, "cold_ms", modes[gmCold].fb[i], "cold_anon_ms", modes[gmColdAnon].fb[i], "file_ms", modes[gmFile].fb[i],
+			"copy_ms", modes[gmCopy].fb[i], "pause_ms", modes[gmPause].fb[i], "file_sleep_ms", modes[gmFile].sleep[i])
 	}
+	return nil
+}
 
+// reportGuest puts the guest experiment's rows, ratios, figures and target checks into the report.
+func reportGuest(e *env, setup string, modes []*guestMode, fig *guestFigures) {
 	res := &GuestResult{Setup: setup}
 	for _, m := range modes {
 		row := GuestRow{Mode: m.name, Samples: e.opts.guestRuns - m.failed, Failed: m.failed,
@@ -235,27 +307,43 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 		}
 		res.Rows = append(res.Rows, row)
 	}
-	if s := summarize(snapBytes); s.valid() {
-		notes := []string{fmt.Sprintf("snapshot file %.0f MiB (raw)", s.Median/(1<<20))}
-		if res.Rows[1].Note != "" {
-			notes = append(notes, res.Rows[1].Note)
-		}
-		res.Rows[1].Note = strings.Join(notes, "; ")
-	}
-	restore, cont := ratios(modes[1].fb, modes[0].fb), ratios(modes[2].fb, modes[0].fb)
+	// The cold boot on anonymous RAM is the denominator: the boot every guest had before RAM files,
+	// and the faster of the two here.
+	cold := modes[gmColdAnon].fb
+	file, cp := ratios(modes[gmFile].fb, cold), ratios(modes[gmCopy].fb, cold)
 	res.Ratios = []RatioRow{
-		{Name: "snapshot restore ÷ cold boot, first byte", Value: restore},
-		{Name: "pause / cont ÷ cold boot, first byte", Value: cont},
-		{Name: "snapshot restore ÷ cold boot, wake record", Value: ratios(modes[1].wake, modes[0].wake)},
+		{Name: "snapshot restore, RAM file ÷ cold boot (anonymous RAM), first byte", Value: file},
+		{Name: "snapshot restore, RAM file ÷ cold boot (RAM file), first byte", Value: ratios(modes[gmFile].fb, modes[gmCold].fb)},
+		{Name: "snapshot restore, RAM copy ÷ cold boot (anonymous RAM), first byte", Value: cp},
+		{Name: "pause / cont ÷ cold boot (anonymous RAM), first byte", Value: ratios(modes[gmPause].fb, cold)},
+		{Name: "snapshot restore, RAM file ÷ cold boot (anonymous RAM), wake record", Value: ratios(modes[gmFile].wake, modes[gmColdAnon].wake)},
+		{Name: "cold boot, RAM file ÷ cold boot, anonymous RAM, first byte", Value: ratios(modes[gmCold].fb, cold)},
+		{Name: "sleep, RAM file ÷ sleep, RAM copy", Value: ratios(modes[gmFile].sleep, modes[gmCopy].sleep)},
+	}
+	if len(modes) > gmDropped {
+		res.Ratios = append(res.Ratios, RatioRow{Name: "snapshot restore, RAM file, page cache dropped ÷ cold boot (anonymous RAM), first byte", Value: ratios(modes[gmDropped].fb, cold)})
+	}
+	dev, sl := summarize(fig.devKiB), summarize(modes[gmFile].sleep)
+	res.Figures = []RatioRow{
+		{Name: "snapshot, RAM file: device state (KiB)", Value: dev},
+		{Name: "snapshot, RAM copy: snapshot file (MiB)", Value: summarize(fig.copyMiB)},
+		{Name: "sleeping guest, RAM file in the page cache (MiB, mincore)", Value: summarize(fig.cachedMiB)},
+		{Name: "sleeping guest, RAM file in the page cache after drop_caches (MiB, mincore)", Value: summarize(fig.droppedMiB)},
+		{Name: "sleep → RAM file flushed to disk (synced sidecar seen, ms)", Value: summarize(fig.syncMs)},
 	}
 	e.report.Guest = res
-	e.report.check("guest wake: snapshot restore ÷ cold boot, first byte (median of rounds)",
-		fmt.Sprintf("%s; medians %.0f ms vs %.0f ms", fmtStat(restore, 3), res.Rows[1].FirstByte.Median, res.Rows[0].FirstByte.Median),
-		"≤ 0.15", restore.valid() && restore.Median <= 0.15)
-	e.report.check("guest wake: pause / cont, first byte (ms)", fmtStat(res.Rows[2].FirstByte, 1), "≤ 50 ms",
-		res.Rows[2].FirstByte.valid() && res.Rows[2].FirstByte.Median <= 50)
-	e.log.Info("guest", "restore_over_cold", restore.Median, "pause_ms", res.Rows[2].FirstByte.Median)
-	return nil
+	e.report.check("guest sleep, snapshot with the RAM file (admin sleep, ms, median of rounds)", fmtStat(sl, 1), "≤ 15 ms",
+		sl.valid() && sl.Median <= 15)
+	e.report.check("guest snapshot size, RAM file: device state (KiB, largest of rounds)", fmtStat(dev, 1), "≤ 1024 KiB plus the RAM file",
+		dev.valid() && dev.Max <= 1024)
+	e.report.check("guest wake: snapshot restore, RAM file ÷ cold boot (anonymous RAM), first byte (every round)",
+		fmt.Sprintf("%s; medians %.0f ms vs %.0f ms", fmtStat(file, 3), res.Rows[gmFile].FirstByte.Median, res.Rows[gmColdAnon].FirstByte.Median),
+		"≤ 0.10 in every round", file.valid() && file.Max <= 0.10)
+	e.report.check("guest wake: snapshot restore, RAM copy ÷ cold boot (anonymous RAM), first byte (median of rounds)", fmtStat(cp, 3), "≤ 0.15",
+		cp.valid() && cp.Median <= 0.15)
+	e.report.check("guest wake: pause / cont, first byte (ms)", fmtStat(res.Rows[gmPause].FirstByte, 1), "≤ 50 ms",
+		res.Rows[gmPause].FirstByte.valid() && res.Rows[gmPause].FirstByte.Median <= 50)
+	e.log.Info("guest", "file_over_cold", file.Median, "copy_over_cold", cp.Median, "file_sleep_ms", sl.Median, "device_state_kib", dev.Median)
 }
 
 // sample puts the mode's route to sleep through the admin API, prepares, and times one request through
@@ -290,6 +378,11 @@ func (m *guestMode) sample(ctx context.Context, act *activatorProc, boots map[st
 		return fb, wake, sl, err
 	}
 	m.phases.record(st.LastWake)
+	if m.after != nil {
+		if err := m.after(); err != nil {
+			return fb, wake, sl, err
+		}
+	}
 	return v, msOf(st.LastWake.Duration), sl, nil
 }
 
@@ -347,7 +440,7 @@ func guestSetup(qemu string, g testGuest, runDir string) string {
 	if g.stamp != "" {
 		guest = g.stamp + " from " + g.dir
 	}
-	return fmt.Sprintf("QEMU %s, accel %s, machine %s, 128 MiB, 1 vCPU; test guest (scripts/build-test-guest.sh): %s; snapshots uncompressed.", version, accel, machine, guest)
+	return fmt.Sprintf("QEMU %s, accel %s, machine %s, 128 MiB, 1 vCPU; test guest (scripts/build-test-guest.sh): %s; snapshots uncompressed; RAM file and snapshots on the scratch dir's filesystem.", version, accel, machine, guest)
 }
 
 // qemuPID reads the pid file the kvm backing keeps in the route's runtime dir; ok is false when there

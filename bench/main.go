@@ -61,7 +61,12 @@ type env struct {
 	cpuSrv  string // taskset CPU list for the servers when pinned
 }
 
-func main() { os.Exit(run()) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == handshakeChildArg { // the https experiment's client, re-executed
+		os.Exit(handshakeChild(os.Args[2:]))
+	}
+	os.Exit(run())
+}
 
 func run() int {
 	var o options
@@ -70,7 +75,7 @@ func run() int {
 	flag.IntVar(&o.runs, "runs", 5, "alternating runs per warm-path measurement (the median and spread are reported)")
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "length of one wrk run")
 	flag.StringVar(&conns, "conns", "1,16,64", "wrk connection counts")
-	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,chain,unit,herd,heldmem,scale,guest,fleet (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,chain,unit,herd,heldmem,scale,guest,fleet,https (default all)")
 	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
@@ -209,6 +214,7 @@ func experiments() []experiment {
 		{"scale", runScale},
 		{"guest", runGuest},
 		{"fleet", runFleet},
+		{"https", runHTTPS},
 	}
 }
 
@@ -253,7 +259,7 @@ func setup(ctx context.Context, o options, log *slog.Logger) (*env, func(), erro
 		e.opts.pinned = false
 		e.opts.unpinned = true
 	}
-	lim, err := raiseNofile(1 << 16)
+	lim, err := raiseNofileForHerds(o.herd)
 	if err != nil {
 		log.Warn("cannot raise the open-file limit", "err", err)
 	}

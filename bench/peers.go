@@ -50,6 +50,17 @@ func startNginx(e *env, dir string, listen, app int, cpus string, workers int) (
 
 // startNginxWith is startNginx with extra directives (each line ending in ";") in the proxy location.
 func startNginxWith(e *env, dir string, listen, app int, cpus string, workers int, directives string) (*proc, error) {
+	return startNginxConf(e, dir, fmt.Sprintf("127.0.0.1:%d", listen), app, cpus, workers, directives)
+}
+
+// startNginxH2c is startNginx speaking HTTP/2 without TLS (h2c, prior knowledge) on its listener, as
+// the activator's plain listener does; its upstream is HTTP/1.1 keep-alive, as the activator's.
+func startNginxH2c(e *env, dir string, listen, app int, cpus string, workers int) (*proc, error) {
+	return startNginxConf(e, dir, fmt.Sprintf("127.0.0.1:%d http2", listen), app, cpus, workers, "")
+}
+
+// startNginxConf writes and starts the peer's nginx.conf; listen is the listen directive's parameters.
+func startNginxConf(e *env, dir, listen string, app int, cpus string, workers int, directives string) (*proc, error) {
 	for _, d := range []string{"logs", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
@@ -72,7 +83,7 @@ http {
   keepalive_requests 1000000;
   upstream app { server 127.0.0.1:%[3]d; keepalive 256; keepalive_requests 1000000; }
   server {
-    listen 127.0.0.1:%[4]d;
+    listen %[4]s;
     location / {
       proxy_pass http://app;
       proxy_http_version 1.1;

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -372,4 +373,20 @@ func getText(ctx context.Context, addr, path string) ([]byte, error) {
 	}
 	defer resp.Body.Close()
 	return io.ReadAll(resp.Body)
+}
+
+// harnessApp returns the harness's own build of the demo app (./bench/app: internal/demoapp and
+// nothing else), building it into the scratch directory on first use. The cold and unit experiments
+// start it instead of the activator binary's `app` mode, whose exec maps and faults in the whole
+// activator: their figures then hold the activator's own cost, not its size.
+func harnessApp(ctx context.Context, e *env) (string, error) {
+	bin := filepath.Join(e.tmp, "demoapp")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./bench/app")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./bench/app (run from the repository root): %w: %s", err, out)
+	}
+	return bin, nil
 }

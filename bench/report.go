@@ -24,6 +24,7 @@ type Report struct {
 	Targets    []Check        `json:"targets"`
 	Warm       []WarmRow      `json:"warm,omitempty"`
 	WarmRatios []RatioRow     `json:"warm_ratios,omitempty"`
+	WarmH2     []WarmRow      `json:"warm_h2,omitempty"` // h2load over h2c; no latency percentiles
 	Slow       []SlowRow      `json:"slow_clients,omitempty"`
 	Cold       []ColdRow      `json:"cold,omitempty"`
 	ColdExtra  []RatioRow     `json:"cold_vs_floor,omitempty"`
@@ -35,6 +36,7 @@ type Report struct {
 	Guest      *GuestResult   `json:"guest,omitempty"`
 	Fleet      *FleetRow      `json:"redfish_fleet,omitempty"`
 	Chain      *ChainRow      `json:"chain,omitempty"`
+	HTTPS      *HTTPSResult   `json:"https,omitempty"`
 	Skipped    []Skip         `json:"skipped,omitempty"`
 	Failures   []string       `json:"failures,omitempty"`
 	Notes      []string       `json:"notes,omitempty"`
@@ -139,6 +141,15 @@ type ColdRow struct {
 	Spawn        Stat   `json:"spawn_ms"` // request sent → app main()
 	GateProxy    Stat   `json:"gate_proxy_ms"`
 	Note         string `json:"note,omitempty"`
+
+	// Parts splits the first byte at the activator's wake record and the app's timestamps (exec modes).
+	Parts []ColdPart `json:"parts,omitempty"`
+}
+
+// ColdPart is one stretch of a cold first byte, in milliseconds.
+type ColdPart struct {
+	Name string `json:"name"`
+	Ms   Stat   `json:"ms"`
 }
 
 // UnitRow is one start delay of the unit-vs-socket-activation comparison.
@@ -158,6 +169,9 @@ type UnitRow struct {
 	ProxydPost Stat   `json:"proxyd_listening_to_first_byte_ms"`
 	UnitPost   Stat   `json:"unit_listening_to_first_byte_ms"`
 	Phases     string `json:"unit_wake_phases,omitempty"` // medians from the activator's wake records
+
+	// Parts splits the first bytes: request → the app's main() for both, the unit wake's record.
+	Parts []ColdPart `json:"parts,omitempty"`
 }
 
 // UnitSleepRow is the wake of a unit route from a sleep that keeps the process (sigstop, freeze).
@@ -190,6 +204,13 @@ type HerdRow struct {
 	PerHeldKiB   float64 `json:"kib_per_held"`        // (held - idle) / n
 	Nofile       string  `json:"activator_nofile"`    // the activator's soft RLIMIT_NOFILE
 	FirstFailure string  `json:"first_failure,omitempty"`
+
+	Proto string `json:"proto"` // HTTP/1.1 (a connection a request) or h2c (streams sharing connections)
+	Conns int    `json:"conns"` // client connections the herd dialed
+	// The Go runtime's share of PerHeldKiB, from the activator's /metrics: heap in use and goroutine
+	// stacks, all held − asleep, per held request.
+	HeapPerHeldKiB  float64 `json:"heap_kib_per_held"`
+	StackPerHeldKiB float64 `json:"stack_kib_per_held"`
 }
 
 // ScaleRow is the route-scale result.
@@ -207,6 +228,14 @@ type ScaleRow struct {
 	P50us        Stat    `json:"p50_us"`
 	P50usSmall   Stat    `json:"p50_us_10_routes"`
 	Ratio        Stat    `json:"rps_ratio"`
+
+	Host         string  `json:"host"`                  // the route the warm requests go to (the middle one)
+	RSSReloadKiB []int64 `json:"rss_after_reloads_kib"` // after each of the three reloads
+	RSSWarmKiB   int64   `json:"rss_warm_kib"`          // after the warm requests
+	ReloadCPUMs  Stat    `json:"reload_cpu_ms"`         // the activator's CPU time over each reload
+	// Settled: once the activator has gone quiet after the start-up or the reload (its host checks).
+	RSSSettledKiB       int64   `json:"rss_settled_kib"`
+	RSSReloadSettledKiB []int64 `json:"rss_after_reloads_settled_kib"`
 }
 
 // GuestResult is the kvm experiment: one QEMU guest woken from each sleep mode, side by side.
@@ -214,6 +243,8 @@ type GuestResult struct {
 	Setup  string     `json:"setup"` // QEMU version, accelerator, machine, memory, guest
 	Rows   []GuestRow `json:"rows"`
 	Ratios []RatioRow `json:"ratios"` // per round, then median (min–max)
+	// Figures are other per-round quantities (sizes, memory), each named with its unit.
+	Figures []RatioRow `json:"figures,omitempty"`
 }
 
 // GuestRow is one way of waking the guest: first-byte times through the activator, in milliseconds.
@@ -388,6 +419,14 @@ func (r *Report) markdown() string {
 		}
 		p("\n")
 	}
+	if len(r.WarmH2) > 0 {
+		p("HTTP/2 without TLS (h2c, prior knowledge): h2load, `-m %d` streams in flight per connection, `GET /` of the same app through the activator's plain listener and through nginx (`listen … http2`), both proxying over HTTP/1.1 keep-alive; placed as the rows above. h2load gives no percentiles. Median (min–max) over the runs:\n\n", h2Streams)
+		p("| mode | conns | target | req/s | errors |\n|---|---|---|---|---|\n")
+		for _, w := range r.WarmH2 {
+			p("| %s | %d | %s | %s | %d |\n", w.Mode, w.Conns, w.Target, fmtK(w.RPS), w.Errors)
+		}
+		p("\n")
+	}
 	if len(r.WarmRatios) > 0 {
 		p("Ratios, computed run by run (each run measures every target back to back), then median (min–max):\n\n")
 		p("| mode | conns | ratio | value |\n|---|---|---|---|\n")
@@ -438,6 +477,23 @@ func (r *Report) markdown() string {
 				p("| %s | %s |\n", x.Name, fmtStat(x.Value, 2))
 			}
 		}
+		if len(r.Cold[0].Parts) > 0 {
+			p("\nWhere the first byte goes, from the activator's wake record (when it began, where its `health` phase ended) and the app's own timestamps. *excess to main()*: wake began → main() minus the same round's app alone exec → main(), sample by sample: the backing's work before the exec, and anything that slows the app's start under the activator. The `spawn` phase ends when the forking thread runs again, which can be after the app's main() (the child keeps the CPU it was forked on).\n\n| mode |")
+			for _, x := range r.Cold[0].Parts {
+				p(" %s |", x.Name)
+			}
+			p("\n|---|%s\n", strings.Repeat("---|", len(r.Cold[0].Parts)))
+			for _, c := range r.Cold {
+				if len(c.Parts) == 0 {
+					continue
+				}
+				p("| %s |", c.Mode)
+				for _, x := range c.Parts {
+					p(" %s |", fmtStat(x.Ms, 2))
+				}
+				p("\n")
+			}
+		}
 		for _, c := range r.Cold {
 			if c.Note != "" {
 				p("\n- %s: %s", c.Mode, c.Note)
@@ -475,6 +531,15 @@ func (r *Report) markdown() string {
 				p("\n- unit wake phases at start delay %s (activator's wake record, median): %s", u.StartDelay, u.Phases)
 			}
 		}
+		for _, u := range r.Unit {
+			if len(u.Parts) > 0 {
+				var parts []string
+				for _, x := range u.Parts {
+					parts = append(parts, x.Name+" "+fmtStat(x.Ms, 2))
+				}
+				p("\n- where the first byte goes at start delay %s (ms): %s", u.StartDelay, strings.Join(parts, "; "))
+			}
+		}
 		for _, u := range r.UnitSleep {
 			p("\n- unit wake from `sleep: %s` (the app's process kept: the wake is a %s), first byte: %s ms, %d lost", u.Mode, map[string]string{"sigstop": "SIGCONT", "freeze": "thaw"}[u.Mode], fmtStat(u.FirstByte, 2), u.Lost)
 			if r.Unit[0].Unit.valid() && u.FirstByte.valid() {
@@ -490,10 +555,10 @@ func (r *Report) markdown() string {
 	if len(r.Herd) > 0 {
 		p("#### Herd: N concurrent requests on a cold route\n\n")
 		p("The tenant is held back (it waits on a FIFO) until all N requests are held, then released. *release*: health gate passed → the last held request left the hold (the activator's wake record); *spread*: first → last response byte; *gate→last*: health gate passed → last response byte. Medians over the runs (release and memory: median (min–max)); held, answered, spawns and failed: the worst run.\n\n")
-		p("| N | runs | held | answered | failed | spawns | release ms | spread ms | gate→p50 ms | gate→last ms | RSS asleep | RSS all held | per held request KiB | activator nofile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		p("| N | protocol | conns | runs | held | answered | failed | spawns | release ms | spread ms | gate→p50 ms | gate→last ms | RSS asleep | RSS all held | per held request KiB | heap, stacks KiB per held | activator nofile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, h := range r.Herd {
-			p("| %d | %d | %d | %d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f MiB | %.1f MiB | %s | %s |\n", h.N, h.Runs, h.HeldMax, h.Answered, h.Failed, h.Spawns, h.Release, h.SpreadMs, h.P50Ms, h.GateLastMs,
-				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, h.PerHeld, h.Nofile)
+			p("| %d | %s | %d | %d | %d | %d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f MiB | %.1f MiB | %s | %.1f, %.1f | %s |\n", h.N, h.Proto, h.Conns, h.Runs, h.HeldMax, h.Answered, h.Failed, h.Spawns, h.Release, h.SpreadMs, h.P50Ms, h.GateLastMs,
+				float64(h.RSSIdleKiB)/1024, float64(h.RSSHeldKiB)/1024, h.PerHeld, h.HeapPerHeldKiB, h.StackPerHeldKiB, h.Nofile)
 		}
 		for _, h := range r.Herd {
 			if h.FirstFailure != "" {
@@ -530,11 +595,20 @@ func (r *Report) markdown() string {
 	if s := r.Scale; s != nil {
 		p("#### Route scale: %d configured idle exec routes vs 10\n\n", s.Routes)
 		p("| | %d routes | 10 routes |\n|---|---|---|\n", s.Routes)
-		p("| activator RSS | %.1f MiB | %.1f MiB |\n", float64(s.RSSKiB)/1024, float64(s.RSSSmallKiB)/1024)
+		p("| activator RSS after load: at the admin API's first answer, settled | %.1f MiB, %.1f MiB | %.1f MiB |\n", float64(s.RSSKiB)/1024, float64(s.RSSSettledKiB)/1024, float64(s.RSSSmallKiB)/1024)
+		for i, v := range s.RSSReloadKiB {
+			settled := math.NaN()
+			if i < len(s.RSSReloadSettledKiB) {
+				settled = float64(s.RSSReloadSettledKiB[i]) / 1024
+			}
+			p("| activator RSS after reload %d: at \"config reloaded\", settled | %.1f MiB, %.1f MiB | |\n", i+1, float64(v)/1024, settled)
+		}
+		p("| activator RSS after the warm requests | %.1f MiB | |\n", float64(s.RSSWarmKiB)/1024)
 		p("| Go heap in use (admin /metrics) | %.1f MiB | %.1f MiB |\n", float64(s.HeapKiB)/1024, float64(s.HeapSmallKiB)/1024)
 		p("| start → admin API answers | %.0f ms | %.0f ms |\n", s.LoadMs, s.LoadSmallMs)
 		p("| reload (SIGHUP → \"config reloaded\") | %s ms | |\n", fmtStat(s.ReloadMs, 0))
-		p("| warm req/s, one route (pinned, c16) | %s | %s |\n", fmtK(s.RPS), fmtK(s.RPSSmall))
+		p("| the activator's CPU time over the reload | %s ms | |\n", fmtStat(s.ReloadCPUMs, 0))
+		p("| warm req/s, one route (the middle one: %s; c16) | %s | %s |\n", s.Host, fmtK(s.RPS), fmtK(s.RPSSmall))
 		p("| warm p50 µs | %s | %s |\n", fmtStat(s.P50us, 0), fmtStat(s.P50usSmall, 0))
 		p("| req/s ratio (%d ÷ 10) | %s | |\n\n", s.Routes, fmtStat(s.Ratio, 2))
 	}
@@ -550,6 +624,12 @@ func (r *Report) markdown() string {
 			p("\n| ratio, round by round | value |\n|---|---|\n")
 			for _, x := range g.Ratios {
 				p("| %s | %s |\n", x.Name, fmtStat(x.Value, 3))
+			}
+		}
+		if len(g.Figures) > 0 {
+			p("\n| figure, round by round | value |\n|---|---|\n")
+			for _, x := range g.Figures {
+				p("| %s | %s |\n", x.Name, fmtStat(x.Value, 1))
 			}
 		}
 		for _, w := range g.Rows {
@@ -581,6 +661,10 @@ func (r *Report) markdown() string {
 			p("\n- %s", f.Note)
 		}
 		p("\n\n")
+	}
+
+	if r.HTTPS != nil {
+		r.HTTPS.markdown(&b)
 	}
 
 	if len(r.Skipped) > 0 {

@@ -46,6 +46,10 @@ func runUnit(ctx context.Context, e *env) error {
 	}
 	defer m.Stop()
 
+	app, err := harnessApp(ctx, e)
+	if err != nil {
+		return err
+	}
 	ports, err := freePorts(8)
 	if err != nil {
 		return err
@@ -61,7 +65,7 @@ func runUnit(ctx context.Context, e *env) error {
 	for _, d := range unitDelays {
 		delay := fmt.Sprintf("DEMOAPP_START_DELAY=%dms", d.Milliseconds())
 		svc := func(extra string) string {
-			return "[Unit]\nStartLimitIntervalSec=0\n[Service]\nType=exec\nExecStart=" + e.actBin + " app\nEnvironment=" + delay + "\n" + extra
+			return "[Unit]\nStartLimitIntervalSec=0\n[Service]\nType=exec\nExecStart=" + app + "\nEnvironment=" + delay + "\n" + extra
 		}
 		units := map[string]string{
 			"sa-app.socket":  fmt.Sprintf("[Socket]\nListenStream=127.0.0.1:%d\nAccept=no\nTriggerLimitIntervalSec=0\n", saPort),
@@ -101,6 +105,7 @@ func runUnit(ctx context.Context, e *env) error {
 		var phases phaseLog
 		// One entry per round in each, NaN for a lost request, so the ratios pair the same round.
 		var sa, px, un, saPost, pxPost, unPost []float64
+		var saSpawn, unParts []coldSample
 		for i := 0; i < e.opts.coldSamples; i++ {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -109,11 +114,11 @@ func runUnit(ctx context.Context, e *env) error {
 			if err := m.systemctl(ctx, "stop", "sa-app.service"); err != nil {
 				return err
 			}
-			fb, post, err := timeFirst(ctx, fmt.Sprintf("127.0.0.1:%d", saPort), "127.0.0.1")
+			ss, _, _, err := timeSample(ctx, fmt.Sprintf("127.0.0.1:%d", saPort), "127.0.0.1")
 			if err != nil {
 				row.SocketLost++
 			}
-			sa, saPost = append(sa, fb), append(saPost, post)
+			sa, saPost, saSpawn = append(sa, ss.firstByte), append(saPost, ss.gateProxy), append(saSpawn, ss)
 			if proxyd != "" {
 				if err := m.systemctl(ctx, "stop", "px-proxy.service", "px-app.service"); err != nil {
 					return err
@@ -128,17 +133,20 @@ func runUnit(ctx context.Context, e *env) error {
 				if err := act.adminPost(ctx, "/routes/unit/sleep"); err != nil {
 					return err
 				}
-				fb, post, err := timeFirst(ctx, act.edge, "unit.localhost")
+				us, r, b, err := timeSample(ctx, act.edge, "unit.localhost")
 				if err != nil {
 					row.UnitLost++
+				} else {
+					us.parts = readParts(ctx, act, "unit", "start", r, b)
 				}
-				un, unPost = append(un, fb), append(unPost, post)
+				un, unPost, unParts = append(un, us.firstByte), append(unPost, us.gateProxy), append(unParts, us)
 				phases.add(ctx, act, "unit")
 			}
 		}
 		row.Socket, row.Proxyd, row.Unit = summarize(sa), summarize(px), summarize(un)
 		row.SocketPost, row.ProxydPost, row.UnitPost = summarize(saPost), summarize(pxPost), summarize(unPost)
 		row.Phases = phases.String()
+		row.Parts = unitParts(saSpawn, unParts)
 		if unitWired {
 			row.Ratio, row.RatioProxyd = ratios(un, sa), ratios(un, px)
 			// The issue's comparison is with the .socket + proxyd pair; where the pair lost most of its
@@ -147,7 +155,12 @@ func runUnit(ctx context.Context, e *env) error {
 			if proxyd != "" && row.ProxydLost*2 < e.opts.coldSamples {
 				e.report.check("unit wake ÷ socket + proxyd pair, first byte, start delay "+d.String(), fmtStat(row.RatioProxyd, 2)+fmt.Sprintf(", %d lost (the pair lost %d)", row.UnitLost, row.ProxydLost), "≤ 1.1, 0 lost", row.RatioProxyd.valid() && row.RatioProxyd.Median <= 1.1 && row.UnitLost == 0)
 			}
-			e.report.check("unit wake ÷ the app's own socket activation (stricter), first byte, start delay "+d.String(), fmtStat(row.Ratio, 2)+fmt.Sprintf(", %d lost", row.UnitLost), "≤ 1.1, 0 lost", row.Ratio.valid() && row.Ratio.Median <= 1.1 && row.UnitLost == 0)
+			// Issue 17 asks ≤ 1.0 at start delay 0, where the activator's own cost weighs most.
+			limit := 1.1
+			if d == 0 {
+				limit = 1.0
+			}
+			e.report.check("unit wake ÷ the app's own socket activation (stricter), first byte, start delay "+d.String(), fmtStat(row.Ratio, 2)+fmt.Sprintf(", %d lost", row.UnitLost), fmt.Sprintf("≤ %.1f, 0 lost", limit), row.Ratio.valid() && row.Ratio.Median <= limit && row.UnitLost == 0)
 		}
 		e.report.Unit = append(e.report.Unit, row)
 		e.log.Info("unit", "delay", d, "socket_ms", row.Socket.Median, "proxyd_ms", row.Proxyd.Median, "proxyd_lost", row.ProxydLost, "unit_ms", row.Unit.Median)
@@ -165,13 +178,39 @@ func runUnit(ctx context.Context, e *env) error {
 	// The exec wake against the socket-activation figure of the same run.
 	if len(e.report.Unit) > 0 && e.report.Unit[0].Socket.valid() {
 		for _, c := range e.report.Cold {
-			if strings.HasPrefix(c.Mode, "exec") && c.OverheadExec.valid() {
+			if strings.HasPrefix(c.Mode, "exec") && !strings.HasSuffix(c.Mode, "cgroup_root: off") && c.OverheadExec.valid() {
 				r := c.OverheadExec.Median / e.report.Unit[0].Socket.Median
 				e.report.check("cold exec overhead (vs the app alone) ÷ socket activation first byte ("+c.Mode+")", fmt.Sprintf("%.2f (%.2f ms ÷ %.2f ms)", r, c.OverheadExec.Median, e.report.Unit[0].Socket.Median), "≤ 0.3", r <= 0.3)
 			}
 		}
 	}
 	return nil
+}
+
+// unitParts splits the first bytes of the app's own socket activation (sa) and of the unit route (un),
+// round by round: request → the app's main() for both, and the unit wake's stretches from its record.
+func unitParts(sa, un []coldSample) []ColdPart {
+	stat := func(ss []coldSample, f func(coldSample) float64) Stat {
+		var v []float64
+		for _, s := range ss {
+			v = append(v, f(s))
+		}
+		return summarize(v)
+	}
+	parts := []ColdPart{
+		{"socket activation: request → main()", stat(sa, func(s coldSample) float64 { return s.spawn })},
+		{"socket activation: listening → first byte", stat(sa, func(s coldSample) float64 { return s.gateProxy })},
+	}
+	if len(un) == 0 {
+		return parts
+	}
+	return append(parts,
+		ColdPart{"unit: request → main()", stat(un, func(s coldSample) float64 { return s.spawn })},
+		ColdPart{"unit: request → wake began", stat(un, func(s coldSample) float64 { return s.parts.edge })},
+		ColdPart{"unit: start phase (StartUnit)", stat(un, func(s coldSample) float64 { return s.parts.first })},
+		ColdPart{"unit: listening → gate passed", stat(un, func(s coldSample) float64 { return s.parts.notice })},
+		ColdPart{"unit: gate passed → first byte", stat(un, func(s coldSample) float64 { return s.parts.proxy })},
+	)
 }
 
 // unitRoute is one unit route of the unit experiment's activator.
@@ -230,20 +269,27 @@ func unitSleepMode(ctx context.Context, e *env, act *activatorProc, r unitRoute)
 // the part of it after the app was listening (the demo app's bound_ns), in milliseconds; a failed or
 // non-200 answer is an error (a lost first request), with NaN for both.
 func timeFirst(ctx context.Context, addr, host string) (firstByteMs, postMs float64, err error) {
+	s, _, _, err := timeSample(ctx, addr, host)
+	return s.firstByte, s.gateProxy, err
+}
+
+// timeSample is timeFirst, returning the whole sample with the request's timing and the app's answer
+// (for the wake record's breakdown); NaN figures with an error for a lost first request.
+func timeSample(ctx context.Context, addr, host string) (coldSample, fbResult, boundInfo, error) {
 	nan := math.NaN()
+	lost := coldSample{firstByte: nan, appStart: nan, overhead: nan, spawn: nan, gateProxy: nan, parts: noParts()}
 	r, err := firstByte(ctx, addr, "/bound", host, 30*time.Second)
 	if err != nil {
-		return nan, nan, err
+		return lost, r, boundInfo{}, err
 	}
 	if r.code != 200 {
-		return nan, nan, fmt.Errorf("status %d", r.code)
+		return lost, r, boundInfo{}, fmt.Errorf("status %d", r.code)
 	}
 	var b boundInfo
 	if err := json.Unmarshal(r.body, &b); err != nil {
-		return nan, nan, fmt.Errorf("GET /bound: %w (%q)", err, r.body)
+		return lost, r, b, fmt.Errorf("GET /bound: %w (%q)", err, r.body)
 	}
-	s := b.sample(r)
-	return s.firstByte, s.gateProxy, nil
+	return b.sample(r), r, b, nil
 }
 
 // backingWired asks the built activator whether it has a backing, by checking a one-route config

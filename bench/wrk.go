@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -114,4 +115,77 @@ func parseWrkDuration(s string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("wrk: bad duration %q", s)
+}
+
+// h2loadRun is one HTTP/2 load run: h2load over h2c (prior knowledge, as h2load speaks to an http://
+// URL), conns connections with streams requests in flight on each, for dur, pinned to cpus ("" =
+// unpinned).
+type h2loadRun struct {
+	url     string
+	conns   int
+	streams int
+	threads int
+	dur     time.Duration
+	cpus    string
+}
+
+// run executes h2load, bounded by the run's duration plus a margin. h2load reports no latency
+// percentiles: P50 and P99 are NaN.
+func (h h2loadRun) run(ctx context.Context, path string) (wrkResult, error) {
+	args := []string{path, "-t", strconv.Itoa(h.threads), "-c", strconv.Itoa(h.conns), "-m", strconv.Itoa(h.streams),
+		"-D", strconv.Itoa(max(1, int(h.dur.Round(time.Second)/time.Second))), h.url}
+	if h.cpus != "" {
+		args = append([]string{"taskset", "-c", h.cpus}, args...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.dur+30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return wrkResult{}, fmt.Errorf("h2load: %w: %s", err, out)
+	}
+	return parseH2load(string(out))
+}
+
+// parseH2load reads h2load's summary: "finished in 5.00s, 7608.67 req/s, …" and "requests: N total,
+// N started, N done, N succeeded, N failed, N errored, N timeout". Errors are the failed, errored
+// and timed-out requests; one that was not done at all means the protocol was not spoken.
+func parseH2load(out string) (wrkResult, error) {
+	r := wrkResult{P50: math.NaN(), P99: math.NaN()}
+	var haveRPS, haveReq bool
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "finished in "):
+			f := strings.Split(line, ", ")
+			if len(f) >= 2 {
+				v, err := strconv.ParseFloat(strings.TrimSuffix(f[1], " req/s"), 64)
+				if err != nil {
+					return r, fmt.Errorf("h2load: bad req/s in %q", line)
+				}
+				r.RPS, haveRPS = v, true
+			}
+		case strings.HasPrefix(line, "requests: "):
+			for item := range strings.SplitSeq(strings.TrimPrefix(line, "requests: "), ", ") {
+				n, what, _ := strings.Cut(item, " ")
+				v, err := strconv.ParseInt(n, 10, 64)
+				if err != nil {
+					return r, fmt.Errorf("h2load: bad count in %q", line)
+				}
+				switch what {
+				case "done":
+					r.Requests, haveReq = v, true
+				case "failed", "errored":
+					r.Errors += v
+				case "timeout":
+					r.Errors += v
+					r.Timeouts = v
+				}
+			}
+		}
+	}
+	if !haveRPS || !haveReq || r.Requests == 0 {
+		return r, fmt.Errorf("h2load: no requests done:\n%s", out)
+	}
+	return r, nil
 }

@@ -4,11 +4,15 @@
 // exchange the health probe makes on a connection the pool can adopt (Conn).
 //
 // Both paths send the upstream the same request and the client the same answer; TestEquivalence
-// and FuzzForwardMatchesReverseProxy hold them to it. The upstream sees the original Host, the method,
-// and the request-target as the client sent it (in origin-form, also for one that came in
-// absolute-form); the client's header without hop-by-hop fields (RFC 9110 7.6.1: Connection and
-// those it lists, Keep-Alive, Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE except
-// "trailers", Trailer, Transfer-Encoding, Upgrade); then the forwarding fields (forwarded.go).
+// and FuzzForwardMatchesReverseProxy hold them to it. The fast path reads the plain answer heads
+// that make up nearly all its traffic itself, straight into the client's header (head.go), and leaves
+// every other to http.ReadResponse; FuzzPlainHeadMatchesReadResponse holds the two alike.
+//
+// The upstream sees the original Host, the method, and the request-target as the client sent it (in
+// origin-form, also for one that came in absolute-form); the client's header without hop-by-hop
+// fields (RFC 9110 7.6.1: Connection and those it lists, Keep-Alive, Proxy-Connection,
+// Proxy-Authenticate, Proxy-Authorization, TE except "trailers", Trailer, Transfer-Encoding,
+// Upgrade); then the forwarding fields (forwarded.go).
 //
 // The forwarding fields depend on the peer, the address the request came from (r.RemoteAddr). From a
 // peer that Options.TrustedProxy trusts, a proxy in front of the edge, the X-Forwarded-For,
@@ -149,17 +153,24 @@ func (c *Client) CloseIdle() {
 	c.transport.CloseIdleConnections()
 }
 
-// bufferPool lends both paths their 32 KiB copy buffers.
+// bufferPool lends both paths their 32 KiB copy buffers. It keeps *[]byte, so that the fast path,
+// which takes and returns the pointer (get, put), allocates nothing per request; the ReverseProxy's
+// BufferPool interface (Get, Put) hands over the slice itself.
 type bufferPool struct{ p sync.Pool }
 
-func (b *bufferPool) Get() []byte {
+func (b *bufferPool) get() *[]byte {
 	if v := b.p.Get(); v != nil {
-		return *(v.(*[]byte))
+		return v.(*[]byte)
 	}
-	return make([]byte, 32<<10)
+	buf := make([]byte, 32<<10)
+	return &buf
 }
 
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+func (b *bufferPool) put(buf *[]byte) { b.p.Put(buf) }
+
+func (b *bufferPool) Get() []byte { return *b.get() }
+
+func (b *bufferPool) Put(buf []byte) { b.put(&buf) }
 
 // buffers is shared by every Client: a sync.Pool is safe for concurrent use, and a buffer one route
 // returns serves the next request of any other.

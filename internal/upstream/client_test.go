@@ -333,6 +333,73 @@ func TestClientCancelMidStream(t *testing.T) {
 	}
 }
 
+// TestClientGoneBeforeAnswer: a client that goes away while the upstream has not answered yet ends
+// the upstream exchange too, once the watch's grace has passed (Conn.watch), and the route keeps
+// working.
+func TestClientGoneBeforeAnswer(t *testing.T) {
+	got, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	edge, _, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/poll" {
+			fmt.Fprintln(w, "ok")
+			return
+		}
+		got <- struct{}{}
+		<-r.Context().Done() // a long poll that never answers: the edge must hang up
+		ended <- struct{}{}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+edge+"/poll", nil)
+	c := edgeClient(t)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-got
+	cancel()
+	if err := <-errc; err == nil {
+		t.Error("the canceled request got an answer")
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the upstream exchange did not end within 30s of the client going away")
+	}
+	if resp, body := get(t, c, http.MethodGet, "http://"+edge+"/"); resp.StatusCode != 200 || body != "ok\n" {
+		t.Errorf("GET after a canceled poll: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestSlowerThanGrace: an exchange that outlasts the watch's grace, in its head or in its body, is
+// not cut by it.
+func TestSlowerThanGrace(t *testing.T) {
+	edge, up, _ := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow-body" {
+			w.Header().Set("Content-Length", "4")
+			io.WriteString(w, "ab")
+			w.(http.Flusher).Flush()
+		}
+		<-time.After(watchGrace + 50*time.Millisecond) // the tenant is slow; its slowness is what is tested
+		if r.URL.Path == "/slow-body" {
+			io.WriteString(w, "cd")
+			return
+		}
+		io.WriteString(w, "late")
+	}))
+	c := edgeClient(t)
+	for _, tc := range []struct{ path, want string }{{"/slow-head", "late"}, {"/slow-body", "abcd"}, {"/slow-head", "late"}} {
+		if resp, body := get(t, c, http.MethodGet, "http://"+edge+tc.path); resp.StatusCode != 200 || body != tc.want {
+			t.Errorf("GET %s: %d %q, want 200 %q", tc.path, resp.StatusCode, body, tc.want)
+		}
+	}
+	if n := up.n.Load(); n != 1 {
+		t.Errorf("the upstream accepted %d connections, want 1: a slow exchange must leave its connection reusable", n)
+	}
+}
+
 // TestStreamHeadFlushed: an event stream's head reaches the client before its first event, as
 // through the ReverseProxy.
 func TestStreamHeadFlushed(t *testing.T) {
@@ -459,8 +526,7 @@ func TestFlushEach(t *testing.T) {
 		{"text/plain", -1, true}, // unknown length: stream it
 		{"", 0, false},
 	} {
-		resp := &http.Response{Header: http.Header{"Content-Type": {tc.ct}}, ContentLength: tc.length}
-		if got := flushEach(resp); got != tc.want {
+		if got := flushEach(tc.length, http.Header{"Content-Type": {tc.ct}}); got != tc.want {
 			t.Errorf("flushEach(%q, length %d) = %v, want %v", tc.ct, tc.length, got, tc.want)
 		}
 	}

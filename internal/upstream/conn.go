@@ -5,9 +5,12 @@ package upstream
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 )
 
@@ -22,20 +25,101 @@ type Conn struct {
 
 	idleAt time.Time // when it was last returned to the pool
 	reused bool      // carried a request before
+
+	// The watch of a pool exchange on its request's context (see watch), used by the goroutine
+	// making the exchange; the callback of stop only sets the deadline.
+	ctx  context.Context // the request's, while the grace runs; nil otherwise
+	stop func() bool     // the registration on the request's context once the grace has passed; nil before
+	body body            // the answer's body, one per exchange, kept with the connection
+
+	// The answer of an exchange whose head plainHead parsed, kept with the connection like body.
+	head  plainHead
+	resp  http.Response
+	fixed fixedBody
 }
 
 // NewConn wraps c with 4 KiB buffers: they carry request and response heads; bodies larger than the
 // buffer bypass it (bufio reads straight into the caller's 32 KiB copy buffer). 32 KiB each cost
 // 64 KiB per connection, allocated and zeroed on every dial of a herd.
 func NewConn(c net.Conn) *Conn {
-	return &Conn{Conn: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}
+	uc := &Conn{Conn: c}
+	uc.br, uc.bw = bufio.NewReaderSize(connIO{uc}, 4<<10), bufio.NewWriterSize(connIO{uc}, 4<<10)
+	return uc
+}
+
+// watchGrace is how long a pool exchange runs before it registers on its request's context. Nearly
+// every exchange on the warm path ends sooner, and so skips the registration (context.AfterFunc
+// allocates, and locks the context, on every call); one whose client goes away is aborted at most
+// this much later than it would otherwise be.
+const watchGrace = 100 * time.Millisecond
+
+// watch makes ctx bound the exchange about to start on c: the connection's deadline is set
+// watchGrace ahead, and the read or write that meets it registers on ctx (graceOver) and goes on.
+// unwatch ends the watch.
+func (c *Conn) watch(ctx context.Context) {
+	c.ctx, c.stop = ctx, nil
+	_ = c.Conn.SetDeadline(time.Now().Add(watchGrace))
+}
+
+// graceOver reports whether err is the watch's deadline passing. Then the exchange goes on without
+// a deadline, registered on the request's context: once that ends, the deadline expires, and the
+// read or write in progress fails.
+func (c *Conn) graceOver(err error) bool {
+	ctx := c.ctx
+	if ctx == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	c.ctx = nil
+	// Cleared before the registration, whose callback may run at once.
+	_ = c.Conn.SetDeadline(time.Time{})
+	c.stop = context.AfterFunc(ctx, func() { _ = c.Conn.SetDeadline(expired()) })
+	return true
+}
+
+// unwatch ends the watch and reports whether the connection's deadline is as the pool left it:
+// false when the request's context ended and its callback expired the deadline (or is about to).
+// A deadline the grace left pending does no harm: the next exchange sets its own first.
+func (c *Conn) unwatch() bool {
+	c.ctx = nil
+	if c.stop == nil {
+		return true
+	}
+	ok := c.stop()
+	c.stop = nil
+	return ok
+}
+
+// connIO is what a Conn's buffers read and write: the connection, going on past the grace of a watch.
+type connIO struct{ c *Conn }
+
+func (x connIO) Read(b []byte) (int, error) {
+	for {
+		n, err := x.c.Conn.Read(b)
+		if err == nil || !x.c.graceOver(err) {
+			return n, err
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+}
+
+func (x connIO) Write(b []byte) (int, error) {
+	written := 0
+	for {
+		n, err := x.c.Conn.Write(b[written:])
+		written += n
+		if err == nil || !x.c.graceOver(err) {
+			return written, err
+		}
+	}
 }
 
 // Get writes head, the complete head of a request without a body (request line, fields and the empty
 // line), and reads the answer's head, passing over informational answers. The answer's body reads from
 // c. Get sets no deadline: the caller bounds it (SetDeadline).
 func (c *Conn) Get(head []byte) (*http.Response, error) {
-	resp, _, err := c.exchange(nil, func(bw *bufio.Writer) { _, _ = bw.Write(head) }, nil)
+	resp, _, err := c.exchange(nil, func(bw *bufio.Writer) { _, _ = bw.Write(head) }, nil, nil)
 	return resp, err
 }
 
@@ -50,7 +134,11 @@ const maxInformational = 10
 // to a GET). Informational answers go to got1xx, or are passed over when it is nil; a 101 is an error
 // (nothing forwarded here asked to switch protocols). beforeAnswer reports a failure before any byte
 // of the answer arrived, which a request on a reused connection may retry elsewhere.
-func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx func(int, http.Header) error) (resp *http.Response, beforeAnswer bool, err error) {
+//
+// With dst, a plain head (plainHead) already buffered is read without http.ReadResponse, its fields
+// put into dst as writeAnswer would put them: the answer then has a nil Header. The answer and its
+// body are the connection's own, valid until it carries another request.
+func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx func(int, http.Header) error, dst http.Header) (resp *http.Response, beforeAnswer bool, err error) {
 	write(c.bw)
 	if err := c.bw.Flush(); err != nil {
 		return nil, true, err
@@ -59,6 +147,12 @@ func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx fun
 		return nil, true, err
 	}
 	for informational := 0; ; informational++ {
+		if dst != nil && req != nil {
+			if b, _ := c.br.Peek(c.br.Buffered()); c.head.parse(b, req.Method) {
+				c.head.take(c.br, dst)
+				return c.plainAnswer(req), false, nil
+			}
+		}
 		resp, err := http.ReadResponse(c.br, req)
 		if err != nil {
 			return nil, false, err
@@ -75,4 +169,15 @@ func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx fun
 			}
 		}
 	}
+}
+
+// plainAnswer is the answer to req whose head c.head has taken.
+func (c *Conn) plainAnswer(req *http.Request) *http.Response {
+	c.resp = http.Response{StatusCode: c.head.status, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		ContentLength: c.head.length, Body: http.NoBody, Request: req}
+	if c.head.length > 0 {
+		c.fixed = fixedBody{br: c.br, left: c.head.length}
+		c.resp.Body = &c.fixed
+	}
+	return &c.resp
 }

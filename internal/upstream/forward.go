@@ -57,7 +57,7 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}
 	fw := newForwarding(r, c.trusted)
-	resp, err := c.pool.do(r, &fw, got1xx)
+	resp, err := c.pool.do(r, &fw, got1xx, w.Header())
 	if err != nil {
 		c.onError(w, r, err)
 		return
@@ -69,11 +69,16 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 // event stream or a body of unknown length, the head at once and each chunk as it comes) and the
 // trailers, announced ones as trailers, others with http.TrailerPrefix. A failed body copy aborts the
 // client's connection, as the ReverseProxy does: the client must not take a cut body for a whole one.
+// An answer with a nil Header had its fields put into w's header by the pool already (plainHead); it
+// has no trailers, and it is the connection's own, not to be read once its body is closed.
 func writeAnswer(w http.ResponseWriter, resp *http.Response) {
-	removeHopByHop(resp.Header)
 	wh := w.Header()
-	for k, vv := range resp.Header {
-		wh[k] = vv
+	plain := resp.Header == nil
+	if !plain {
+		removeHopByHop(resp.Header)
+		for k, vv := range resp.Header {
+			wh[k] = vv
+		}
 	}
 	announced := len(resp.Trailer)
 	if announced > 0 {
@@ -85,7 +90,7 @@ func writeAnswer(w http.ResponseWriter, resp *http.Response) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	var fl http.Flusher
-	if flushEach(resp) {
+	if flushEach(resp.ContentLength, wh) {
 		// As the ReverseProxy: a stream's head goes out at once, not with its first event.
 		if fl, _ = w.(http.Flusher); fl != nil {
 			fl.Flush()
@@ -96,7 +101,7 @@ func writeAnswer(w http.ResponseWriter, resp *http.Response) {
 		panic(http.ErrAbortHandler)
 	}
 	resp.Body.Close() // fills resp.Trailer
-	if len(resp.Trailer) == 0 {
+	if plain || len(resp.Trailer) == 0 {
 		return
 	}
 	// Trailers force a chunked answer (net/http would otherwise add a Content-Length).
@@ -150,13 +155,16 @@ func writeHead(bw *bufio.Writer, r *http.Request, fw *forwarding, host string) {
 	if hasToken(r.Header["Te"], "trailers") {
 		bw.WriteString("Te: trailers\r\n")
 	}
-	fw.fields(func(name, value string) {
+	fw.xForwarded(func(name, value string) {
 		bw.WriteString(name)
 		bw.WriteString(": ")
 		bw.WriteString(value)
 		bw.WriteString("\r\n")
 	})
-	bw.WriteString("\r\n")
+	// Forwarded is appended into bw's free space, with no string made of it.
+	b := append(bw.AvailableBuffer(), "Forwarded: "...)
+	b = append(fw.appendForwarded(b), "\r\n\r\n"...)
+	bw.Write(b)
 }
 
 // hopByHop reports the header fields that describe one connection, not the message (canonical keys).
@@ -231,12 +239,13 @@ func removeHopByHop(h http.Header) {
 }
 
 // flushEach reports whether each chunk of the answer's body is flushed to the client as it comes: an
-// event stream, or a body of unknown length (as the ReverseProxy decides).
-func flushEach(resp *http.Response) bool {
-	if resp.ContentLength == -1 {
+// event stream, or a body of unknown length (as the ReverseProxy decides). h is the answer's header
+// as the client gets it.
+func flushEach(length int64, h http.Header) bool {
+	if length == -1 {
 		return true
 	}
-	ct := resp.Header.Get("Content-Type")
+	ct := h.Get("Content-Type")
 	if len(ct) < len("text/event-stream") {
 		return false
 	}
@@ -250,8 +259,9 @@ func copyBody(w http.ResponseWriter, resp *http.Response, fl http.Flusher) error
 	if resp.Body == http.NoBody {
 		return nil
 	}
-	buf := buffers.Get()
-	defer buffers.Put(buf)
+	bp := buffers.get()
+	defer buffers.put(bp)
+	buf := *bp
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {

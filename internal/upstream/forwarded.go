@@ -48,6 +48,12 @@ func newForwarding(r *http.Request, trusted func(netip.Addr) bool) forwarding {
 // order: X-Forwarded-For (none without a peer address), X-Forwarded-Host, X-Forwarded-Proto,
 // Forwarded.
 func (f *forwarding) fields(add func(name, value string)) {
+	f.xForwarded(add)
+	add("Forwarded", string(f.appendForwarded(make([]byte, 0, 64))))
+}
+
+// xForwarded calls add for each X-Forwarded-* line of fields, in its order.
+func (f *forwarding) xForwarded(add func(name, value string)) {
 	if f.peer != "" {
 		if len(f.xff) == 0 {
 			add("X-Forwarded-For", f.peer)
@@ -55,13 +61,8 @@ func (f *forwarding) fields(add func(name, value string)) {
 			add("X-Forwarded-For", strings.Join(f.xff, ", ")+", "+f.peer)
 		}
 	}
-	for _, v := range orOwn(f.xfh, f.host) {
-		add("X-Forwarded-Host", v)
-	}
-	for _, v := range orOwn(f.xfp, f.proto) {
-		add("X-Forwarded-Proto", v)
-	}
-	add("Forwarded", f.forwarded())
+	eachOrOwn("X-Forwarded-Host", f.xfh, f.host, add)
+	eachOrOwn("X-Forwarded-Proto", f.xfp, f.proto, add)
 }
 
 // setFields sets the forwarding fields in h, the ReverseProxy's outgoing header (which Rewrite mode
@@ -70,25 +71,25 @@ func (f *forwarding) setFields(h http.Header) {
 	f.fields(func(name, value string) { h[name] = append(h[name], value) })
 }
 
-// forwarded is the Forwarded value (RFC 7239). A trusted proxy's own is passed on with an element
-// for=<peer> after it. That element has no host or proto: they would describe the request from the
-// proxy to the edge (often plain HTTP, to an internal name), and a tenant reading the last element
-// would take them for its client's. Otherwise it says what the X-Forwarded-* fields say: one element
-// per address X-Forwarded-For names, the first (where readers of Forwarded look) with the host and
-// proto.
+// appendForwarded appends the Forwarded value (RFC 7239) to b. A trusted proxy's own is passed on
+// with an element for=<peer> after it. That element has no host or proto: they would describe the
+// request from the proxy to the edge (often plain HTTP, to an internal name), and a tenant reading
+// the last element would take them for its client's. Otherwise it says what the X-Forwarded-* fields
+// say: one element per address X-Forwarded-For names, the first (where readers of Forwarded look)
+// with the host and proto.
 //
 // The edge sets Forwarded for every peer, trusted or not, although today's tenants may read only
 // X-Forwarded-*: a client's own Forwarded is never passed on from an untrusted peer, so a tenant (or
 // a framework, such as Spring's, that prefers Forwarded when present) reading either form learns the
-// same client, and none can be told a forged one. Both paths build it here, so they stay alike.
-func (f *forwarding) forwarded() string {
-	b := make([]byte, 0, 64)
+// same client, and none can be told a forged one. Both paths build it here, so they stay alike; the
+// fast path appends it straight into its write buffer.
+func (f *forwarding) appendForwarded(b []byte) []byte {
 	if len(f.fwd) > 0 {
 		for _, line := range f.fwd {
 			b = append(append(b, line...), ", "...)
 		}
 		b = append(b, "for="...)
-		return string(appendNode(b, f.peer))
+		return appendNode(b, f.peer)
 	}
 	first := true
 	for _, line := range f.xff {
@@ -99,7 +100,7 @@ func (f *forwarding) forwarded() string {
 			}
 		}
 	}
-	return string(f.appendElement(b, f.peer, first))
+	return f.appendElement(b, f.peer, first)
 }
 
 // appendElement appends one Forwarded element for node ("" for none); the first one carries the
@@ -177,12 +178,16 @@ func nonBlank(lines []string) []string {
 	return lines
 }
 
-// orOwn returns theirs, a trusted proxy's lines, or else the edge's own value as the one line.
-func orOwn(theirs []string, own string) []string {
-	if len(theirs) > 0 {
-		return theirs
+// eachOrOwn calls add with name for each of theirs, a trusted proxy's lines, or else once with the
+// edge's own value.
+func eachOrOwn(name string, theirs []string, own string, add func(name, value string)) {
+	if len(theirs) == 0 {
+		add(name, own)
+		return
 	}
-	return []string{own}
+	for _, v := range theirs {
+		add(name, v)
+	}
 }
 
 // firstItem returns the first item of the comma-separated lines, or own when there is none.

@@ -65,14 +65,17 @@ func newPool(network, address string, maxConns int) *pool {
 // do sends r (forwardable), with fw's forwarding fields, on a pooled connection and reads the
 // answer's head; got1xx is handed the informational answers. A failure on a reused connection before any answer byte is retried once on
 // a new connection.
-func (p *pool) do(r *http.Request, fw *forwarding, got1xx func(int, http.Header) error) (*http.Response, error) {
+func (p *pool) do(r *http.Request, fw *forwarding, got1xx func(int, http.Header) error, dst http.Header) (*http.Response, error) {
+	if err := r.Context().Err(); err != nil {
+		return nil, err // the client is gone: nothing to send (the watch would notice only after its grace)
+	}
 	fresh := false
 	for {
 		c, err := p.conn(r.Context(), fresh)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := p.exchange(r, fw, c, got1xx)
+		resp, err := p.exchange(r, fw, c, got1xx, dst)
 		if err == nil {
 			return resp, nil
 		}
@@ -258,12 +261,12 @@ func expired() time.Time { return time.Unix(1, 0) }
 
 // exchange sends r on c and reads the answer's head. The answer's body reads from c; closing it
 // returns c to the pool when the body was read to the end and both sides allow keep-alive, and closes
-// c otherwise. r's context aborts the exchange, body included, by expiring c's deadline.
-func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(int, http.Header) error) (*http.Response, error) {
-	stop := context.AfterFunc(r.Context(), func() { _ = c.SetDeadline(expired()) })
-	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx)
+// c otherwise. r's context aborts the exchange, body included, by expiring c's deadline (Conn.watch).
+func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(int, http.Header) error, dst http.Header) (*http.Response, error) {
+	c.watch(r.Context())
+	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx, dst)
 	if err != nil {
-		stop()
+		c.unwatch()
 		if ctxErr := r.Context().Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
@@ -272,16 +275,17 @@ func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(in
 		}
 		return nil, err
 	}
-	resp.Body = &body{body: resp.Body, p: p, c: c, stop: stop, keep: !resp.Close}
+	c.body = body{body: resp.Body, p: p, c: c, keep: !resp.Close}
+	resp.Body = &c.body
 	return resp, nil
 }
 
-// body is an answer's body on a pooled connection; see exchange.
+// body is an answer's body on a pooled connection; see exchange. Each exchange resets its
+// connection's own: the answer it belongs to is done with it before the connection carries another.
 type body struct {
 	body io.ReadCloser
 	p    *pool
 	c    *Conn
-	stop func() bool
 	keep bool // the upstream did not ask to close the connection
 
 	mu     sync.Mutex // guards the fields below (Close may race with a Read)
@@ -308,13 +312,15 @@ func (b *body) Close() error {
 	b.closed = true
 	done := b.eof || b.body == http.NoBody
 	b.mu.Unlock()
+	// unwatch reports false when the context's callback already ran (or runs): the deadline is
+	// spoiled. It comes first, so that the expired deadline below is not taken for the watch's grace.
+	intact := b.c.unwatch()
 	if !done {
 		// Closing an unfinished body would read it to the end; the connection is dropped instead.
 		_ = b.c.SetDeadline(expired())
 	}
 	err := b.body.Close()
-	// stop reports false when the context's AfterFunc already ran (or runs): the deadline is spoiled.
-	if b.stop() && done && b.keep && b.c.Clean() {
+	if intact && done && b.keep && b.c.Clean() {
 		b.p.put(b.c)
 	} else {
 		b.p.discard(b.c)

@@ -76,7 +76,7 @@ func TestCloseIdle(t *testing.T) {
 		conns = append(conns, conn)
 	}
 	for _, conn := range conns {
-		resp, err := c.pool.exchange(httptest.NewRequest(http.MethodGet, "http://app.test/", nil), &forwarding{}, conn, nil)
+		resp, err := c.pool.exchange(httptest.NewRequest(http.MethodGet, "http://app.test/", nil), &forwarding{}, conn, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
