@@ -50,17 +50,18 @@ func startNginx(e *env, dir string, listen, app int, cpus string, workers int) (
 
 // startNginxWith is startNginx with extra directives (each line ending in ";") in the proxy location.
 func startNginxWith(e *env, dir string, listen, app int, cpus string, workers int, directives string) (*proc, error) {
-	return startNginxConf(e, dir, fmt.Sprintf("127.0.0.1:%d", listen), app, cpus, workers, directives)
+	return startNginxConf(e, dir, fmt.Sprintf("listen 127.0.0.1:%d;", listen), app, cpus, workers, directives)
 }
 
 // startNginxH2c is startNginx speaking HTTP/2 without TLS (h2c, prior knowledge) on its listener, as
 // the activator's plain listener does; its upstream is HTTP/1.1 keep-alive, as the activator's.
 func startNginxH2c(e *env, dir string, listen, app int, cpus string, workers int) (*proc, error) {
-	return startNginxConf(e, dir, fmt.Sprintf("127.0.0.1:%d http2", listen), app, cpus, workers, "")
+	return startNginxConf(e, dir, fmt.Sprintf("listen 127.0.0.1:%d http2;", listen), app, cpus, workers, "")
 }
 
-// startNginxConf writes and starts the peer's nginx.conf; listen is the listen directive's parameters.
-func startNginxConf(e *env, dir, listen string, app int, cpus string, workers int, directives string) (*proc, error) {
+// startNginxConf writes and starts the peer's nginx.conf: server is the server block's own directives
+// (its listen, and TLS's where it terminates TLS), directives the location's beside proxy_pass.
+func startNginxConf(e *env, dir, server string, app int, cpus string, workers int, directives string) (*proc, error) {
 	for _, d := range []string{"logs", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
@@ -83,7 +84,7 @@ http {
   keepalive_requests 1000000;
   upstream app { server 127.0.0.1:%[3]d; keepalive 256; keepalive_requests 1000000; }
   server {
-    listen %[4]s;
+    %[4]s
     location / {
       proxy_pass http://app;
       proxy_http_version 1.1;
@@ -92,7 +93,7 @@ http {
 %[5]s    }
   }
 }
-`, workers, dir, app, listen, directives)
+`, workers, dir, app, server, directives)
 	cfg := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return nil, err
