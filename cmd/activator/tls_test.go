@@ -41,23 +41,7 @@ func tlsTop(addr string, files []registry.CertFile, extra string) string {
 // offers HTTP/2 as well as HTTP/1.1. dials, when set, receives once for each connection made. Its idle
 // connections are closed at cleanup.
 func httpsClient(t *testing.T, ca *tlstest.CA, addr string, h2 bool, dials chan<- struct{}) *http.Client {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetHTTP2(h2)
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			if err == nil && dials != nil {
-				dials <- struct{}{}
-			}
-			return c, err
-		},
-		Protocols: &p,
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: patience}
+	return ca.Client(t, addr, h2, dials, patience)
 }
 
 // httpsAnswer is one HTTPS answer, read to its end.

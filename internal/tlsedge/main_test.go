@@ -1,8 +1,6 @@
 package tlsedge
 
 import (
-	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -88,23 +86,7 @@ func labelHandler() http.Handler {
 // host). h2 offers HTTP/2 as well as HTTP/1.1. dials, when set, receives once each connection it makes is
 // established. Its idle connections are closed at cleanup.
 func client(t *testing.T, ca *tlstest.CA, addr string, h2 bool, dials chan<- struct{}) *http.Client {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetHTTP2(h2)
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			if err == nil && dials != nil {
-				dials <- struct{}{} // the connection is established: in the server's accept queue
-			}
-			return c, err
-		},
-		Protocols: &p,
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: patience}
+	return ca.Client(t, addr, h2, dials, patience)
 }
 
 // get GETs url and returns the body, with the label of the certificate the server presented.

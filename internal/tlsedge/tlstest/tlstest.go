@@ -3,13 +3,17 @@
 package tlstest
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -132,4 +136,28 @@ func serial(t testing.TB) *big.Int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Client is an HTTPS client trusting ca that dials addr whatever the URL's host (the SNI is the URL's
+// host), within timeout per request. h2 offers HTTP/2 as well as HTTP/1.1. dials, when set, receives
+// once each connection it makes is established (in the server's accept queue). Its idle connections
+// are closed at cleanup.
+func (ca *CA) Client(t testing.TB, addr string, h2 bool, dials chan<- struct{}, timeout time.Duration) *http.Client {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetHTTP2(h2)
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			if err == nil && dials != nil {
+				dials <- struct{}{}
+			}
+			return c, err
+		},
+		Protocols: &p,
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: timeout}
 }
