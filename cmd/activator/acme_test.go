@@ -24,6 +24,7 @@ import (
 
 	"github.com/activator/activator/internal/acme/pebbletest"
 	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // acmeServe is what an ACME test's activator is started with: its plain and TLS listeners (bound
@@ -48,7 +49,7 @@ const (
 func newACMEServe(t *testing.T, challenge, storage string, routes ...appRoute) (*acmeServe, *pebbletest.Pebble) {
 	t.Helper()
 	ip := loopbackIP(t)
-	addrs := freeAddrsOn(t, ip, 3)
+	addrs := testenv.FreeAddrs(t, ip, 3)
 	a := &acmeServe{edge: addrs[0], tls: addrs[1], admin: freeLoopbackAddr(t)}
 	httpPort, tlsPort, nowhere := portOf(a.edge), portOf(a.tls), portOf(addrs[2])
 	conf := pebbletest.Config{IP: ip, HTTPPort: httpPort, TLSPort: nowhere}
@@ -60,21 +61,6 @@ func newACMEServe(t *testing.T, challenge, storage string, routes ...appRoute) (
 		fmt.Sprintf("tls:\n  acme: {email: ops@example.org, ca: %q, ca_root: %q, storage: %q}\n", p.Directory, p.CARoot, storage) +
 		configYAML(t, routes...)
 	return a, p
-}
-
-// freeAddrsOn is n addresses on ip whose TCP ports were free a moment ago, each a different one.
-func freeAddrsOn(t *testing.T, ip string, n int) []string {
-	t.Helper()
-	var addrs []string
-	for range n {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatalf("no free port on %s: %v", ip, err)
-		}
-		defer ln.Close() // held until all are bound: no port twice
-		addrs = append(addrs, ln.Addr().String())
-	}
-	return addrs
 }
 
 // portOf is addr's port.

@@ -24,6 +24,22 @@ func Missing(t testing.TB, format string, args ...any) {
 	t.Skipf("skipping: "+format+" (set ACTIVATOR_INTEGRATION=required to make this a failure)", args...)
 }
 
+// FreeAddrs returns n addresses on ip whose TCP ports were free a moment ago, each a different one:
+// all n are held until the last is bound.
+func FreeAddrs(t testing.TB, ip string, n int) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatalf("no free port on %s: %v", ip, err)
+		}
+		defer ln.Close() // held until all are bound: no port twice
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs
+}
+
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()

@@ -108,7 +108,7 @@ func Start(t testing.TB, c Config) *Pebble {
 		"-dns01", dns, "-http01", "", "-https01", "", "-tlsalpn01", "",
 		"-management", freeAddr(t, own), "-defaultIPv4", resolve, "-defaultIPv6", "")
 
-	addrs := freeAddrs(t, own, 2)
+	addrs := testenv.FreeAddrs(t, own, 2)
 	acmeAddr, mgmtAddr := addrs[0], addrs[1]
 	conf := map[string]any{"pebble": map[string]any{
 		"listenAddress": acmeAddr, "managementListenAddress": mgmtAddr,
@@ -346,22 +346,7 @@ func loopbackIP(t testing.TB) string {
 // freeAddr is ip with a TCP port that was free a moment ago.
 func freeAddr(t testing.TB, ip string) string {
 	t.Helper()
-	return freeAddrs(t, ip, 1)[0]
-}
-
-// freeAddrs is n addresses on ip whose TCP ports were free a moment ago, each a different one.
-func freeAddrs(t testing.TB, ip string, n int) []string {
-	t.Helper()
-	var addrs []string
-	for range n {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatalf("no free port on %s: %v", ip, err)
-		}
-		defer ln.Close() // held until all are bound: no port twice
-		addrs = append(addrs, ln.Addr().String())
-	}
-	return addrs
+	return testenv.FreeAddrs(t, ip, 1)[0]
 }
 
 // freeUDPAndTCP is an address on ip whose port was free for both UDP and TCP a moment ago (the
