@@ -405,14 +405,6 @@ func cpuTimes(cpu string) (busy, total uint64, err error) {
 	return 0, 0, fmt.Errorf("/proc/stat: no cpu%s", cpu)
 }
 
-// tlsTarget is one TLS server of the warm path and the handshake runs.
-type tlsTarget struct {
-	name string
-	addr string
-	tls  bool // false: the activator's plain listener, the reference
-	proc *proc
-}
-
 // runHTTPS runs the experiment's three parts; a part that fails is reported and the others still run.
 func runHTTPS(ctx context.Context, e *env) error {
 	dir := filepath.Join(e.tmp, "https")
@@ -503,7 +495,7 @@ func httpsServed(ctx context.Context, e *env, dir string, cert benchCert, mode c
 	if err != nil {
 		return fmt.Errorf("activator: %w", err)
 	}
-	targets := []tlsTarget{{name: "activator", addr: tlsAddr, tls: true, proc: act.proc}}
+	targets := []warmTarget{{name: "activator", addr: tlsAddr, tls: true, proc: act.proc}}
 	negotiated := map[string]string{"activator": describeTLS(st)}
 
 	peers := []struct {
@@ -540,12 +532,12 @@ func httpsServed(ctx context.Context, e *env, dir string, cert benchCert, mode c
 			continue
 		}
 		negotiated[pd.name] = describeTLS(st)
-		targets = append(targets, tlsTarget{name: pd.name, addr: addr, tls: true, proc: p})
+		targets = append(targets, warmTarget{name: pd.name, addr: addr, tls: true, proc: p})
 	}
 
 	var errs []error
 	if wrk, ok := e.tools["wrk"]; ok {
-		warm := append(append([]tlsTarget(nil), targets...), tlsTarget{name: "activator (plain HTTP)", addr: act.edge, proc: act.proc})
+		warm := append(append([]warmTarget(nil), targets...), warmTarget{name: "activator (plain HTTP)", addr: act.edge, proc: act.proc})
 		if err := httpsWarm(ctx, e, wrk, mode, warm, res); err != nil {
 			errs = append(errs, fmt.Errorf("warm: %w", err))
 		}
@@ -575,66 +567,23 @@ func httpsConns(conns []int) []int {
 
 // httpsWarm is the warm path over HTTPS: wrk keep-alive at each connection count, the targets
 // rotated round by round, as runWarm does it over plain HTTP.
-func httpsWarm(ctx context.Context, e *env, wrk string, mode cpuMode, targets []tlsTarget, res *HTTPSResult) error {
-	url := func(t tlsTarget) string {
-		if t.tls {
-			return "https://" + t.addr + "/"
-		}
-		return "http://" + t.addr + "/"
-	}
-	for _, t := range targets {
-		w := wrkRun{url: url(t), conns: 64, threads: mode.threads, dur: time.Second, cpus: mode.load}
-		if _, err := w.run(ctx, wrk); err != nil {
-			return fmt.Errorf("warm-up %s: %w", t.name, err)
-		}
-	}
-	type key struct {
-		target string
-		conns  int
-	}
-	rps, p50, p99 := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
-	errs := map[key]int64{}
+func httpsWarm(ctx context.Context, e *env, wrk string, mode cpuMode, targets []warmTarget, res *HTTPSResult) error {
 	conns := httpsConns(e.opts.conns)
-	for run := 0; run < e.opts.runs; run++ {
-		for _, c := range conns {
-			for i := range targets {
-				t := targets[(i+run)%len(targets)]
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if t.proc.exited() {
-					return fmt.Errorf("%s exited: %v\n%s", t.name, t.proc.err, t.proc.out.String())
-				}
-				w := wrkRun{url: url(t), conns: c, threads: min(mode.threads, c), dur: e.opts.dur, cpus: mode.load}
-				r, err := w.run(ctx, wrk)
-				k := key{t.name, c}
-				if err != nil {
-					e.log.Warn("wrk run failed", "target", t.name, "conns", c, "err", err)
-					r = wrkResult{RPS: math.NaN(), P50: math.NaN(), P99: math.NaN()}
-				}
-				rps[k] = append(rps[k], r.RPS)
-				p50[k] = append(p50[k], r.P50)
-				p99[k] = append(p99[k], r.P99)
-				errs[k] += r.Errors
-				e.log.Info("wrk https", "mode", mode.name, "run", run+1, "conns", c, "target", t.name, "rps", int(r.RPS), "p99_us", r.P99)
-			}
-		}
+	smp, err := measureRounds(ctx, e, "wrk https", mode, targets, conns, 64, wrkMeasure(wrk, mode))
+	if err != nil {
+		return err
 	}
+	res.Warm = append(res.Warm, smp.rows(mode.name, conns, targets)...)
 	for _, c := range conns {
-		for _, t := range targets {
-			k := key{t.name, c}
-			res.Warm = append(res.Warm, WarmRow{Mode: mode.name, Conns: c, Target: t.name,
-				RPS: summarize(rps[k]), P50us: summarize(p50[k]), P99us: summarize(p99[k]), Errors: errs[k]})
-		}
-		a := key{"activator", c}
+		a := roundKey{"activator", c}
 		add := func(name string, v Stat) {
 			res.WarmRatios = append(res.WarmRatios, RatioRow{Mode: mode.name, Conns: c, Name: name, Value: v})
 		}
 		for _, t := range targets[1:] {
-			add("activator ÷ "+t.name+", req/s", ratios(rps[a], rps[key{t.name, c}]))
+			add("activator ÷ "+t.name+", req/s", ratios(smp.rps[a], smp.rps[roundKey{t.name, c}]))
 		}
 		for _, t := range targets[1:] {
-			add("activator p99 ÷ "+t.name+" p99", ratios(p99[a], p99[key{t.name, c}]))
+			add("activator p99 ÷ "+t.name+" p99", ratios(smp.p99[a], smp.p99[roundKey{t.name, c}]))
 		}
 	}
 	return nil
@@ -642,7 +591,7 @@ func httpsWarm(ctx context.Context, e *env, wrk string, mode cpuMode, targets []
 
 // httpsHandshakes measures new TLS connections per second against each target, the targets rotated
 // round by round, the client pinned where wrk is.
-func httpsHandshakes(ctx context.Context, e *env, cert benchCert, mode cpuMode, targets []tlsTarget, negotiated map[string]string, res *HTTPSResult) error {
+func httpsHandshakes(ctx context.Context, e *env, cert benchCert, mode cpuMode, targets []warmTarget, negotiated map[string]string, res *HTTPSResult) error {
 	type runs struct {
 		rate, p50, p99, client, server []float64
 		errors, resumed                int64

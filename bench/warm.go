@@ -3,18 +3,26 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 )
 
-// warmTarget is one server wrk measures in the warm-path comparison.
+// warmTarget is one server the warm-path comparisons measure.
 type warmTarget struct {
 	name string
 	addr string
+	tls  bool  // served over HTTPS (the TLS rows; false there is the activator's plain listener)
 	proc *proc // nil for targets owned elsewhere
+}
+
+// url is the URL the load generators ask t for.
+func (t warmTarget) url() string {
+	if t.tls {
+		return "https://" + t.addr + "/"
+	}
+	return "http://" + t.addr + "/"
 }
 
 // runWarm measures the same tiny app behind nothing, the activator and each peer proxy, with wrk at
@@ -102,74 +110,37 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 		targets = append(targets, warmTarget{name: pd.name, addr: addr, proc: p})
 	}
 
-	// Warm every target up (connection pools, JIT-free but cache-warm), then the alternating runs.
-	for _, t := range targets {
-		w := wrkRun{url: "http://" + t.addr + "/", conns: 64, threads: mode.threads, dur: time.Second, cpus: mode.load}
-		if _, err := w.run(ctx, wrk); err != nil {
-			return fmt.Errorf("warm-up %s: %w", t.name, err)
-		}
+	smp, err := measureRounds(ctx, e, "wrk", mode, targets, e.opts.conns, 64, wrkMeasure(wrk, mode))
+	if err != nil {
+		return err
 	}
-	type key struct {
-		target string
-		conns  int
-	}
-	rps, p50, p99 := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
-	errs := map[key]int64{}
-	for run := 0; run < e.opts.runs; run++ {
-		for _, c := range e.opts.conns {
-			for i := range targets {
-				t := targets[(i+run)%len(targets)] // rotate the order run by run
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if t.proc.exited() {
-					return fmt.Errorf("%s exited: %v\n%s", t.name, t.proc.err, t.proc.out.String())
-				}
-				w := wrkRun{url: "http://" + t.addr + "/", conns: c, threads: min(mode.threads, c), dur: e.opts.dur, cpus: mode.load}
-				r, err := w.run(ctx, wrk)
-				k := key{t.name, c}
-				if err != nil {
-					e.log.Warn("wrk run failed", "target", t.name, "conns", c, "err", err)
-					r = wrkResult{RPS: math.NaN(), P50: math.NaN(), P99: math.NaN()}
-				}
-				rps[k] = append(rps[k], r.RPS)
-				p50[k] = append(p50[k], r.P50)
-				p99[k] = append(p99[k], r.P99)
-				errs[k] += r.Errors
-				e.log.Info("wrk", "mode", mode.name, "run", run+1, "conns", c, "target", t.name, "rps", int(r.RPS), "p99_us", r.P99)
-			}
-		}
-	}
+	rps, p99 := smp.rps, smp.p99
+	e.report.Warm = append(e.report.Warm, smp.rows(mode.name, e.opts.conns, targets)...)
 
 	have := map[string]bool{}
 	for _, t := range targets {
 		have[t.name] = true
 	}
 	for _, c := range e.opts.conns {
-		for _, t := range targets {
-			k := key{t.name, c}
-			e.report.Warm = append(e.report.Warm, WarmRow{Mode: mode.name, Conns: c, Target: t.name,
-				RPS: summarize(rps[k]), P50us: summarize(p50[k]), P99us: summarize(p99[k]), Errors: errs[k]})
-		}
-		a := key{"activator", c}
+		a := roundKey{"activator", c}
 		add := func(name string, v Stat) {
 			e.report.WarmRatios = append(e.report.WarmRatios, RatioRow{Mode: mode.name, Conns: c, Name: name, Value: v})
 		}
-		add("activator ÷ direct, req/s", ratios(rps[a], rps[key{"direct", c}]))
+		add("activator ÷ direct, req/s", ratios(rps[a], rps[roundKey{"direct", c}]))
 		for _, pd := range peerDefs {
 			if have[pd.name] {
-				add("activator ÷ "+pd.name+", req/s", ratios(rps[a], rps[key{pd.name, c}]))
+				add("activator ÷ "+pd.name+", req/s", ratios(rps[a], rps[roundKey{pd.name, c}]))
 			}
 		}
-		add("activator p99 ÷ direct p99", ratios(p99[a], p99[key{"direct", c}]))
+		add("activator p99 ÷ direct p99", ratios(p99[a], p99[roundKey{"direct", c}]))
 		// The pinned targets' row: unpinned stands in when this machine cannot pin.
 		standIn := mode.name == "pinned" || !e.opts.pinned
 		if have["caddy"] && c == 16 && standIn {
-			v := ratios(rps[a], rps[key{"caddy", c}])
+			v := ratios(rps[a], rps[roundKey{"caddy", c}])
 			e.report.check(fmt.Sprintf("warm req/s, activator ÷ Caddy (%s, c16)", mode.name), fmtStat(v, 2), "≥ 1.5", v.Median >= 1.5)
 		}
 		if have["haproxy"] {
-			v := ratios(rps[a], rps[key{"haproxy", c}])
+			v := ratios(rps[a], rps[roundKey{"haproxy", c}])
 			name := fmt.Sprintf("warm req/s, activator ÷ HAProxy (%s, c%d)", mode.name, c)
 			if standIn && (c == 16 || c == 64) {
 				e.report.check(name, fmtStat(v, 2), "≥ 1.0", v.Median >= 1.0)
@@ -179,7 +150,7 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 			}
 		}
 		if goal, ok := map[int]float64{16: 1.3, 64: 1.5}[c]; ok && standIn {
-			v := ratios(p99[a], p99[key{"direct", c}])
+			v := ratios(p99[a], p99[roundKey{"direct", c}])
 			e.report.check(fmt.Sprintf("warm p99, activator ÷ direct (%s, c%d)", mode.name, c), fmtStat(v, 2), fmt.Sprintf("≤ %.1f", goal), v.Median <= goal)
 		}
 	}
@@ -223,50 +194,23 @@ func warmH2(ctx context.Context, e *env, mode cpuMode, dir string, act *activato
 		return nil
 	}
 	targets := []warmTarget{{name: "activator", addr: act.edge, proc: act.proc}, {name: "nginx", addr: ngxAddr, proc: ngx}}
-	for _, t := range targets { // warm-up, not counted
-		w := h2loadRun{url: "http://" + t.addr + "/", conns: 16, streams: h2Streams, threads: mode.threads, dur: time.Second, cpus: mode.load}
-		if _, err := w.run(ctx, h2load); err != nil {
-			return fmt.Errorf("h2c warm-up %s: %w", t.name, err)
-		}
+	h2 := func(ctx context.Context, t warmTarget, conns int, dur time.Duration) (wrkResult, error) {
+		w := h2loadRun{url: t.url(), conns: conns, streams: h2Streams, threads: min(mode.threads, conns), dur: dur, cpus: mode.load}
+		return w.run(ctx, h2load)
 	}
-	type key struct {
-		target string
-		conns  int
+	smp, err := measureRounds(ctx, e, "h2load", mode, targets, e.opts.conns, 16, h2)
+	if err != nil {
+		return err
 	}
-	rps := map[key][]float64{}
-	errs := map[key]int64{}
-	for run := 0; run < e.opts.runs; run++ {
-		for _, c := range e.opts.conns {
-			for i := range targets {
-				t := targets[(i+run)%len(targets)]
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if t.proc.exited() {
-					return fmt.Errorf("%s exited: %v\n%s", t.name, t.proc.err, t.proc.out.String())
-				}
-				w := h2loadRun{url: "http://" + t.addr + "/", conns: c, streams: h2Streams, threads: min(mode.threads, c), dur: e.opts.dur, cpus: mode.load}
-				r, err := w.run(ctx, h2load)
-				if err != nil {
-					e.log.Warn("h2load run failed", "target", t.name, "conns", c, "err", err)
-					r.RPS = math.NaN()
-				}
-				k := key{t.name, c}
-				rps[k] = append(rps[k], r.RPS)
-				errs[k] += r.Errors
-				e.log.Info("h2load", "mode", mode.name, "run", run+1, "conns", c, "target", t.name, "rps", int(r.RPS))
-			}
-		}
+	nan := summarize(nil) // h2load's latency figures are not comparable with wrk's: left out
+	for _, r := range smp.rows(mode.name, e.opts.conns, targets) {
+		r.Target += " (h2c)"
+		r.P50us, r.P99us = nan, nan
+		e.report.WarmH2 = append(e.report.WarmH2, r)
 	}
-	nan := summarize(nil)
 	for _, c := range e.opts.conns {
-		for _, t := range targets {
-			k := key{t.name, c}
-			e.report.WarmH2 = append(e.report.WarmH2, WarmRow{Mode: mode.name, Conns: c, Target: t.name + " (h2c)",
-				RPS: summarize(rps[k]), P50us: nan, P99us: nan, Errors: errs[k]})
-		}
 		e.report.WarmRatios = append(e.report.WarmRatios, RatioRow{Mode: mode.name, Conns: c,
-			Name: fmt.Sprintf("h2c (h2load -m %d): activator ÷ nginx, req/s", h2Streams), Value: ratios(rps[key{"activator", c}], rps[key{"nginx", c}])})
+			Name: fmt.Sprintf("h2c (h2load -m %d): activator ÷ nginx, req/s", h2Streams), Value: ratios(smp.rps[roundKey{"activator", c}], smp.rps[roundKey{"nginx", c}])})
 	}
 	return nil
 }
