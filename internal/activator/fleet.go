@@ -375,17 +375,7 @@ func stopBackend(ctx context.Context, b tenant.Backend) error {
 
 // client returns m's upstream client, built on first use.
 func (fb *fleetBackend) client(m *fleetMember) *upstream.Client {
-	if c := m.up.Load(); c != nil {
-		return c
-	}
-	m.up.CompareAndSwap(nil, upstream.New(upstream.Options{
-		Network:      m.route.Upstream.Network,
-		Address:      m.route.Upstream.Address,
-		MaxConns:     upstreamConns(m.route),
-		TrustedProxy: fb.in.trusted,
-		ErrorHandler: fb.in.upstreamFailed,
-	}))
-	return m.up.Load()
+	return fb.in.lazyClient(&m.up, m.route)
 }
 
 // pick returns the ready member with the fewest requests in flight, or nil.

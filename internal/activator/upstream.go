@@ -6,6 +6,7 @@ package activator
 import (
 	"net"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/upstream"
@@ -29,18 +30,23 @@ func upstreamConns(r *registry.Route) int {
 // client returns the route's upstream client, building it on first use: most routes of a large
 // config never wake, and need none. It is kept for the instance's life, so its connection pool
 // survives reloads.
-func (in *instance) client() *upstream.Client {
-	if c := in.up.Load(); c != nil {
+func (in *instance) client() *upstream.Client { return in.lazyClient(&in.up, in.route) }
+
+// lazyClient returns the upstream client in slot, building one to r's upstream if slot is empty. The
+// instance's own client and each fleet member's are built this way, answering failures as the
+// instance does; of two racing first calls, one client is kept.
+func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registry.Route) *upstream.Client {
+	if c := slot.Load(); c != nil {
 		return c
 	}
-	in.up.CompareAndSwap(nil, upstream.New(upstream.Options{
-		Network:      in.route.Upstream.Network,
-		Address:      in.route.Upstream.Address,
-		MaxConns:     upstreamConns(in.route),
+	slot.CompareAndSwap(nil, upstream.New(upstream.Options{
+		Network:      r.Upstream.Network,
+		Address:      r.Upstream.Address,
+		MaxConns:     upstreamConns(r),
 		TrustedProxy: in.trusted,
 		ErrorHandler: in.upstreamFailed,
 	}))
-	return in.up.Load()
+	return slot.Load()
 }
 
 // upstreamFailed answers a request whose upstream exchange failed, on either path of the client.
