@@ -47,10 +47,7 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 		}
 		if in.state == Awake && !in.closed {
 			in.inflight++
-			in.idleGen++ // disarm the idle timer
-			if in.idle != nil {
-				in.idle.Stop()
-			}
+			in.disarmIdleLocked()
 			in.mu.Unlock()
 			return in.releaseFn, nil
 		}
@@ -196,7 +193,7 @@ func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, 
 func (in *instance) admit(ctx context.Context, heldFor time.Duration) (done func(), err error) {
 	select {
 	case in.slots <- struct{}{}:
-		return in.unadmit, nil
+		return in.unadmitFn, nil
 	default:
 	}
 	var expired <-chan time.Time
@@ -211,7 +208,7 @@ func (in *instance) admit(ctx context.Context, heldFor time.Duration) (done func
 	}
 	select {
 	case in.slots <- struct{}{}:
-		return in.unadmit, nil
+		return in.unadmitFn, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-expired:

@@ -66,6 +66,7 @@ type instance struct {
 	series    *instanceMetrics // the route's series, held until the instance retires; nil records nothing
 	count     func(code int)   // activator_requests_total for this route
 	releaseFn func()           // in.release bound once: a method value made per request is an allocation
+	unadmitFn func()           // in.unadmit bound once, for the same reason
 	root      context.Context  // the server's lifetime; wakes and sleeps derive from it, never from a request
 	now       func() time.Time
 	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
@@ -125,8 +126,6 @@ type instance struct {
 	idleDue  uint64        // the idle timer of this generation found only ignored requests in flight (filter.go)
 	held     int           // requests waiting for a wake
 	holdSlot *holdSlot     // the hold limit requests held now share (holdLimitLocked); nil until the first
-	idle     *time.Timer   // armed while Awake with no in-flight requests
-	idleGen  uint64        // the idle timer that may fire; older timers are ignored
 	fails    int           // consecutive failed wakes
 	until    time.Time     // Failed: no new wake before this
 	lastErr  *WakeError
@@ -137,6 +136,14 @@ type instance struct {
 	checkErr error       // the route's host check at start-up failed with this (Server.SetCheckError)
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
+	// idle is the idle clock, armed while Awake with nothing in flight. It is made on the first arm,
+	// then only Reset and Stopped, so the in-flight count dropping to 0 allocates nothing. idleArmed:
+	// Reset and neither stopped since nor seen by idleFired. idleStale counts the firings that a Stop
+	// came too late for: their idleFired has started and must do nothing (sleep.go).
+	idle      *time.Timer
+	idleArmed bool
+	idleStale int
+	idleGen   uint64 // moved on by every arm and disarm: an ignored-only sleep due holds for one (filter.go)
 	// stopSched stops the route's keep_warm/wake_at scheduler (schedule.go); nil when none runs.
 	stopSched context.CancelFunc
 	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
@@ -169,7 +176,7 @@ func newInstance(root context.Context, r *registry.Route, b tenant.Backend, log 
 		pages:   &routePage{},
 		since:   now(),
 	}
-	in.releaseFn = in.release
+	in.releaseFn, in.unadmitFn = in.release, in.unadmit
 	in.filter, in.releaseIgnoredFn = newFilter(&r.Ignore, series), in.releaseIgnored
 	return in
 }
@@ -184,10 +191,7 @@ func (in *instance) setStateLocked(s State) {
 	if in.state == Awake && s != Awake {
 		in.lifeGen++
 		close(in.awakeEnd)
-		in.idleGen++
-		if in.idle != nil {
-			in.idle.Stop()
-		}
+		in.disarmIdleLocked()
 	}
 	if s == Awake && in.state != Awake {
 		in.awakeEnd = make(chan struct{})

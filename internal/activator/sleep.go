@@ -9,28 +9,53 @@ import (
 	"github.com/activator/activator/internal/tenant"
 )
 
-// armIdleLocked starts the idle clock. The timer's callback only flips state and starts the owned sleep
-// goroutine; a generation counter makes a timer that fired late (after a new request) harmless.
+// armIdleLocked starts the idle clock, or starts it again from now. The timer's callback (idleFired)
+// only flips state and starts the owned sleep goroutine.
 func (in *instance) armIdleLocked() {
 	if in.route.Idle <= 0 || in.closed {
 		return
 	}
-	in.idleGen++
-	gen := in.idleGen
-	if in.idle != nil {
-		in.idle.Stop()
+	in.disarmIdleLocked()
+	if in.idle == nil {
+		in.idle = time.AfterFunc(in.route.Idle, in.idleFired)
+	} else {
+		in.idle.Reset(in.route.Idle)
 	}
-	in.idle = time.AfterFunc(in.route.Idle, func() {
-		in.mu.Lock()
-		defer in.mu.Unlock()
-		if gen != in.idleGen || in.state != Awake || in.inflight > 0 || in.held > 0 || in.keptWarm(in.now()) {
-			return // inside a keep_warm window, the window's end starts the idle clock again (schedule.go)
-		}
-		if in.postponeIdleLocked(gen) {
-			return // ignored requests in flight: the last of them starts the sleep (filter.go)
-		}
-		in.beginSleepLocked(ReasonIdle)
-	})
+	in.idleArmed = true
+}
+
+// disarmIdleLocked stops the idle clock and moves idleGen on. A Stop that fails found the timer fired:
+// its idleFired has started and is counted stale, so that it cannot take the window of a later arm for
+// its own.
+func (in *instance) disarmIdleLocked() {
+	in.idleGen++
+	if !in.idleArmed {
+		return
+	}
+	in.idleArmed = false
+	if !in.idle.Stop() {
+		in.idleStale++
+	}
+}
+
+// idleFired is the idle timer's callback. The firings are alike, so which of them is stale does not
+// matter, only how many: one that finds none left stale runs after the arm in force has fired, so that
+// arm's whole window has passed with nothing counted in flight (an acquire would have disarmed it).
+func (in *instance) idleFired() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.idleStale > 0 {
+		in.idleStale--
+		return
+	}
+	in.idleArmed = false
+	if in.state != Awake || in.inflight > 0 || in.held > 0 || in.keptWarm(in.now()) {
+		return // inside a keep_warm window, the window's end starts the idle clock again (schedule.go)
+	}
+	if in.postponeIdleLocked(in.idleGen) {
+		return // ignored requests in flight: the last of them starts the sleep (filter.go)
+	}
+	in.beginSleepLocked(ReasonIdle)
 }
 
 // beginSleepLocked moves an awake instance to Stopping and starts the sleep goroutine.
@@ -222,10 +247,7 @@ func (in *instance) shutdown(ctx context.Context, cut <-chan struct{}) {
 	in.closed = true
 	in.quiet = nil
 	in.stopScheduleLocked()
-	in.idleGen++
-	if in.idle != nil {
-		in.idle.Stop()
-	}
+	in.disarmIdleLocked()
 	if in.state == Awake {
 		in.lifeGen++ // Close may end the tenant's Life: that is no death of its own to report
 	}
