@@ -116,7 +116,10 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	var opened []*instance
 	for _, r := range all {
 		if old, ok := s.instances[r.Name]; ok && !changed[r.Name] {
-			next[r.Name] = old
+			// Keyed by the old route's name, as buildTable keys hosts by the old route's: an unchanged
+			// route keeps nothing of cfg, so that the config of a reload that changes nothing is garbage
+			// as a whole once applied, not a string per route pinning the memory its parse used.
+			next[old.route.Name] = old
 			continue
 		}
 		in, err := s.openLocked(r)

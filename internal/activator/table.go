@@ -33,6 +33,9 @@ func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
 	for _, r := range cfg.Routes {
 		in := instances[r.Name]
 		t.order = append(t.order, in)
+		// The instance's route, not r: an unchanged route's instance has the one it was opened with
+		// (equal to r), and the table then holds no string of cfg (see Server.Apply).
+		r := in.route
 		rt := &routed{prefix: r.PathPrefix, in: in, count: in.count}
 		for _, h := range r.Hosts {
 			m, key := t.exact, h

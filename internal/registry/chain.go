@@ -55,7 +55,7 @@ func markInstance(list []error, instance bool) {
 // loadEntries loads the routes and the instances, the list written first first, and checks that their
 // names are unique across both lists and that no two routes share a host and path prefix. It returns
 // every entry, usable or not, in file order.
-func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr) []entry {
+func loadEntries(l *errs, fields fieldsCache, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr) []entry {
 	lists := []struct {
 		nodes    []yaml.Node
 		instance bool
@@ -63,12 +63,14 @@ func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]Se
 	if KeyLine(doc, "instances") < KeyLine(doc, "routes") {
 		lists[0], lists[1] = lists[1], lists[0]
 	}
-	var ents []entry
-	names := map[string]entry{}
-	hosts := map[string]string{}
+	// Sized up front: growing them to a large config's every name and host rehashes them again and again.
+	n := len(fc.Routes) + len(fc.Instances)
+	ents := make([]entry, 0, n)
+	names := make(map[string]entry, n)
+	hosts := make(map[string]string, len(fc.Routes))
 	for _, list := range lists {
 		for i := range list.nodes {
-			e := loadRoute(l, &list.nodes[i], i, list.instance, backings, own)
+			e := loadRoute(l, fields, &list.nodes[i], i, list.instance, backings, own)
 			if e.r == nil {
 				continue
 			}

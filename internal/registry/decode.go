@@ -2,6 +2,7 @@ package registry
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"maps"
@@ -180,12 +181,15 @@ func valueOr[T any](p *T, def T) T {
 // first: each is an *Error whose Key is the dotted path below node ("stop.grace", "argv[0]") and whose
 // Line is the offending line. Even on error, v receives every value that did decode, so a caller can go
 // on validating the rest and report those problems too. A nil node leaves v unchanged.
-func DecodeStrict(node *yaml.Node, v any) error {
+func DecodeStrict(node *yaml.Node, v any) error { return fieldsCache{}.decodeStrict(node, v) }
+
+// decodeStrict is DecodeStrict with the struct types' fields looked up in fc.
+func (fc fieldsCache) decodeStrict(node *yaml.Node, v any) error {
 	if node == nil {
 		return nil
 	}
 	var l errs
-	good := check(&l, node, reflect.TypeOf(v), "")
+	good := fc.check(&l, node, reflect.TypeOf(v), "")
 	if good != nil {
 		if err := good.Decode(v); err != nil {
 			// check should have caught every problem; report whatever it missed all the same.
@@ -255,9 +259,9 @@ var (
 
 // check walks n against t (a struct, slice, map or scalar type, possibly behind pointers), adding to l
 // every mapping key t does not declare and every value that does not decode into its field. It returns
-// a copy of n without the offending entries, or nil when n itself is bad, so decoding the copy keeps
-// every good value.
-func check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+// n without the offending entries, or nil when n itself is bad, so decoding the result keeps every good
+// value. A node with nothing to drop is returned as it is: only the path to a dropped entry is copied.
+func (fc fieldsCache) check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -268,9 +272,12 @@ func check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 		if len(n.Content) != 1 {
 			return n
 		}
-		c := check(l, n.Content[0], t, prefix)
-		if c == nil {
+		c := fc.check(l, n.Content[0], t, prefix)
+		switch c {
+		case nil:
 			return nil
+		case n.Content[0]:
+			return n
 		}
 		doc := *n
 		doc.Content = []*yaml.Node{c}
@@ -289,78 +296,150 @@ func check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	case t == nodeType || t.Kind() == reflect.Interface:
 		return n // taken as is
 	case reflect.PointerTo(t).Implements(unmarshalerType):
-		return checkLeaf(l, n, t, prefix)
+		return checkUnmarshaler(l, n, t, prefix)
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		return checkStruct(l, n, t, prefix)
+		return fc.checkStruct(l, n, t, prefix)
 	case reflect.Slice, reflect.Array:
-		return checkList(l, n, t, prefix)
+		return fc.checkList(l, n, t, prefix)
 	case reflect.Map:
-		return checkMap(l, n, t, prefix)
+		return fc.checkMap(l, n, t, prefix)
 	}
 	return checkLeaf(l, n, t, prefix)
 }
 
+// kept builds a node's copy entry by entry, copying only once an entry differs from n's own (it was
+// dropped, or its value was). node returns n itself when none did.
+type kept struct {
+	n      *yaml.Node
+	out    []*yaml.Node // the copy's Content, once copied
+	copied bool
+}
+
+// keep records the entry of n that starts at Content[i] as the checked nodes c (none for a dropped
+// entry): a key and its value, or a list's item.
+func (k *kept) keep(i int, c ...*yaml.Node) {
+	same := c != nil
+	for x, v := range c {
+		same = same && v == k.n.Content[i+x]
+	}
+	if same && !k.copied {
+		return
+	}
+	if !k.copied {
+		k.copied = true
+		k.out = append(make([]*yaml.Node, 0, len(k.n.Content)), k.n.Content[:i]...)
+	}
+	k.out = append(k.out, c...)
+}
+
+func (k *kept) node() *yaml.Node {
+	if !k.copied {
+		return k.n
+	}
+	out := *k.n
+	out.Content = k.out
+	return &out
+}
+
 // checkStruct checks a mapping against the fields of struct type t: see check.
-func checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+func (fc fieldsCache) checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.MappingNode {
 		l.add("", prefix, n.Line, "want a mapping of keys, got %s", describe(n))
 		return nil
 	}
-	fields := yamlFields(t)
-	out := *n
-	out.Content = nil
+	fields := fc.of(t)
+	k := kept{n: n}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		ft, ok := fields[k.Value]
+		kn, v := n.Content[i], n.Content[i+1]
+		ft, ok := fields.types[kn.Value]
 		if !ok {
-			l.add("", join(prefix, k.Value), k.Line, "unknown key (known keys: %s)", strings.Join(sortedKeys(fields), ", "))
+			l.add("", join(prefix, kn.Value), kn.Line, "unknown key (known keys: %s)", fields.known)
+			k.keep(i)
 			continue
 		}
-		if c := check(l, v, ft, join(prefix, k.Value)); c != nil {
-			out.Content = append(out.Content, k, c)
+		if c := fc.check(l, v, ft, join(prefix, kn.Value)); c != nil {
+			k.keep(i, kn, c)
+		} else {
+			k.keep(i)
 		}
 	}
-	return &out
+	return k.node()
 }
 
 // checkList checks a sequence against slice or array type t: see check.
-func checkList(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+func (fc fieldsCache) checkList(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.SequenceNode {
 		l.add("", prefix, n.Line, "want a list, got %s", describe(n))
 		return nil
 	}
-	out := *n
-	out.Content = nil
-	for i, c := range n.Content {
-		if c := check(l, c, t.Elem(), fmt.Sprintf("%s[%d]", prefix, i)); c != nil {
-			out.Content = append(out.Content, c)
+	k := kept{n: n}
+	for i, v := range n.Content {
+		if c := fc.check(l, v, t.Elem(), prefix+"["+strconv.Itoa(i)+"]"); c != nil {
+			k.keep(i, c)
+		} else {
+			k.keep(i)
 		}
 	}
-	return &out
+	return k.node()
 }
 
 // checkMap checks a mapping against map type t: see check.
-func checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+func (fc fieldsCache) checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.MappingNode {
 		l.add("", prefix, n.Line, "want a mapping, got %s", describe(n))
 		return nil
 	}
-	out := *n
-	out.Content = nil
+	k := kept{n: n}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if c := check(l, v, t.Elem(), join(prefix, k.Value)); c != nil {
-			out.Content = append(out.Content, k, c)
+		kn, v := n.Content[i], n.Content[i+1]
+		if c := fc.check(l, v, t.Elem(), join(prefix, kn.Value)); c != nil {
+			k.keep(i, kn, c)
+		} else {
+			k.keep(i)
 		}
 	}
-	return &out
+	return k.node()
+}
+
+var textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+
+// fits reports whether the non-null node n certainly decodes into a value of type t, so that checkLeaf
+// need not try it: a string from any scalar without an explicit tag, a bool from a plain true or false.
+// Anything else is tried.
+func fits(n *yaml.Node, t reflect.Type) bool {
+	if n.Kind != yaml.ScalarNode || n.Style&yaml.TaggedStyle != 0 || reflect.PointerTo(t).Implements(textUnmarshalerType) {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.String:
+		// The decoder sets a string field to the scalar's text whatever the scalar resolves to; only an
+		// explicit tag (!!binary, !!int on a word) can fail.
+		return true
+	case reflect.Bool:
+		return n.Tag == "!!bool"
+	}
+	return false
 }
 
 // checkLeaf decodes n into a scratch value of type t and reports why it does not fit, under key.
 func checkLeaf(l *errs, n *yaml.Node, t reflect.Type, key string) *yaml.Node {
-	err := n.Decode(reflect.New(t).Interface())
+	if fits(n, t) {
+		return n
+	}
+	return leafErrors(l, n, key, n.Decode(reflect.New(t).Interface()))
+}
+
+// checkUnmarshaler is checkLeaf for a type with its own UnmarshalYAML, called directly: that is all
+// Node.Decode would do with a non-null node, without building a decoder for it.
+func checkUnmarshaler(l *errs, n *yaml.Node, t reflect.Type, key string) *yaml.Node {
+	u := reflect.New(t).Interface().(yaml.Unmarshaler)
+	return leafErrors(l, n, key, u.UnmarshalYAML(n))
+}
+
+// leafErrors adds err, n's decoding error, to l under key, and returns n when there is none.
+func leafErrors(l *errs, n *yaml.Node, key string, err error) *yaml.Node {
 	if err == nil {
 		return n
 	}
@@ -395,6 +474,31 @@ func join(prefix, key string) string {
 	return prefix + "." + key
 }
 
+// structFields is what checkStruct needs of a struct type: its fields by YAML key (those of inline
+// structs included) and, for the unknown-key hint, the keys sorted and joined.
+type structFields struct {
+	types map[string]reflect.Type
+	known string
+}
+
+// fieldsCache memoises each struct type's fields for one Load, or one DecodeStrict call: every route
+// of a config decodes the same few types, and building their field maps anew for each route was most
+// of the cost of decoding it. The cache lives as long as its Load.
+type fieldsCache map[reflect.Type]*structFields
+
+// of returns t's fields, building them once per cache; a nil cache builds them every time.
+func (fc fieldsCache) of(t reflect.Type) *structFields {
+	if f := fc[t]; f != nil {
+		return f
+	}
+	types := yamlFields(t)
+	f := &structFields{types: types, known: strings.Join(slices.Sorted(maps.Keys(types)), ", ")}
+	if fc != nil {
+		fc[t] = f
+	}
+	return f
+}
+
 func yamlFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	for i := 0; i < t.NumField(); i++ {
@@ -419,8 +523,4 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	return out
-}
-
-func sortedKeys(m map[string]reflect.Type) []string {
-	return slices.Sorted(maps.Keys(m))
 }

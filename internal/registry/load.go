@@ -160,7 +160,8 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	// the whole list at once.
 	var l errs
 	var fc fileConfig
-	if err := DecodeStrict(&doc, &fc); err != nil {
+	fields := fieldsCache{}
+	if err := fields.decodeStrict(&doc, &fc); err != nil {
 		l.addErr("", "", 0, err)
 	}
 	topBad := badRoots(l.list)
@@ -183,15 +184,15 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
-	ents := loadEntries(&l, &doc, &fc, backings, own)
+	ents := loadEntries(&l, fields, &doc, &fc, backings, own)
 	checkRequires(&l, ents)
 	for _, e := range ents {
 		switch {
 		case !e.ok:
 		case e.r.Instance:
-			cfg.Instances = append(cfg.Instances, e.r)
+			cfg.Instances = append(cfg.Instances, compacted(e.r))
 		default:
-			cfg.Routes = append(cfg.Routes, e.r)
+			cfg.Routes = append(cfg.Routes, compacted(e.r))
 		}
 	}
 	if len(l.list) > 0 {
@@ -203,8 +204,8 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 // loadRoute decodes and validates one route, or one instance (an entry of instances:), adding every
 // problem it has to l. own are the activator's own addresses, which its upstream must not be. It returns
 // the entry with its route as far as it decoded and whether it is usable (it has no problems); the
-// entry's route is nil when n is not even a mapping.
-func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
+// entry's route is nil when n is not even a mapping. fields is the Load's.
+func loadRoute(l *errs, fields fieldsCache, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
 	e := entry{n: n, idx: idx, label: routeLabel(n, idx)}
 	if n.Kind != yaml.MappingNode {
 		e.label = fmt.Sprintf("#%d", idx+1)
@@ -216,9 +217,9 @@ func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[strin
 		markInstance(l.list[len(l.list)-1:], instance)
 		return e
 	}
-	common, blocks := splitBlocks(n, backings)
-	c := &routeCheck{l: l, n: n, label: e.label, start: len(l.list), own: own}
-	if err := DecodeStrict(common, &c.rk); err != nil {
+	common, blocks := splitBlocks(fields, n, backings)
+	c := &routeCheck{l: l, fields: fields, n: n, label: e.label, start: len(l.list), own: own}
+	if err := fields.decodeStrict(common, &c.rk); err != nil {
 		l.addErr(c.label, "", n.Line, err)
 	}
 	c.undecoded = errorKeys(l.list[c.start:])
@@ -259,23 +260,23 @@ type block struct {
 // splitBlocks separates a route's common keys from its backings' settings blocks, so that each is
 // decoded strictly by its owner. A block is a key that names a backing of this build, or the route's own
 // backing even when this build lacks it: that is reported once, at backing, not again as an unknown key.
-func splitBlocks(n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+func splitBlocks(fields fieldsCache, n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
 	own := ""
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if n.Content[i].Value == "backing" {
 			own = n.Content[i+1].Value
 		}
 	}
-	return splitByBacking(n, own, reflect.TypeFor[routeKeys](), backings)
+	return splitByBacking(fields, n, own, reflect.TypeFor[routeKeys](), backings)
 }
 
 // splitByBacking is splitBlocks for a mapping whose common keys are those of the struct type keys and
 // whose own backing is own (a fleet member's is its route's).
-func splitByBacking(n *yaml.Node, own string, keys reflect.Type, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
-	if _, isCommon := yamlFields(keys)[own]; isCommon {
+func splitByBacking(fields fieldsCache, n *yaml.Node, own string, keys reflect.Type, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+	if _, isCommon := fields.of(keys).types[own]; isCommon {
 		own = ""
 	}
-	common := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line}
+	common := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line, Content: make([]*yaml.Node, 0, len(n.Content))}
 	blocks := map[string]block{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
@@ -309,7 +310,8 @@ func routeLabel(n *yaml.Node, idx int) string {
 // default then trips).
 type routeCheck struct {
 	l         *errs
-	n         *yaml.Node // the route's mapping
+	fields    fieldsCache // the Load's
+	n         *yaml.Node  // the route's mapping
 	label     string
 	start     int             // len(l.list) before this route
 	undecoded map[string]bool // full keys that failed to decode: "hosts[1]", "health.timeout", "hold"
@@ -373,7 +375,7 @@ func (c *routeCheck) checkHosts() {
 	// Entries that failed to decode are missing from rk.Hosts: skip their positions to find each line.
 	pos := 0
 	for _, h := range c.rk.Hosts {
-		for c.undecoded[fmt.Sprintf("hosts[%d]", pos)] {
+		for len(c.undecoded) > 0 && c.undecoded[fmt.Sprintf("hosts[%d]", pos)] {
 			pos++
 		}
 		hs = append(hs, hostAt{h, fmt.Sprintf("hosts[%d]", pos)})
@@ -704,8 +706,11 @@ func (c *routeCheck) checkBacking(blocks map[string]block, backings map[string]S
 	c.r.Settings = settings
 }
 
-// errorKeys returns the key of each problem in list.
+// errorKeys returns the key of each problem in list (nil for none: most routes have none).
 func errorKeys(list []error) map[string]bool {
+	if len(list) == 0 {
+		return nil
+	}
 	m := map[string]bool{}
 	for _, err := range list {
 		var e *Error
@@ -830,4 +835,31 @@ func orDefault(d, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+// compacted returns a copy of r whose name, hosts, backing, upstream address, health path and host and
+// requires share one allocation of their own. As loaded they are the parser's strings, each allocated
+// among the parse's garbage: kept one by one, they would pin that garbage's memory pages after it is
+// collected. The backing's Settings are left as they are.
+func compacted(r *Route) *Route {
+	c := *r
+	c.Hosts = slices.Clone(r.Hosts)
+	c.Requires = slices.Clone(r.Requires)
+	strs := []*string{&c.Name, &c.PathPrefix, &c.Backing, &c.Upstream.Address, &c.Health.Path, &c.Health.Host}
+	for i := range c.Hosts {
+		strs = append(strs, &c.Hosts[i])
+	}
+	for i := range c.Requires {
+		strs = append(strs, &c.Requires[i])
+	}
+	var b strings.Builder
+	for _, p := range strs {
+		b.WriteString(*p)
+	}
+	all, off := b.String(), 0
+	for _, p := range strs {
+		n := len(*p)
+		*p, off = all[off:off+n], off+n
+	}
+	return &c
 }

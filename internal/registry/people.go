@@ -60,7 +60,7 @@ func (c *routeCheck) checkPeople() {
 }
 
 func (c *routeCheck) checkWaitingPage() {
-	n := c.rk.WaitingPage
+	n := &c.rk.WaitingPage // not a copy: one that escapes (DecodeStrict) costs every route an allocation
 	if n.Kind == 0 {
 		return
 	}
@@ -77,7 +77,7 @@ func (c *routeCheck) checkWaitingPage() {
 		var k struct {
 			Template string `yaml:"template"`
 		}
-		if err := DecodeStrict(&n, &k); err != nil {
+		if err := c.fields.decodeStrict(n, &k); err != nil {
 			c.l.addErr(c.label, "waiting_page", line, err)
 			return
 		}

@@ -3,6 +3,8 @@ package registry
 import (
 	"fmt"
 	"reflect"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,41 +64,50 @@ func (w Window) End(t time.Time) time.Time {
 	return time.Date(t.Year(), t.Month(), d, w.To/60, w.To%60, 0, 0, w.Zone)
 }
 
-// Same reports whether r and o configure the route identically: reflect.DeepEqual, except that time
-// zones compare by name. A *time.Location caches the zone period in force when it was loaded, so the
-// same zone loaded on either side of a DST change would otherwise differ, and a reload would replace
-// (and restart) a route nobody changed. Requires compares in the order written, and a fleet member by
-// member, each with the settings its backing's decoder returned.
+// Same reports whether r and o configure the route identically, field by field: a reload compares
+// every route of the running config with its new version, so this is kept to plain comparisons rather
+// than a reflect.DeepEqual of the whole Route. Only the backing's Settings, whose type the registry
+// does not know, go through reflect.DeepEqual. A nil and an empty
+// list are the same. Time zones compare by name: a *time.Location caches the zone period in force when
+// it was loaded, so the same zone loaded on either side of a DST change would otherwise differ, and a
+// reload would replace (and restart) a route nobody changed. A wake_at schedule compares by its text
+// (the schedule and its zone's name), user agents by their expressions, requires in the order written,
+// and a fleet member by member, each with the settings its backing's decoder returned.
+// TestSameSeesEveryField fails when a field of Route is added without being compared here.
 func (r *Route) Same(o *Route) bool {
-	a, b := *r, *o
-	if len(a.KeepWarm) != len(b.KeepWarm) || len(a.WakeAt) != len(b.WakeAt) {
-		return false
+	if r == o {
+		return true
 	}
-	a.KeepWarm, b.KeepWarm = zoneless(a.KeepWarm), zoneless(b.KeepWarm)
-	for i := range r.KeepWarm {
-		if r.KeepWarm[i].Zone.String() != o.KeepWarm[i].Zone.String() {
-			return false
-		}
-	}
-	for i := range r.WakeAt {
-		if r.WakeAt[i].Text != o.WakeAt[i].Text {
-			return false
-		}
-	}
-	a.WakeAt, b.WakeAt = nil, nil // Text (the schedule and its zone's name) compared above
-	return reflect.DeepEqual(a, b)
+	return r.Name == o.Name && slices.Equal(r.Hosts, o.Hosts) && r.PathPrefix == o.PathPrefix && r.Backing == o.Backing &&
+		r.Upstream == o.Upstream && r.MaxUpstreamConns == o.MaxUpstreamConns && r.RequestBuffering == o.RequestBuffering &&
+		r.MaxBody == o.MaxBody && r.DetailedErrors == o.DetailedErrors && r.Health == o.Health &&
+		r.Idle == o.Idle && r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget && r.Hold == o.Hold &&
+		r.Backoff == o.Backoff && r.WaitingPage == o.WaitingPage && r.Ignore.same(&o.Ignore) &&
+		slices.EqualFunc(r.KeepWarm, o.KeepWarm, Window.same) &&
+		slices.EqualFunc(r.WakeAt, o.WakeAt, func(a, b Schedule) bool { return a.Text == b.Text }) &&
+		r.Instance == o.Instance && slices.Equal(r.Requires, o.Requires) && r.Fleet.same(o.Fleet) &&
+		reflect.DeepEqual(r.Settings, o.Settings)
 }
 
-func zoneless(ws []Window) []Window {
-	if ws == nil {
-		return nil
+// same is Same for a keep_warm window: its zone by name.
+func (w Window) same(o Window) bool {
+	return w.Days == o.Days && w.From == o.From && w.To == o.To && w.Text == o.Text && w.Zone.String() == o.Zone.String()
+}
+
+// same is Same for an ignore block: its user agents by their expressions.
+func (ig *Ignore) same(o *Ignore) bool {
+	return slices.Equal(ig.Methods, o.Methods) && slices.Equal(ig.Paths, o.Paths) && ig.Preset == o.Preset && ig.Status == o.Status &&
+		slices.EqualFunc(ig.UserAgents, o.UserAgents, func(a, b *regexp.Regexp) bool { return a.String() == b.String() })
+}
+
+// same is Same for a fleet (nil for none).
+func (f *Fleet) same(o *Fleet) bool {
+	if f == nil || o == nil {
+		return f == o
 	}
-	out := make([]Window, len(ws))
-	for i, w := range ws {
-		w.Zone = nil
-		out[i] = w
-	}
-	return out
+	return f.MinReady == o.MinReady && f.Serial == o.Serial && slices.EqualFunc(f.Members, o.Members, func(a, b Member) bool {
+		return a.Name == b.Name && a.Upstream == b.Upstream && reflect.DeepEqual(a.Settings, b.Settings)
+	})
 }
 
 // Schedule is a wake_at entry: a cron schedule whose times pre-wake the tenant.
@@ -264,7 +275,7 @@ func (c *routeCheck) checkWakeAt(i int, n *yaml.Node) {
 	case yaml.ScalarNode:
 		k.Cron = n.Value
 	case yaml.MappingNode:
-		if err := DecodeStrict(n, &k); err != nil {
+		if err := c.fields.decodeStrict(n, &k); err != nil {
 			c.l.addErr(c.label, key, n.Line, err)
 			return
 		}
