@@ -65,6 +65,7 @@ func findGuest() (testGuest, error) {
 type guestRoute struct {
 	name, sleep string
 	ram         string // snapshot_ram ("": the default, auto)
+	standby     bool   // standby: true (a QEMU waits with -incoming defer while the guest sleeps)
 	port        int    // upstream: QEMU forwards it to the guest's port 80
 	dir         string // holds the route's runtime and snapshot dirs
 }
@@ -109,6 +110,9 @@ func renderGuestConfig(edge, admin int, g testGuest, routes []guestRoute) string
 		if r.ram != "" {
 			fmt.Fprintf(&b, "      snapshot_ram: %s\n", r.ram)
 		}
+		if r.standby {
+			b.WriteString("      standby: true\n")
+		}
 	}
 	return b.String()
 }
@@ -138,8 +142,9 @@ type guestFigures struct {
 
 // runKVM wakes one QEMU guest, in alternating rounds: a route with snapshot_ram auto (which takes the
 // RAM file here) from a cold boot (its snapshot removed) and from its snapshot, a route with
-// snapshot_ram: copy likewise, a pause-mode route, and the first route's snapshot again after the page
-// cache was dropped; it reports the warm wakes against the cold boot on anonymous RAM.
+// snapshot_ram: copy likewise, a pause-mode route, a RAM-file route with standby: true from its
+// snapshot (restored into the QEMU its sleep left waiting), and the first route's snapshot again after
+// the page cache was dropped; it reports the warm wakes against the cold boot on anonymous RAM.
 func runKVM(ctx context.Context, e *env, dir string) error {
 	if ok, why := backingWired(ctx, e, dir, "kvm", "    kvm: {}\n"); !ok {
 		e.report.skip("guest wake (kvm)", "%s", why)
@@ -155,14 +160,15 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 		e.report.skip("guest wake (kvm)", "no test guest in %s (%v): build it with scripts/build-test-guest.sh (Debian packages qemu-system-x86 busybox-static cpio lz4 zstd), or point ACTIVATOR_GUEST_DIR at one", g.dir, err)
 		return nil
 	}
-	ports, err := freePorts(5)
+	ports, err := freePorts(6)
 	if err != nil {
 		return err
 	}
 	snap := guestRoute{name: "guest-snap", sleep: "snapshot", port: ports[2], dir: filepath.Join(dir, "kvm-snap")}
 	cp := guestRoute{name: "guest-copy", sleep: "snapshot", ram: "copy", port: ports[3], dir: filepath.Join(dir, "kvm-copy")}
 	pause := guestRoute{name: "guest-pause", sleep: "pause", port: ports[4], dir: filepath.Join(dir, "kvm-pause")}
-	routes := []guestRoute{snap, cp, pause}
+	sb := guestRoute{name: "guest-standby", sleep: "snapshot", standby: true, port: ports[5], dir: filepath.Join(dir, "kvm-standby")}
+	routes := []guestRoute{snap, cp, pause, sb}
 	// QEMU daemonizes out of every process group of ours: the activator quits it on shutdown, and this
 	// kills whatever a killed activator left behind. Deferred first, so it runs after act.Stop.
 	defer func() {
@@ -188,7 +194,7 @@ func runKVM(ctx context.Context, e *env, dir string) error {
 	}
 	setup := guestSetup(qemu, g, snap.runDir())
 	fig := &guestFigures{}
-	modes := guestModes(g, snap, cp, pause, fig)
+	modes := guestModes(g, snap, cp, pause, sb, fig)
 	if why := canDropCaches(); why != "" {
 		modes = modes[:len(modes)-1]
 		e.report.skip("guest wake (kvm): restore with the page cache dropped", "%s", why)
@@ -209,12 +215,13 @@ const (
 	gmColdAnon
 	gmCopy
 	gmPause
+	gmStandby
 	gmDropped
 )
 
 // guestModes are the ways the guest is woken each round, each with its preparation (between the
 // sleep and the request) and the check that the wake was what it claims.
-func guestModes(g testGuest, snap, cp, pause guestRoute, fig *guestFigures) []*guestMode {
+func guestModes(g testGuest, snap, cp, pause, sb guestRoute, fig *guestFigures) []*guestMode {
 	restored := func(same bool, w *wakeRecord) error {
 		if !same || !hasPhase(w, "restore") || len(w.Notes) > 0 {
 			return fmt.Errorf("not a snapshot restore (same boot id: %v, notes: %q)", same, w.Notes)
@@ -244,9 +251,9 @@ func guestModes(g testGuest, snap, cp, pause guestRoute, fig *guestFigures) []*g
 	}
 	// A RAM-file guest is woken once the activator has flushed its RAM file after the sleep, as a
 	// guest asleep for its idle window would be: a wake right after the sleep competes with the flush.
-	flushed := func(into *[]float64, then func() error) func() error {
+	flushed := func(r guestRoute, into *[]float64, then func() error) func() error {
 		return func() error {
-			d, err := waitSynced(snap.ramFile()+".gen", 30*time.Second)
+			d, err := waitSynced(r.ramFile()+".gen", 30*time.Second)
 			if err != nil {
 				return err
 			}
@@ -257,14 +264,24 @@ func guestModes(g testGuest, snap, cp, pause guestRoute, fig *guestFigures) []*g
 		}
 	}
 	return []*guestMode{
-		{name: "cold boot, RAM file", route: snap, prep: flushed(nil, noSnapshot(snap)), check: coldBoot},
-		{name: "snapshot restore, RAM file", route: snap, prep: flushed(&fig.syncMs, size(snap.devFile(), 1<<10, &fig.devKiB)), check: restored},
+		{name: "cold boot, RAM file", route: snap, prep: flushed(snap, nil, noSnapshot(snap)), check: coldBoot},
+		{name: "snapshot restore, RAM file", route: snap, prep: flushed(snap, &fig.syncMs, size(snap.devFile(), 1<<10, &fig.devKiB)), check: restored},
 		{name: "cold boot, anonymous RAM", route: cp, prep: noSnapshot(cp), check: coldBoot},
 		{name: "snapshot restore, RAM copy", route: cp, prep: size(cp.snapFile(), 1<<20, &fig.copyMiB), check: restored},
 		{name: "pause / cont", route: pause,
 			check: func(same bool, w *wakeRecord) error {
 				if !same || hasPhase(w, "qemu_start") {
 					return fmt.Errorf("not a resume (same boot id: %v, notes: %q)", same, w.Notes)
+				}
+				return nil
+			}},
+		{name: "snapshot restore, RAM file, standby QEMU", route: sb, prep: flushed(sb, nil, func() error { return waitStandby(sb, 30*time.Second) }),
+			check: func(same bool, w *wakeRecord) error {
+				if err := restored(same, w); err != nil {
+					return err
+				}
+				if hasPhase(w, "qemu_start") {
+					return errors.New("restored into a new QEMU, not the standby")
 				}
 				return nil
 			}},
@@ -291,7 +308,7 @@ func guestRounds(ctx context.Context, e *env, act *activatorProc, modes []*guest
 			}
 		}
 		e.log.Info("guest round", "round", i+1, "cold_ms", modes[gmCold].fb[i], "cold_anon_ms", modes[gmColdAnon].fb[i], "file_ms", modes[gmFile].fb[i],
-			"copy_ms", modes[gmCopy].fb[i], "pause_ms", modes[gmPause].fb[i], "file_sleep_ms", modes[gmFile].sleep[i])
+			"copy_ms", modes[gmCopy].fb[i], "pause_ms", modes[gmPause].fb[i], "standby_ms", modes[gmStandby].fb[i], "file_sleep_ms", modes[gmFile].sleep[i])
 	}
 	return nil
 }
@@ -316,6 +333,8 @@ func reportGuest(e *env, setup string, modes []*guestMode, fig *guestFigures) {
 		{Name: "snapshot restore, RAM file ÷ cold boot (RAM file), first byte", Value: ratios(modes[gmFile].fb, modes[gmCold].fb)},
 		{Name: "snapshot restore, RAM copy ÷ cold boot (anonymous RAM), first byte", Value: cp},
 		{Name: "pause / cont ÷ cold boot (anonymous RAM), first byte", Value: ratios(modes[gmPause].fb, cold)},
+		{Name: "snapshot restore, RAM file, standby QEMU ÷ cold boot (anonymous RAM), first byte", Value: ratios(modes[gmStandby].fb, cold)},
+		{Name: "snapshot restore, RAM file, standby QEMU ÷ without, first byte", Value: ratios(modes[gmStandby].fb, modes[gmFile].fb)},
 		{Name: "snapshot restore, RAM file ÷ cold boot (anonymous RAM), wake record", Value: ratios(modes[gmFile].wake, modes[gmColdAnon].wake)},
 		{Name: "cold boot, RAM file ÷ cold boot, anonymous RAM, first byte", Value: ratios(modes[gmCold].fb, cold)},
 		{Name: "sleep, RAM file ÷ sleep, RAM copy", Value: ratios(modes[gmFile].sleep, modes[gmCopy].sleep)},
@@ -339,6 +358,10 @@ func reportGuest(e *env, setup string, modes []*guestMode, fig *guestFigures) {
 	e.report.check("guest wake: snapshot restore, RAM file ÷ cold boot (anonymous RAM), first byte (every round)",
 		fmt.Sprintf("%s; medians %.0f ms vs %.0f ms", fmtStat(file, 3), res.Rows[gmFile].FirstByte.Median, res.Rows[gmColdAnon].FirstByte.Median),
 		"≤ 0.10 in every round", file.valid() && file.Max <= 0.10)
+	sbr := ratios(modes[gmStandby].fb, cold)
+	e.report.check("guest wake: snapshot restore, RAM file, standby: true ÷ cold boot (anonymous RAM), first byte (every round)",
+		fmt.Sprintf("%s; medians %.0f ms vs %.0f ms", fmtStat(sbr, 3), res.Rows[gmStandby].FirstByte.Median, res.Rows[gmColdAnon].FirstByte.Median),
+		"≤ 0.10 in every round", sbr.valid() && sbr.Max <= 0.10)
 	e.report.check("guest wake: snapshot restore, RAM copy ÷ cold boot (anonymous RAM), first byte (median of rounds)", fmtStat(cp, 3), "≤ 0.15",
 		cp.valid() && cp.Median <= 0.15)
 	e.report.check("guest wake: pause / cont, first byte (ms)", fmtStat(res.Rows[gmPause].FirstByte, 1), "≤ 50 ms",
@@ -384,6 +407,42 @@ func (m *guestMode) sample(ctx context.Context, act *activatorProc, boots map[st
 		}
 	}
 	return v, msOf(st.LastWake.Duration), sl, nil
+}
+
+// waitStandby waits until the standby QEMU the route's sleep starts is up and idle, or budget passes:
+// its pid file names a live QEMU of the route, whose CPU time (/proc/PID/stat, 10 ms ticks) then stays
+// put over three 20 ms polls (QEMU writes its pid file early in its start). A guest asleep for its idle
+// window is woken with its standby waiting; a wake right after the sleep would wait for its start.
+func waitStandby(r guestRoute, budget time.Duration) error {
+	deadline := time.Now().Add(budget)
+	last, still := "", 0
+	for still < 3 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no idle standby QEMU %v after the sleep of %s", budget, r.name)
+		}
+		<-time.After(20 * time.Millisecond)
+		pid, ok := qemuPID(r.runDir())
+		if !ok {
+			last, still = "", 0
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			last, still = "", 0
+			continue
+		}
+		// utime and stime: the 12th and 13th fields after the parenthesised command name.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return fmt.Errorf("/proc/%d/stat: %q", pid, b)
+		}
+		if cpu := f[11] + " " + f[12]; cpu == last {
+			still++
+		} else {
+			last, still = cpu, 0
+		}
+	}
+	return nil
 }
 
 // guestRequest times GET /boot_id to the route through the edge on a fresh connection and returns the

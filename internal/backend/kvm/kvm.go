@@ -133,7 +133,7 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 }
 
 // Notes says which snapshot mode a snapshot route gets on this host, and why (tenant.Noter): the RAM
-// file, or a copy of the RAM into the snapshot.
+// file, or a copy of the RAM into the snapshot; and, with standby, what the standby QEMU costs.
 func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil || s.Sleep != SleepSnapshot {
@@ -144,7 +144,15 @@ func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
 		return nil // Check reports it
 	}
 	plan := planRAM(s, readRAMHost(ctx, bin, s))
-	return []string{fmt.Sprintf("snapshot RAM: %s (%s)", plan.mode(), plan.reason)}
+	notes := []string{fmt.Sprintf("snapshot RAM: %s (%s)", plan.mode(), plan.reason)}
+	if s.Standby {
+		cost := "one idle QEMU"
+		if s.Network.Mode == NetUser {
+			cost += ", holding the forwarded port"
+		}
+		notes = append(notes, "standby: a QEMU waits with -incoming defer while the guest sleeps ("+cost+"); a wake loads the snapshot into it")
+	}
+	return notes
 }
 
 var _ tenant.Noter = (*Provider)(nil)
@@ -163,10 +171,11 @@ type Backend struct {
 	op sync.Mutex     // serialises Wake, Sleep, Adopt and Close
 	wg sync.WaitGroup // instance goroutines; joined by Close
 
-	mu     sync.Mutex   // guards the fields below
-	inst   *instance    // the QEMU process (running or paused), nil when none
-	life   *tenant.Life // the current wake's Life, nil while asleep
-	closed bool
+	mu      sync.Mutex   // guards the fields below
+	inst    *instance    // the QEMU process (running or paused), nil when none
+	life    *tenant.Life // the current wake's Life, nil while asleep
+	standby *instance    // standby: true: the QEMU waiting for the next restore (standby.go), nil when none
+	closed  bool
 
 	retiring chan struct{} // closed once the QEMU the last snapshot sleep quit is gone (retire); guarded by op
 
@@ -226,8 +235,11 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			return nil, err
 		}
 	}
-	if err := b.checkForeign(ctx); err != nil {
-		return nil, err
+	// A standby QEMU of ours holds the forwarded port: nothing else can.
+	if !b.hasStandby() {
+		if err := b.checkForeign(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if b.s.Sleep == SleepSnapshot {
 		if life, err := b.restoreOrExplain(ctx, t); life != nil || err != nil {
@@ -503,13 +515,16 @@ func (b *Backend) Sleep(ctx context.Context) error {
 
 // Stop quits QEMU whatever the sleep mode (tenant.Stopper). The activator calls it after a wake
 // whose guest never turned healthy: a broken guest must not be paused or snapshotted only to be resumed
-// broken, nor be asked politely through ACPI. A guest with no QEMU is left as it is.
+// broken, nor be asked politely through ACPI. A standby QEMU is killed too (the snapshot stays); a
+// guest with no QEMU is left as it is.
 func (b *Backend) Stop(ctx context.Context) error {
 	b.op.Lock()
 	defer b.op.Unlock()
 	b.mu.Lock()
-	inst := b.inst
+	inst, sb := b.inst, b.standby
+	b.standby = nil
 	b.mu.Unlock()
+	b.dropStandby(sb)
 	if inst == nil {
 		return nil
 	}
@@ -627,16 +642,23 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 }
 
 // Close quits the guest (its Life ends with ErrClosed) unless keep_running_on_exit is set, in which
-// case the monitor is closed and QEMU left running for the next activator to adopt. Close joins every
-// goroutine the backend started; later Wakes fail with ErrClosed.
+// case the monitor is closed and QEMU left running for the next activator to adopt. A standby QEMU is
+// killed either way (the snapshot stays for the next activator). Close joins every goroutine the
+// backend started; later Wakes fail with ErrClosed.
 func (b *Backend) Close(ctx context.Context) error {
 	b.op.Lock()
 	defer b.op.Unlock()
 	b.mu.Lock()
 	b.closed = true
-	inst, life := b.inst, b.life
-	b.inst, b.life = nil, nil
 	b.mu.Unlock()
+	// The last sleep's retire may be starting a standby QEMU: let it finish, so the standby is
+	// dropped below. (Should ctx end first, retire sees closed and drops the standby itself.)
+	_ = b.settle(ctx)
+	b.mu.Lock()
+	inst, life, sb := b.inst, b.life, b.standby
+	b.inst, b.life, b.standby = nil, nil, nil
+	b.mu.Unlock()
+	b.dropStandby(sb)
 	if life != nil {
 		life.End(ErrClosed)
 	}

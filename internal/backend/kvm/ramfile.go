@@ -234,11 +234,23 @@ func (b *Backend) invalidate() error {
 
 // savedRAM checks the device state in guest.dev and that the RAM file belongs to it, and returns the RAM
 // file locked, its sidecar removed: from here on the guest changes its RAM, which then matches no
-// saved device state. A mismatch is a *refusedError; a RAM file another QEMU holds, errRAMBusy.
-func (b *Backend) savedRAM() (*os.File, error) {
+// saved device state. A mismatch is a *refusedError; a RAM file another QEMU holds, errRAMBusy. held:
+// the route's standby QEMU holds the RAM file (and its lock): the checks are the same, and the file
+// is not returned (nil).
+func (b *Backend) savedRAM(held bool) (*os.File, error) {
 	dev, err := checkDevice(b.devPath())
 	if err != nil {
 		return nil, err
+	}
+	if held {
+		fi, err := os.Stat(b.ramPath())
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, &refusedError{"RAM file " + ramBase + " missing"}
+		}
+		if err != nil {
+			return nil, err
+		}
+		return nil, b.claimRAM(dev, fi.Size())
 	}
 	f, err := lockRAM(b.ramPath(), false)
 	if errors.Is(err, fs.ErrNotExist) {

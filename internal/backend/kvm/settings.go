@@ -96,6 +96,10 @@ type Settings struct {
 	SnapshotRAM string `yaml:"snapshot_ram"`
 	// KeepSnapshot keeps the snapshot file after a successful restore.
 	KeepSnapshot bool `yaml:"keep_snapshot"`
+	// Standby (snapshot mode) starts the next QEMU, waiting for a migration (-incoming defer), as
+	// the guest goes to sleep, so that a wake only loads the snapshot into it and continues the
+	// guest. It costs one idle QEMU per sleeping guest, which holds the forwarded port (network: user).
+	Standby bool `yaml:"standby"`
 	// RuntimeDir holds the QMP socket, the pid file and the console log. Private (0700).
 	RuntimeDir string `yaml:"runtime_dir"`
 	// KeepRunningOnExit leaves the guest running when the activator shuts down (it is re-adopted on
@@ -296,6 +300,9 @@ func checkSnapshot(s *Settings, bad func(key, format string, args ...any)) {
 		}
 	default:
 		bad("snapshot_ram", "%q is not one of auto, file, copy", s.SnapshotRAM)
+	}
+	if s.Standby && s.Sleep != SleepSnapshot {
+		bad("standby", "true needs sleep: snapshot (a standby QEMU waits for a snapshot to load; sleep is %s)", s.Sleep)
 	}
 }
 

@@ -119,6 +119,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"snapshot_ram file, keep_snapshot", "127.0.0.1:1", "kernel: " + kernel + "\nsleep: snapshot\nsnapshot_ram: file\nkeep_snapshot: true\n", []string{"snapshot_ram"}, "keep_snapshot"},
 		{"snapshot_ram file, unknown machine", "127.0.0.1:1", "kernel: " + kernel + "\nmachine: virt\nsnapshot_ram: file\n", []string{"snapshot_ram"}, "RAM block"},
 		{"snapshot_ram file, hugepages", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_ram: file\nextra_args: [-mem-path, /dev/hugepages]\n", []string{"snapshot_ram"}, "extra_args"},
+		{"standby without snapshot", "127.0.0.1:1", "kernel: " + kernel + "\nstandby: true\n", []string{"standby"}, "needs sleep: snapshot"},
+		{"standby with snapshot", "127.0.0.1:1", "kernel: " + kernel + "\nsleep: snapshot\nstandby: true\n", nil, ""},
 		{"unknown key", "127.0.0.1:1", "kernel: " + kernel + "\nmemroy: 64\n", []string{"memroy"}, "unknown key"},
 		{"bad duration", "127.0.0.1:1", "kernel: " + kernel + "\nbudgets: {restore: soon}\n", []string{"budgets.restore"}, "not a duration"},
 		{"all at once", "unix:/x.sock", "kernel: /no/such\nsleep: nap\naccel: x\n", []string{"kernel", "network.mode", "sleep", "accel"}, ""},

@@ -163,8 +163,9 @@ func (b *Backend) migrationFailed(inst *instance, err error) error {
 
 // retire has the QEMU of a guest whose snapshot is saved quit (killed past budgets.quit), off the
 // sleep's path, then, in file mode, binds the save to the RAM file (bindSaved needs QEMU gone: it holds
-// the RAM file until it exits), or in copy mode removes a RAM file the guest had. b.retiring is closed
-// once that is done; settle waits for it. Called under op.
+// the RAM file until it exits), or in copy mode removes a RAM file the guest had; with standby it then
+// starts the standby QEMU (standby.go). b.retiring is closed once that is done; settle waits for it.
+// Called under op.
 func (b *Backend) retire(inst *instance, saved savedState) {
 	done := make(chan struct{})
 	b.retiring = done
@@ -177,11 +178,18 @@ func (b *Backend) retire(inst *instance, saved savedState) {
 		removeStale(b.p)
 		if !saved.shared {
 			b.dropRAM() // a RAM file the guest had (adopted from file mode) is in the copy now
+			if b.s.Standby && !b.ram.file {
+				b.startStandby(false)
+			}
 			return
 		}
 		if err := b.bindSaved(saved.dev); err != nil {
 			_ = removeFiles(saved.file)
 			b.log.Error("snapshot saved but not bound to its RAM file; the next wake boots", "err", err)
+			return
+		}
+		if b.s.Standby {
+			b.startStandby(true)
 		}
 	}()
 }
@@ -271,14 +279,23 @@ type snapshotSource struct {
 // device state that must not be resumed on its RAM file. A snapshot that is refused or does not load
 // is moved aside (".bad") so the next wake does not try it again.
 func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
-	src, err := b.findSnapshot()
+	sb := b.takeStandby()
+	if sb != nil && !b.standbyFits(ctx, sb) {
+		b.log.Info("standby qemu unusable (gone, or not on this snapshot); starting a new one")
+		b.dropStandby(sb)
+		sb = nil
+	}
+	src, err := b.findSnapshot(sb != nil && sb.ramFile)
 	if err != nil {
+		b.dropStandby(sb) // a cold boot follows, on a RAM file of its own
 		return nil, err
 	}
 	started := time.Now()
-	inst, err := b.start(ctx, t, launch{incoming: true, ram: src.ram})
-	if err != nil {
-		return nil, err
+	inst := sb
+	if inst == nil {
+		if inst, err = b.start(ctx, t, launch{incoming: true, ram: src.ram}); err != nil {
+			return nil, err
+		}
 	}
 	tenant.PhaseWithin(t, PhaseRestore, b.s.Budgets.Restore.D())
 	if err := b.migrateIn(ctx, inst, src); err != nil {
@@ -301,18 +318,19 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, 
 			b.log.Warn("cannot remove the restored snapshot", "err", err)
 		}
 	}
-	b.log.Info("guest restored from snapshot", "file", src.file, "ram_file", src.ram != nil, "ms", sinceMs(started))
+	b.log.Info("guest restored from snapshot", "file", src.file, "ram_file", src.shared || src.ram != nil, "standby", sb != nil, "ms", sinceMs(started))
 	return life, nil
 }
 
 // findSnapshot picks what restore loads. In file mode that is the device state if there is one,
-// checked against its RAM file (savedRAM). Otherwise it is a copied snapshot, prefetched into the page
-// cache while QEMU starts; in file mode its RAM is loaded into a fresh RAM file.
-func (b *Backend) findSnapshot() (snapshotSource, error) {
+// checked against its RAM file (savedRAM; held: a standby QEMU holds the RAM file, and src.ram stays
+// nil). Otherwise it is a copied snapshot, prefetched into the page cache while QEMU starts; in file
+// mode its RAM is loaded into a fresh RAM file.
+func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 	if b.ram.file {
 		if _, err := os.Stat(b.devPath()); err == nil {
 			src := snapshotSource{file: b.devPath(), side: b.devPath() + genExt, shared: true}
-			ram, err := b.savedRAM()
+			ram, err := b.savedRAM(held)
 			var re *refusedError
 			if errors.As(err, &re) {
 				err = moveAside(src, err)
