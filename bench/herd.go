@@ -281,8 +281,10 @@ func (h herdSpec) requestBytes() int {
 func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
 	n := h.n
 	row := HerdRow{N: n, Proto: protoName(h.h2c)}
-	dir := filepath.Join(e.tmp, fmt.Sprintf("herd-%d-pad%d-run%d", n, h.pad, h.run))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// A directory of its own: the herd and heldmem experiments both run, say, 1000 unpadded requests
+	// as their run 1, and a shared directory's FIFO would already exist for the second.
+	dir, err := os.MkdirTemp(e.tmp, fmt.Sprintf("herd-%d-%s-pad%d-run%d-", n, strings.ReplaceAll(protoName(h.h2c), "/", ""), h.pad, h.run))
+	if err != nil {
 		return row, err
 	}
 	// The tenant waits on a FIFO before it execs the app, so the harness decides when the wake can
