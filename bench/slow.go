@@ -205,28 +205,27 @@ func (r wrkResult) p99Bound(dur time.Duration) (p99 float64, bound bool) {
 // It returns the processes it started, also on error, for the caller to stop.
 func startSlowNginx(ctx context.Context, e *env, dir string, mode cpuMode) (slowTarget, []*proc, error) {
 	var procs []*proc
-	ports, err := freePorts(2)
-	if err != nil {
-		return slowTarget{}, procs, err
+	app, appPort, err := startBenchApp(ctx, e, mode.srv)
+	if app != nil {
+		procs = append(procs, app)
 	}
-	app, err := startProc(procSpec{name: "app", cpus: mode.srv, env: []string{fmt.Sprintf("PORT=%d", ports[0])}, argv: []string{e.actBin, "app"}})
 	if err != nil {
-		return slowTarget{}, procs, err
-	}
-	procs = append(procs, app)
-	if err := waitHTTP(ctx, app, fmt.Sprintf("127.0.0.1:%d", ports[0]), "/healthz", 30*time.Second); err != nil {
 		return slowTarget{}, procs, err
 	}
 	ndir := filepath.Join(dir, "nginx")
 	if err := os.MkdirAll(ndir, 0o755); err != nil {
 		return slowTarget{}, procs, err
 	}
-	p, err := startNginxWith(e, ndir, ports[1], ports[0], mode.srv, mode.workers, slowNginxDirectives)
+	port, err := freePort()
+	if err != nil {
+		return slowTarget{}, procs, err
+	}
+	p, err := startNginxWith(e, ndir, port, appPort, mode.srv, mode.workers, slowNginxDirectives)
 	if err != nil {
 		return slowTarget{}, procs, err
 	}
 	procs = append(procs, p)
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[1])
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	if err := waitHTTP(ctx, p, addr, "/", 30*time.Second); err != nil {
 		return slowTarget{}, procs, err
 	}

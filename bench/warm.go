@@ -59,19 +59,14 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 	}()
 
 	// The app the peers (and "direct") use.
-	appPort, err := freePort()
+	app, appPort, err := startBenchApp(ctx, e, mode.srv)
+	if app != nil {
+		procs = append(procs, app)
+	}
 	if err != nil {
 		return err
 	}
-	app, err := startProc(procSpec{name: "app", cpus: mode.srv, env: []string{fmt.Sprintf("PORT=%d", appPort)}, argv: []string{e.actBin, "app"}})
-	if err != nil {
-		return err
-	}
-	procs = append(procs, app)
 	appAddr := fmt.Sprintf("127.0.0.1:%d", appPort)
-	if err := waitHTTP(ctx, app, appAddr, "/healthz", 30*time.Second); err != nil {
-		return err
-	}
 	targets := []warmTarget{{name: "direct", addr: appAddr, proc: app}}
 
 	// The activator, with its own copy of the app as an exec tenant (started by the first request).
