@@ -22,6 +22,9 @@ import (
 // the split provider the activator opens backends from.
 type backings struct {
 	decoders map[string]registry.SettingsDecoder
+	// loader loads the config at start-up and at each reload with decoders, decoding again only the
+	// entries whose text changed (registry.Reloader).
+	loader   *registry.Reloader
 	provider *split.Provider
 	exec     *exec.Provider // also in provider: contain sets up its tenants' containment
 	secrets  *secretNames   // what the exec backing scrubs from its children's environments
@@ -32,13 +35,15 @@ type backings struct {
 func newBackings(ctx context.Context, log *slog.Logger) *backings {
 	secrets := newSecretNames()
 	ex := exec.NewProvider(exec.Options{Logger: log, SecretEnv: secrets.list})
+	decoders := map[string]registry.SettingsDecoder{
+		"exec":    secrets.noting(exec.Decode),
+		"kvm":     secrets.noting(kvm.Decode),
+		"redfish": secrets.noting(redfish.Decode),
+		"unit":    secrets.noting(unit.Decode),
+	}
 	return &backings{
-		decoders: map[string]registry.SettingsDecoder{
-			"exec":    secrets.noting(exec.Decode),
-			"kvm":     secrets.noting(kvm.Decode),
-			"redfish": secrets.noting(redfish.Decode),
-			"unit":    secrets.noting(unit.Decode),
-		},
+		decoders: decoders,
+		loader:   registry.NewReloader(decoders),
 		provider: split.New(map[string]tenant.Opener{
 			"exec":    ex,
 			"kvm":     kvm.New(kvm.Options{Logger: log}),

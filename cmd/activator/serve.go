@@ -85,12 +85,12 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
-func (o serveOptions) load(decoders map[string]registry.SettingsDecoder) (*registry.Config, error) {
+func (o serveOptions) load(ld *registry.Reloader) (*registry.Config, error) {
 	load := func() (*registry.Config, error) {
 		if o.configPath == "" {
-			return registry.Load(o.configData, decoders)
+			return ld.Load(o.configData)
 		}
-		return registry.LoadFile(o.configPath, decoders)
+		return ld.LoadFile(o.configPath)
 	}
 	cfg, err := load()
 	if err == nil {
@@ -109,7 +109,7 @@ func serve(o serveOptions) int {
 	defer stop()
 
 	bk := newBackings(ctx, log)
-	cfg, err := o.load(bk.decoders)
+	cfg, err := o.load(bk.loader)
 	if err != nil {
 		printConfigErrors(os.Stderr, o.configPath, err)
 		return 1
@@ -451,7 +451,7 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 	// process's life once a reload has replaced them.
 	bound := struct{ listen, admin, listenTLS string }{running.Listen, running.Admin, running.ListenTLS}
 	return func(trigger string) {
-		cfg, err := o.load(bk.decoders)
+		cfg, err := o.load(bk.loader)
 		if err != nil {
 			errs := registry.Errors(err)
 			log.Error("config reload rejected; the old config stays in force", "trigger", trigger, "problems", len(errs))
@@ -464,7 +464,7 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 			log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
 			return
 		}
-		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes), "instances", len(cfg.Instances), "decoded", bk.loader.Decoded())
 		liveCheck(ctx, log, bk.provider, tenants(cfg), srv.SetCheckError)
 		for _, a := range []struct{ key, bound, next, override string }{
 			{"listen", bound.listen, cfg.Listen, o.listen},

@@ -5,8 +5,11 @@ package registry
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -20,6 +23,9 @@ type entry struct {
 	label string // the name, or "#N"
 	ok    bool   // the entry has no problem of its own
 	reqs  []reqAt
+	// reused is set for an entry a Reloader took from its last load: r is a copy of that load's
+	// Route, compact already, and n only a placeholder with its line.
+	reused bool
 }
 
 // reqAt is one decoded entry of requires: and its key ("requires[2]").
@@ -55,7 +61,7 @@ func markInstance(list []error, instance bool) {
 // loadEntries loads the routes and the instances, the list written first first, and checks that their
 // names are unique across both lists and that no two routes share a host and path prefix. It returns
 // every entry, usable or not, in file order.
-func loadEntries(l *errs, fields fieldsCache, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr) []entry {
+func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr, reuse *reuseSet) []entry {
 	lists := []struct {
 		nodes    []yaml.Node
 		instance bool
@@ -69,16 +75,65 @@ func loadEntries(l *errs, fields fieldsCache, doc *yaml.Node, fc *fileConfig, ba
 	names := make(map[string]entry, n)
 	hosts := make(map[string]string, len(fc.Routes))
 	for _, list := range lists {
-		for i := range list.nodes {
-			e := loadRoute(l, fields, &list.nodes[i], i, list.instance, backings, own)
-			if e.r == nil {
+		var rs []*Route
+		var hc *HostCache
+		if reuse != nil {
+			rs, hc = reuse.routes[list.instance], reuse.hosts
+		}
+		for _, lr := range loadRoutes(list.nodes, list.instance, backings, own, rs, hc) {
+			l.list = append(l.list, lr.problems...)
+			if lr.e.r == nil {
 				continue
 			}
-			ents = append(ents, e)
+			ents = append(ents, lr.e)
 			checkUnique(l, &ents[len(ents)-1], names, hosts)
 		}
 	}
 	return ents
+}
+
+// loaded is one entry as loadRoute left it, with the problems it found.
+type loaded struct {
+	e        entry
+	problems []error
+}
+
+// loadChunk is how many entries a loadRoutes worker takes at a time: enough that handing them out
+// costs nothing beside decoding them, few enough that the workers finish together.
+const loadChunk = 256
+
+// loadRoutes runs loadRoute over every node, on up to GOMAXPROCS goroutines: each entry is decoded
+// and checked on its own (its backing's decoder included), so a large config's load scales with the
+// CPUs. Each entry's problems are kept apart and the result is in file order, so that the caller
+// reports them, and the checks across entries, just as one loop would. An entry with a Route in reuse
+// (a Reloader's, at the entry's index) is not decoded: its host checks run again, with hosts.
+func loadRoutes(nodes []yaml.Node, instance bool, backings map[string]SettingsDecoder, own []ownAddr, reuse []*Route, hosts *HostCache) []loaded {
+	out := make([]loaded, len(nodes))
+	var next atomic.Int64
+	work := func() {
+		for {
+			start := int(next.Add(loadChunk)) - loadChunk
+			if start >= len(nodes) {
+				return
+			}
+			for i := start; i < min(start+loadChunk, len(nodes)); i++ {
+				if i < len(reuse) && reuse[i] != nil {
+					out[i].e, out[i].problems = reusedEntry(reuse[i], &nodes[i], i, hosts)
+					continue
+				}
+				var l errs
+				out[i].e = loadRoute(&l, &nodes[i], i, instance, backings, own)
+				out[i].problems = l.list
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), (len(nodes)+loadChunk-1)/loadChunk) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	return out
 }
 
 // checkUnique reports e's name when an earlier route or instance has it already, and each of a route's
@@ -171,8 +226,11 @@ func checkRequires(l *errs, ents []entry) {
 	}
 	for i := range ents {
 		e := &ents[i]
-		seen := map[string]bool{}
-		e.r.Requires = nil
+		var seen map[string]bool
+		if len(e.reqs) > 0 {
+			seen = map[string]bool{}
+		}
+		var reqs []string
 		for _, q := range e.reqs {
 			line := KeyLine(e.n, q.key)
 			_, isInstance := instances[q.name]
@@ -180,13 +238,18 @@ func checkRequires(l *errs, ents []entry) {
 			case seen[q.name]:
 				e.add(l, q.key, line, "%q listed twice", q.name)
 			case isInstance:
-				e.r.Requires = append(e.r.Requires, q.name)
+				reqs = append(reqs, q.name)
 			case routes[q.name]:
 				e.add(l, q.key, line, "%q is a route; requires names instances (instances:)", q.name)
 			default:
 				e.add(l, q.key, line, "no instance named %q %s", q.name, hint)
 			}
 			seen[q.name] = true
+		}
+		// A reused entry's Route is the last load's, which the server may be reading: its Requires,
+		// from the same text, are these already.
+		if !e.reused {
+			e.r.Requires = reqs
 		}
 	}
 	checkCycles(l, ents, instances)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -181,15 +182,12 @@ func valueOr[T any](p *T, def T) T {
 // first: each is an *Error whose Key is the dotted path below node ("stop.grace", "argv[0]") and whose
 // Line is the offending line. Even on error, v receives every value that did decode, so a caller can go
 // on validating the rest and report those problems too. A nil node leaves v unchanged.
-func DecodeStrict(node *yaml.Node, v any) error { return fieldsCache{}.decodeStrict(node, v) }
-
-// decodeStrict is DecodeStrict with the struct types' fields looked up in fc.
-func (fc fieldsCache) decodeStrict(node *yaml.Node, v any) error {
+func DecodeStrict(node *yaml.Node, v any) error {
 	if node == nil {
 		return nil
 	}
 	var l errs
-	good := fc.check(&l, node, reflect.TypeOf(v), "")
+	good := checkNode(&l, node, reflect.TypeOf(v), "")
 	if good != nil {
 		if err := good.Decode(v); err != nil {
 			// check should have caught every problem; report whatever it missed all the same.
@@ -257,11 +255,11 @@ var (
 	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
 )
 
-// check walks n against t (a struct, slice, map or scalar type, possibly behind pointers), adding to l
+// checkNode walks n against t (a struct, slice, map or scalar type, possibly behind pointers), adding to l
 // every mapping key t does not declare and every value that does not decode into its field. It returns
 // n without the offending entries, or nil when n itself is bad, so decoding the result keeps every good
 // value. A node with nothing to drop is returned as it is: only the path to a dropped entry is copied.
-func (fc fieldsCache) check(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+func checkNode(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -272,7 +270,7 @@ func (fc fieldsCache) check(l *errs, n *yaml.Node, t reflect.Type, prefix string
 		if len(n.Content) != 1 {
 			return n
 		}
-		c := fc.check(l, n.Content[0], t, prefix)
+		c := checkNode(l, n.Content[0], t, prefix)
 		switch c {
 		case nil:
 			return nil
@@ -300,11 +298,11 @@ func (fc fieldsCache) check(l *errs, n *yaml.Node, t reflect.Type, prefix string
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		return fc.checkStruct(l, n, t, prefix)
+		return checkStruct(l, n, t, prefix)
 	case reflect.Slice, reflect.Array:
-		return fc.checkList(l, n, t, prefix)
+		return checkList(l, n, t, prefix)
 	case reflect.Map:
-		return fc.checkMap(l, n, t, prefix)
+		return checkMap(l, n, t, prefix)
 	}
 	return checkLeaf(l, n, t, prefix)
 }
@@ -343,13 +341,13 @@ func (k *kept) node() *yaml.Node {
 	return &out
 }
 
-// checkStruct checks a mapping against the fields of struct type t: see check.
-func (fc fieldsCache) checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+// checkStruct checks a mapping against the fields of struct type t: see checkNode.
+func checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.MappingNode {
 		l.add("", prefix, n.Line, "want a mapping of keys, got %s", describe(n))
 		return nil
 	}
-	fields := fc.of(t)
+	fields := fieldsOf(t)
 	k := kept{n: n}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, v := n.Content[i], n.Content[i+1]
@@ -359,7 +357,7 @@ func (fc fieldsCache) checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix 
 			k.keep(i)
 			continue
 		}
-		if c := fc.check(l, v, ft, join(prefix, kn.Value)); c != nil {
+		if c := checkNode(l, v, ft, join(prefix, kn.Value)); c != nil {
 			k.keep(i, kn, c)
 		} else {
 			k.keep(i)
@@ -368,15 +366,15 @@ func (fc fieldsCache) checkStruct(l *errs, n *yaml.Node, t reflect.Type, prefix 
 	return k.node()
 }
 
-// checkList checks a sequence against slice or array type t: see check.
-func (fc fieldsCache) checkList(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+// checkList checks a sequence against slice or array type t: see checkNode.
+func checkList(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.SequenceNode {
 		l.add("", prefix, n.Line, "want a list, got %s", describe(n))
 		return nil
 	}
 	k := kept{n: n}
 	for i, v := range n.Content {
-		if c := fc.check(l, v, t.Elem(), prefix+"["+strconv.Itoa(i)+"]"); c != nil {
+		if c := checkNode(l, v, t.Elem(), prefix+"["+strconv.Itoa(i)+"]"); c != nil {
 			k.keep(i, c)
 		} else {
 			k.keep(i)
@@ -385,8 +383,8 @@ func (fc fieldsCache) checkList(l *errs, n *yaml.Node, t reflect.Type, prefix st
 	return k.node()
 }
 
-// checkMap checks a mapping against map type t: see check.
-func (fc fieldsCache) checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
+// checkMap checks a mapping against map type t: see checkNode.
+func checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix string) *yaml.Node {
 	if n.Kind != yaml.MappingNode {
 		l.add("", prefix, n.Line, "want a mapping, got %s", describe(n))
 		return nil
@@ -394,7 +392,7 @@ func (fc fieldsCache) checkMap(l *errs, n *yaml.Node, t reflect.Type, prefix str
 	k := kept{n: n}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, v := n.Content[i], n.Content[i+1]
-		if c := fc.check(l, v, t.Elem(), join(prefix, kn.Value)); c != nil {
+		if c := checkNode(l, v, t.Elem(), join(prefix, kn.Value)); c != nil {
 			k.keep(i, kn, c)
 		} else {
 			k.keep(i)
@@ -481,22 +479,21 @@ type structFields struct {
 	known string
 }
 
-// fieldsCache memoises each struct type's fields for one Load, or one DecodeStrict call: every route
-// of a config decodes the same few types, and building their field maps anew for each route was most
-// of the cost of decoding it. The cache lives as long as its Load.
-type fieldsCache map[reflect.Type]*structFields
+// fieldTables holds each struct type's fields (reflect.Type → *structFields), built on first use and
+// kept for the process's life: the types are the program's own, so it stays small, and a table never
+// changes once built. Every route of a config decodes the same few types, the backings' DecodeStrict
+// calls included, and building the tables anew for each route was most of the cost of decoding it.
+// A sync.Map, because Load decodes routes on several goroutines.
+var fieldTables sync.Map
 
-// of returns t's fields, building them once per cache; a nil cache builds them every time.
-func (fc fieldsCache) of(t reflect.Type) *structFields {
-	if f := fc[t]; f != nil {
-		return f
+// fieldsOf returns t's fields.
+func fieldsOf(t reflect.Type) *structFields {
+	if f, ok := fieldTables.Load(t); ok {
+		return f.(*structFields)
 	}
 	types := yamlFields(t)
-	f := &structFields{types: types, known: strings.Join(slices.Sorted(maps.Keys(types)), ", ")}
-	if fc != nil {
-		fc[t] = f
-	}
-	return f
+	f, _ := fieldTables.LoadOrStore(t, &structFields{types: types, known: strings.Join(slices.Sorted(maps.Keys(types)), ", ")})
+	return f.(*structFields)
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {

@@ -70,11 +70,11 @@ func (c *routeCheck) checkMember(i int, n *yaml.Node, backings map[string]Settin
 		c.members = append(c.members, memberAt{key: key})
 		return Member{}
 	}
-	common, blocks := splitByBacking(c.fields, n, c.rk.Backing, reflect.TypeFor[memberKeys](), backings)
+	common, blocks := splitByBacking(n, c.rk.Backing, reflect.TypeFor[memberKeys](), backings)
 	c.members = append(c.members, memberAt{key: key, blocks: blocks})
 	var mk memberKeys
 	start := len(c.l.list)
-	if err := c.fields.decodeStrict(common, &mk); err != nil {
+	if err := DecodeStrict(common, &mk); err != nil {
 		c.l.addErr(c.label, key, n.Line, err)
 	}
 	bad := errorKeys(c.l.list[start:])

@@ -146,6 +146,16 @@ func LoadFile(path string, backings map[string]SettingsDecoder) (*Config, error)
 // the decoder of its settings. On failure the error joins one *Error per problem found (use Errors to
 // list them); Load never stops at the first.
 func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
+	doc, err := parse(data)
+	if err != nil {
+		return nil, err
+	}
+	cfg, _, err := loadDoc(&doc, backings, nil)
+	return cfg, err
+}
+
+// parse parses data into a document node; its syntax errors are *Errors with their lines.
+func parse(data []byte) (yaml.Node, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		l := errs{list: yamlErrors(err)}
@@ -154,14 +164,19 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 				re.Line = syntaxLine(data, re.Err.Error())
 			}
 		}
-		return nil, l.err()
+		return doc, l.err()
 	}
+	return doc, nil
+}
+
+// loadDoc is Load after the parse. It also returns the usable entries, each with its final Route. reuse
+// is what a Reloader takes as it was (reuse.go); nil for a whole load.
+func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSet) (*Config, []entry, error) {
 	// A problem in the top-level keys does not stop the routes from being checked: the operator gets
 	// the whole list at once.
 	var l errs
 	var fc fileConfig
-	fields := fieldsCache{}
-	if err := fields.decodeStrict(&doc, &fc); err != nil {
+	if err := DecodeStrict(doc, &fc); err != nil {
 		l.addErr("", "", 0, err)
 	}
 	topBad := badRoots(l.list)
@@ -172,7 +187,7 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if cfg.Admin == "" {
 		cfg.Admin = DefaultAdmin
 	}
-	top := topCheck{l: &l, doc: &doc}
+	top := topCheck{l: &l, doc: doc}
 	own := top.checkListenTLS(fc.ListenTLS, top.checkAddrs(cfg.Listen, cfg.Admin))
 	cfg.ListenTLS, cfg.RedirectHTTP = fc.ListenTLS, fc.RedirectHTTP
 	cfg.TLS = top.checkTLS(fc.ListenTLS, fc.RedirectHTTP, fc.TLS)
@@ -184,28 +199,37 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
-	ents := loadEntries(&l, fields, &doc, &fc, backings, own)
+	ents := loadEntries(&l, doc, &fc, backings, own, reuse)
 	checkRequires(&l, ents)
-	for _, e := range ents {
-		switch {
-		case !e.ok:
-		case e.r.Instance:
-			cfg.Instances = append(cfg.Instances, compacted(e.r))
-		default:
-			cfg.Routes = append(cfg.Routes, compacted(e.r))
+	if len(l.list) > 0 {
+		return nil, nil, l.err()
+	}
+	for i := range ents {
+		if !ents[i].reused { // a reused Route is compact already
+			ents[i].r = compacted(ents[i].r)
 		}
 	}
-	if len(l.list) > 0 {
-		return nil, l.err()
+	cfg.Routes, cfg.Instances = routesOf(ents)
+	return cfg, ents, nil
+}
+
+// routesOf is the Routes and the Instances of a good load's entries, in file order.
+func routesOf(ents []entry) (routes, instances []*Route) {
+	for _, e := range ents {
+		if e.r.Instance {
+			instances = append(instances, e.r)
+		} else {
+			routes = append(routes, e.r)
+		}
 	}
-	return cfg, nil
+	return routes, instances
 }
 
 // loadRoute decodes and validates one route, or one instance (an entry of instances:), adding every
 // problem it has to l. own are the activator's own addresses, which its upstream must not be. It returns
 // the entry with its route as far as it decoded and whether it is usable (it has no problems); the
-// entry's route is nil when n is not even a mapping. fields is the Load's.
-func loadRoute(l *errs, fields fieldsCache, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
+// entry's route is nil when n is not even a mapping.
+func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
 	e := entry{n: n, idx: idx, label: routeLabel(n, idx)}
 	if n.Kind != yaml.MappingNode {
 		e.label = fmt.Sprintf("#%d", idx+1)
@@ -217,9 +241,9 @@ func loadRoute(l *errs, fields fieldsCache, n *yaml.Node, idx int, instance bool
 		markInstance(l.list[len(l.list)-1:], instance)
 		return e
 	}
-	common, blocks := splitBlocks(fields, n, backings)
-	c := &routeCheck{l: l, fields: fields, n: n, label: e.label, start: len(l.list), own: own}
-	if err := fields.decodeStrict(common, &c.rk); err != nil {
+	common, blocks := splitBlocks(n, backings)
+	c := &routeCheck{l: l, n: n, label: e.label, start: len(l.list), own: own}
+	if err := DecodeStrict(common, &c.rk); err != nil {
 		l.addErr(c.label, "", n.Line, err)
 	}
 	c.undecoded = errorKeys(l.list[c.start:])
@@ -260,20 +284,20 @@ type block struct {
 // splitBlocks separates a route's common keys from its backings' settings blocks, so that each is
 // decoded strictly by its owner. A block is a key that names a backing of this build, or the route's own
 // backing even when this build lacks it: that is reported once, at backing, not again as an unknown key.
-func splitBlocks(fields fieldsCache, n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+func splitBlocks(n *yaml.Node, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
 	own := ""
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if n.Content[i].Value == "backing" {
 			own = n.Content[i+1].Value
 		}
 	}
-	return splitByBacking(fields, n, own, reflect.TypeFor[routeKeys](), backings)
+	return splitByBacking(n, own, reflect.TypeFor[routeKeys](), backings)
 }
 
 // splitByBacking is splitBlocks for a mapping whose common keys are those of the struct type keys and
 // whose own backing is own (a fleet member's is its route's).
-func splitByBacking(fields fieldsCache, n *yaml.Node, own string, keys reflect.Type, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
-	if _, isCommon := fields.of(keys).types[own]; isCommon {
+func splitByBacking(n *yaml.Node, own string, keys reflect.Type, backings map[string]SettingsDecoder) (*yaml.Node, map[string]block) {
+	if _, isCommon := fieldsOf(keys).types[own]; isCommon {
 		own = ""
 	}
 	common := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line, Content: make([]*yaml.Node, 0, len(n.Content))}
@@ -310,8 +334,7 @@ func routeLabel(n *yaml.Node, idx int) string {
 // default then trips).
 type routeCheck struct {
 	l         *errs
-	fields    fieldsCache // the Load's
-	n         *yaml.Node  // the route's mapping
+	n         *yaml.Node // the route's mapping
 	label     string
 	start     int             // len(l.list) before this route
 	undecoded map[string]bool // full keys that failed to decode: "hosts[1]", "health.timeout", "hold"

@@ -102,8 +102,14 @@ func TestGolden(t *testing.T) {
 // render is what a golden file holds: "ok" and the config, or "N problems" and one problem a line.
 func render(t *testing.T, data []byte) []byte {
 	t.Helper()
-	var b bytes.Buffer
 	cfg, err := registry.Load(data, backings)
+	return renderResult(t, cfg, err)
+}
+
+// renderResult is render's output for a load's result.
+func renderResult(t *testing.T, cfg *registry.Config, err error) []byte {
+	t.Helper()
+	var b bytes.Buffer
 	if err != nil {
 		if cfg != nil {
 			t.Errorf("Load returned both a config and an error")

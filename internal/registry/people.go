@@ -77,7 +77,7 @@ func (c *routeCheck) checkWaitingPage() {
 		var k struct {
 			Template string `yaml:"template"`
 		}
-		if err := c.fields.decodeStrict(n, &k); err != nil {
+		if err := DecodeStrict(n, &k); err != nil {
 			c.l.addErr(c.label, "waiting_page", line, err)
 			return
 		}

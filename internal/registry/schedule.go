@@ -275,7 +275,7 @@ func (c *routeCheck) checkWakeAt(i int, n *yaml.Node) {
 	case yaml.ScalarNode:
 		k.Cron = n.Value
 	case yaml.MappingNode:
-		if err := c.fields.decodeStrict(n, &k); err != nil {
+		if err := DecodeStrict(n, &k); err != nil {
 			c.l.addErr(c.label, key, n.Line, err)
 			return
 		}

@@ -452,3 +452,33 @@ func sortedKeys(m map[string]string) []string {
 	slices.Sort(keys)
 	return keys
 }
+
+var _ registry.HostChecker = (*Settings)(nil)
+
+// CheckHost implements registry.HostChecker: dir is still a directory and argv[0] still resolves, to
+// the same executable, as when s was decoded. Each directory and each lookup is asked of the host once
+// per load (c).
+func (s *Settings) CheckHost(c *registry.HostCache) error {
+	if s.Dir != "" {
+		if _, err := c.Do("exec.dir\x00"+s.Dir, func() (string, error) {
+			if fi, err := os.Stat(s.Dir); err != nil || !fi.IsDir() {
+				return "", fmt.Errorf("dir %q is no longer a directory", s.Dir)
+			}
+			return "", nil
+		}); err != nil {
+			return err
+		}
+	}
+	pathVar, ok := s.Env["PATH"]
+	if !ok {
+		pathVar = os.Getenv("PATH")
+	}
+	path, err := c.Do("exec.resolve\x00"+s.Argv[0]+"\x00"+s.Dir+"\x00"+pathVar, func() (string, error) { return resolve(s.Argv[0], s.Dir, s.Env) })
+	if err != nil {
+		return err
+	}
+	if path != s.Path {
+		return fmt.Errorf("argv[0] %q resolves to %s now, not %s", s.Argv[0], path, s.Path)
+	}
+	return nil
+}

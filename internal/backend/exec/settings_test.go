@@ -256,3 +256,30 @@ func TestDecodeContainment(t *testing.T) {
 		})
 	}
 }
+
+// CheckHost passes on the host the settings were decoded on, and fails once a reload's decode would
+// give other settings or problems: dir gone, the executable gone, or argv[0] found elsewhere in PATH.
+func TestCheckHost(t *testing.T) {
+	s, errs, d := decodeYAML(t, registry.Upstream{}, "argv: [tool]\ndir: $D/sub\nenv: {PATH: \"$D/first:$D/bin\"}\n")
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	if err := s.CheckHost(&registry.HostCache{}); err != nil {
+		t.Fatalf("unchanged host: %v", err)
+	}
+	must(t, os.Mkdir(filepath.Join(d, "first"), 0o755))
+	must(t, os.WriteFile(filepath.Join(d, "first", "tool"), []byte("#!/bin/true\n"), 0o755))
+	if err := s.CheckHost(&registry.HostCache{}); err == nil || !strings.Contains(err.Error(), "first/tool") {
+		t.Errorf("argv[0] found earlier in PATH: CheckHost = %v, want it to name the new path", err)
+	}
+	must(t, os.Remove(filepath.Join(d, "first", "tool")))
+	must(t, os.Remove(filepath.Join(d, "bin", "tool")))
+	if err := s.CheckHost(&registry.HostCache{}); err == nil {
+		t.Error("executable removed: CheckHost passed")
+	}
+	must(t, os.WriteFile(filepath.Join(d, "bin", "tool"), []byte("#!/bin/true\n"), 0o755))
+	must(t, os.Remove(filepath.Join(d, "sub")))
+	if err := s.CheckHost(&registry.HostCache{}); err == nil || !strings.Contains(err.Error(), "dir") {
+		t.Errorf("dir removed: CheckHost = %v", err)
+	}
+}

@@ -363,3 +363,19 @@ func defDur(d *registry.Duration, def time.Duration) {
 		*d = registry.Duration(def)
 	}
 }
+
+var _ registry.HostChecker = (*Settings)(nil)
+
+// CheckHost implements registry.HostChecker: the kernel, initrd and disk files are still regular
+// files (the runtime and snapshot directories come from the activator's user and environment, which
+// a reload does not change).
+func (s *Settings) CheckHost(c *registry.HostCache) error {
+	for _, p := range []string{s.Kernel, s.Initrd, s.Disk} {
+		if p != "" {
+			if _, err := c.Do("kvm.file\x00"+p, func() (string, error) { return "", checkFile(p) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -260,3 +260,35 @@ func TestArgvRAMFile(t *testing.T) {
 		})
 	}
 }
+
+// CheckHost passes while the kernel, initrd and disk are regular files, and fails once one is not.
+func TestCheckHost(t *testing.T) {
+	kernel, initrd, disk := fakeFiles(t)
+	s, err := decode(t, "127.0.0.1:8081", "kernel: "+kernel+"\ninitrd: "+initrd+"\ndisk: "+disk+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckHost(&registry.HostCache{}); err != nil {
+		t.Fatalf("unchanged host: %v", err)
+	}
+	for _, f := range []string{initrd, disk} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CheckHost(&registry.HostCache{}); err == nil {
+			t.Errorf("%s removed: CheckHost passed", f)
+		}
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(kernel); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(kernel, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckHost(&registry.HostCache{}); err == nil {
+		t.Error("kernel replaced by a directory: CheckHost passed")
+	}
+}

@@ -1,0 +1,450 @@
+package registry
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// A reload that changes one route of 100,000 should not cost what loading them all does: parsing the
+// file with yaml.v3 alone takes seconds at that size. Reloader therefore cuts the file at its entries
+// (the items of routes: and instances:) by their lines, before parsing it, and keeps each entry's
+// decoded Route from the last load by a hash of its text. The next load parses only the rest of the
+// file (the header) and the entries whose text is new, and takes the others' Routes as they were,
+// once their host checks pass again. Whatever the cut cannot vouch for falls back to a whole load:
+// see splitEntries, loadChanged and newMemo.
+
+// HostChecker is implemented by backing settings whose decoder consults the host (a directory
+// exists, an executable is found in PATH, an image file is a regular file). CheckHost returns nil when
+// decoding the same block again now would give the same settings without problems. Reloader takes an
+// unchanged entry's settings as they were only when they implement it (or are nil) and it returns nil;
+// otherwise the entry is decoded again, so a backing that does not implement it is only slower.
+type HostChecker interface{ CheckHost(c *HostCache) error }
+
+// HostCache answers each question about the host once per load: 100,000 routes that run one
+// executable look it up once, not 100,000 times. Safe for concurrent use.
+type HostCache struct{ m sync.Map }
+
+type hostAnswer struct {
+	v   string
+	err error
+}
+
+// Do returns what f returned the first time this load asked key; f runs then. Keys are the caller's
+// to make unique ("exec.resolve\x00" + argv[0] + ...).
+func (c *HostCache) Do(key string, f func() (string, error)) (string, error) {
+	if a, ok := c.m.Load(key); ok {
+		return a.(hostAnswer).v, a.(hostAnswer).err
+	}
+	v, err := f()
+	c.m.Store(key, hostAnswer{v, err})
+	return v, err
+}
+
+// Reloader loads one config again and again, as the activator's reloads do, decoding again only the
+// entries whose text changed since its last good load (see above). Its results and errors are Load's:
+// an entry it does not decode is one that decoded without problems from the same text, under the same
+// header, and whose host checks pass now; a load that finds any problem is done again as a whole, so
+// the problems reported are exactly Load's. A Reloader is not safe for concurrent use.
+type Reloader struct {
+	backings map[string]SettingsDecoder
+	memo     *memo // of the last good load; nil before one, or when its file could not be cut
+	decoded  int   // entries decoded by the last load, the rest taken from memo
+}
+
+// NewReloader returns a Reloader for the given backings' decoders (as Load takes them).
+func NewReloader(backings map[string]SettingsDecoder) *Reloader {
+	return &Reloader{backings: backings}
+}
+
+// LoadFile reads a config file and loads it: see Load and Reloader.
+func (rl *Reloader) LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return rl.Load(data)
+}
+
+// Load loads data as Load does, reusing what it can of the last good load.
+func (rl *Reloader) Load(data []byte) (*Config, error) {
+	sp := splitEntries(data)
+	if cfg, ok := rl.loadChanged(sp); ok {
+		return cfg, nil
+	}
+	doc, err := parse(data)
+	if err != nil {
+		return nil, err
+	}
+	cfg, ents, err := loadDoc(&doc, rl.backings, nil)
+	if err != nil {
+		return nil, err // the memo stays: it is still right for its own header and entries
+	}
+	if rl.memo, rl.decoded = newMemo(sp, &doc, ents, true, rl.memo), len(ents); rl.memo != nil {
+		cfg.Routes, cfg.Instances = routesOf(ents) // newMemo may have taken the last load's Routes
+	}
+	return cfg, nil
+}
+
+// Decoded is how many entries the last successful Load decoded; the others were taken as they were.
+func (rl *Reloader) Decoded() int { return rl.decoded }
+
+// memo is what a good load leaves for the next: the hash of its header and each entry's Route by the
+// hash of its list and text.
+type memo struct {
+	header  sum
+	entries map[sum]*Route
+}
+
+type sum [16]byte // the first half of a SHA-256: the entries are the operator's, not an attacker's
+
+// loadChanged loads sp against the memo: the header and the new entries are parsed, the others taken
+// from the memo. It reports false, and leaves the work to a whole load, when there is no memo, the
+// header changed, anything parsed here has an anchor or an alias (which can reach across entries), an
+// entry's text does not parse as one item of a list on its own, or the load finds any problem.
+func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
+	m := rl.memo
+	if m == nil || sp == nil || sp.headerSum != m.header {
+		return nil, false
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(sp.header, &doc); err != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode || hasAnchors(&doc) {
+		return nil, false
+	}
+	root := doc.Content[0]
+	reuse := map[bool][]*Route{}
+	decoded := 0
+	// One placeholder serves every reused entry: its node is read only for the line of a problem, and
+	// any problem sends the load to a whole one.
+	placeholder := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	hosts := &HostCache{}
+	for _, list := range sp.lists {
+		val := mappingValue(root, list.key)
+		if val == nil || val.Kind != yaml.ScalarNode || val.ShortTag() != "!!null" {
+			return nil, false
+		}
+		instance := list.key == "instances"
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: list.chunks[0].line, Column: list.col + 1, Content: make([]*yaml.Node, 0, len(list.chunks))}
+		rs := make([]*Route, len(list.chunks))
+		for i, ch := range list.chunks {
+			if r := m.entries[ch.sum]; r != nil && r.Instance == instance && reusable(r) {
+				rs[i] = r
+				seq.Content = append(seq.Content, placeholder)
+				continue
+			}
+			item := parseChunk(sp.data, ch)
+			if item == nil {
+				return nil, false
+			}
+			seq.Content = append(seq.Content, item)
+			decoded++
+		}
+		*val = *seq
+		reuse[instance] = rs
+	}
+	cfg, ents, err := loadDoc(&doc, rl.backings, &reuseSet{routes: reuse, hosts: hosts})
+	if err != nil {
+		return nil, false
+	}
+	rl.memo, rl.decoded = newMemo(sp, &doc, ents, false, nil), decoded
+	return cfg, true
+}
+
+// parseChunk parses one entry's text on its own, preceded by as many empty lines as come before it in
+// the file so that its nodes carry the file's line numbers. It returns the entry's node, or nil when
+// the text is not one item of a list or has an anchor or an alias.
+func parseChunk(data []byte, ch chunk) *yaml.Node {
+	text := make([]byte, 0, ch.line-1+ch.end-ch.start)
+	text = append(append(text, bytes.Repeat([]byte{'\n'}, ch.line-1)...), data[ch.start:ch.end]...)
+	var d yaml.Node
+	if err := yaml.Unmarshal(text, &d); err != nil || len(d.Content) != 1 {
+		return nil
+	}
+	if seq := d.Content[0]; seq.Kind == yaml.SequenceNode && len(seq.Content) == 1 && !hasAnchors(seq) {
+		return seq.Content[0]
+	}
+	return nil
+}
+
+// newMemo records a good load's entries by their text's hash: ents are the load's entries (all
+// usable), doc the document they came from. With verify set (a whole load), the cut of the file must
+// agree with the parse, entry by entry, and the document must have no anchor or alias; it returns nil
+// when it does not. A load of changed entries built doc from the cut itself. An entry whose text prev
+// has, and whose Route came out the Same again (a whole load after a change of the header), takes
+// prev's Route: that is the one the server keeps, and the memo must not hold a copy beside it.
+func newMemo(sp *entrySplit, doc *yaml.Node, ents []entry, verify bool, prev *memo) *memo {
+	if sp == nil || len(doc.Content) != 1 {
+		return nil
+	}
+	if verify && (!sp.matches(doc.Content[0]) || hasAnchors(doc)) {
+		return nil
+	}
+	m := &memo{header: sp.headerSum, entries: make(map[sum]*Route, len(ents))}
+	for i := range ents {
+		e := &ents[i]
+		key := "routes"
+		if e.r.Instance {
+			key = "instances"
+		}
+		list := sp.list(key)
+		if list == nil || e.idx >= len(list.chunks) {
+			return nil
+		}
+		s := list.chunks[e.idx].sum
+		if prev != nil {
+			if old := prev.entries[s]; old != nil && old.Same(e.r) {
+				e.r = old
+			}
+		}
+		m.entries[s] = e.r
+	}
+	return m
+}
+
+// reusable reports whether r's host checks can be run again without decoding it: its settings, and
+// its fleet members', implement HostChecker or are nil.
+func reusable(r *Route) bool {
+	for _, s := range routeSettings(r) {
+		if _, ok := s.(HostChecker); s != nil && !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func routeSettings(r *Route) []any {
+	out := []any{r.Settings}
+	if r.Fleet != nil {
+		for _, m := range r.Fleet.Members {
+			out = append(out, m.Settings)
+		}
+	}
+	return out
+}
+
+// errHostChanged stands for a problem found by an unchanged entry's host check. It is never reported:
+// any problem sends the load to a whole one, which decodes the entry and names the problem.
+var errHostChanged = errors.New("the host no longer passes this entry's checks")
+
+// reuseSet is what a Reloader gives a load: by list (true for instances:), the Routes it takes as they
+// were, at their index in the list (nil for an entry to decode), and the load's answers about the host.
+type reuseSet struct {
+	routes map[bool][]*Route
+	hosts  *HostCache
+}
+
+// reusedEntry is the entry of an unchanged route r at idx, n its placeholder node. r itself is the
+// entry's Route, so that the server, which keeps a Route that is the Same, keeps this very one and no
+// copy lives on beside it: nothing after the decode writes to a reused Route (checkRequires leaves its
+// Requires, the same already). Its host checks run again; a failure is its one problem.
+func reusedEntry(r *Route, n *yaml.Node, idx int, hosts *HostCache) (entry, []error) {
+	e := entry{r: r, n: n, idx: idx, label: r.Name, ok: true, reused: true}
+	for i, name := range r.Requires {
+		e.reqs = append(e.reqs, reqAt{name: name, key: fmt.Sprintf("requires[%d]", i)})
+	}
+	if err := checkHostAgain(r, hosts); err != nil {
+		e.ok = false
+		return e, []error{&Error{Route: r.Name, Line: n.Line, Err: fmt.Errorf("%w: %w", errHostChanged, err)}}
+	}
+	return e, nil
+}
+
+// checkHostAgain runs again the checks of r's decode that consult the host: its waiting page's
+// template, and its settings' (HostChecker).
+func checkHostAgain(r *Route, hosts *HostCache) error {
+	if t := r.WaitingPage.Template; t != "" {
+		if fi, err := os.Stat(t); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("waiting_page.template %s", t)
+		}
+	}
+	for _, s := range routeSettings(r) {
+		if hc, ok := s.(HostChecker); ok {
+			if err := hc.CheckHost(hosts); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// hasAnchors reports whether the tree under n has an anchor or an alias.
+func hasAnchors(n *yaml.Node) bool {
+	if n.Anchor != "" || n.Kind == yaml.AliasNode {
+		return true
+	}
+	for _, c := range n.Content {
+		if hasAnchors(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// mappingValue is the value of key in the mapping n, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// entrySplit is a config file cut at its entries by its lines, without parsing it (splitEntries).
+type entrySplit struct {
+	data      []byte
+	// header is data without the entries' lines: its nodes' lines are not the file's, which matters
+	// only for a problem's line, and any problem sends the load to a whole one.
+	header    []byte
+	headerSum sum
+	lists     []entryList
+}
+
+// entryList is the entries of one top-level list: routes: or instances:.
+type entryList struct {
+	key    string
+	col    int // the column of its items' dashes, 0-based
+	chunks []chunk
+}
+
+// chunk is one entry: its lines in data, from the one with its dash to the last before the next item
+// or the end of the list (comments and blank lines included).
+type chunk struct {
+	start, end int // byte offsets in data
+	line, next int // its first line (1-based) and the line after its last
+	sum        sum // of its text (the memo checks the list: Route.Instance)
+}
+
+func (sp *entrySplit) list(key string) *entryList {
+	for i := range sp.lists {
+		if sp.lists[i].key == key {
+			return &sp.lists[i]
+		}
+	}
+	return nil
+}
+
+// matches reports whether the cut agrees with the parsed top-level mapping root: each cut list is a
+// sequence there with as many items, each starting on one of its chunk's lines.
+func (sp *entrySplit) matches(root *yaml.Node) bool {
+	if root.Kind != yaml.MappingNode {
+		return false
+	}
+	for _, list := range sp.lists {
+		seq := mappingValue(root, list.key)
+		if seq == nil || seq.Kind != yaml.SequenceNode || len(seq.Content) != len(list.chunks) {
+			return false
+		}
+		for i, item := range seq.Content {
+			if ch := list.chunks[i]; item.Line < ch.line || item.Line >= ch.next {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// splitEntries cuts data at the items of its top-level routes: and instances: lists, written in block
+// style: a key at column 0 with nothing after it but a comment, and its items each starting with a
+// dash at one column. An item runs to the next line, not blank and not a comment, at that column or
+// left of it. The cut is by lines alone, so it is checked: a whole load's parse must agree with it
+// (matches), and an entry parsed on its own must be exactly one item. A file with a directive or a
+// second document is not cut (nil); a list in flow style, or indented otherwise, is left in the header.
+func splitEntries(data []byte) *entrySplit {
+	sp := &entrySplit{data: data}
+	var cur *entryList // the list being cut, or nil
+	open := false      // an entry of cur is being cut: its last chunk
+	closeChunk := func(end, next int) {
+		if !open {
+			return
+		}
+		ch := &cur.chunks[len(cur.chunks)-1]
+		ch.end, ch.next = end, next
+		full := sha256.Sum256(data[ch.start:ch.end])
+		copy(ch.sum[:], full[:])
+		open = false
+	}
+	line := 0
+	for off, next := 0, 0; off < len(data); off = next {
+		line++
+		end := bytes.IndexByte(data[off:], '\n')
+		if end < 0 {
+			end, next = len(data), len(data)
+		} else {
+			end += off
+			next = end + 1
+		}
+		rest := bytes.TrimLeft(data[off:end], " ")
+		indent := end - off - len(rest)
+		if t := bytes.TrimSpace(rest); len(t) == 0 || t[0] == '#' {
+			continue // blank or a comment: part of whatever it is in
+		}
+		if indent == 0 && (rest[0] == '%' || (line > 1 && (bytes.HasPrefix(rest, []byte("---")) || bytes.HasPrefix(rest, []byte("..."))))) {
+			return nil
+		}
+		item := rest[0] == '-' && (len(rest) == 1 || rest[1] == ' ' || rest[1] == '\r')
+		if cur != nil {
+			switch {
+			case cur.col < 0 && item:
+				cur.col = indent
+			case cur.col < 0:
+				cur = nil // not a block list: the header keeps it
+			case indent > cur.col:
+				continue // inside the open entry
+			case indent == cur.col && item:
+			default:
+				closeChunk(off, line)
+				cur = nil
+			}
+		}
+		if cur != nil { // a new entry starts on this line
+			closeChunk(off, line)
+			cur.chunks = append(cur.chunks, chunk{start: off, line: line})
+			open = true
+			continue
+		}
+		for _, key := range []string{"routes", "instances"} {
+			if indent == 0 && isListKey(rest, key) {
+				if sp.list(key) != nil {
+					return nil // twice: the parse reports it
+				}
+				sp.lists = append(sp.lists, entryList{key: key, col: -1})
+				cur = &sp.lists[len(sp.lists)-1]
+			}
+		}
+	}
+	closeChunk(len(data), line+1)
+	// The header: data without the entries' bytes (lists do not interleave, so this is in order).
+	from := 0
+	kept := sp.lists[:0]
+	for _, list := range sp.lists {
+		for _, ch := range list.chunks {
+			sp.header = append(sp.header, data[from:ch.start]...)
+			from = ch.end
+		}
+		if len(list.chunks) > 0 {
+			kept = append(kept, list)
+		}
+	}
+	sp.header = append(sp.header, data[from:]...)
+	full := sha256.Sum256(sp.header)
+	copy(sp.headerSum[:], full[:])
+	sp.lists = kept
+	return sp
+}
+
+// isListKey reports whether line (at column 0) is key followed by a colon and nothing but spaces or a
+// comment.
+func isListKey(line []byte, key string) bool {
+	rest, ok := bytes.CutPrefix(line, []byte(key+":"))
+	if !ok {
+		return false
+	}
+	rest = bytes.TrimSpace(rest)
+	return len(rest) == 0 || rest[0] == '#'
+}

@@ -1,0 +1,261 @@
+package registry_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// checkedExec is fakeExec with host checks, so that a Reloader may take it as it was: with env STAT=1
+// its decode, and CheckHost, need argv[0] to exist.
+type checkedExec fakeExec
+
+func (s *checkedExec) CheckHost(*registry.HostCache) error {
+	if s.Env["STAT"] != "1" {
+		return nil
+	}
+	_, err := os.Stat(s.Argv[0])
+	return err
+}
+
+func decodeChecked(r *registry.Route, node *yaml.Node) (any, error) {
+	v, err := decodeExec(r, node)
+	if err != nil {
+		return nil, err
+	}
+	s := (*checkedExec)(v.(*fakeExec))
+	if err := s.CheckHost(&registry.HostCache{}); err != nil {
+		return nil, &registry.Error{Key: "argv[0]", Err: err}
+	}
+	return s, nil
+}
+
+var reusing = map[string]registry.SettingsDecoder{"exec": decodeChecked}
+
+// reloadAgrees loads next with rl, and checks that the outcome is Load's, problems included. It
+// returns how many entries rl decoded.
+func reloadAgrees(t *testing.T, rl *registry.Reloader, next string) int {
+	t.Helper()
+	cfg, err := rl.Load([]byte(next))
+	got := renderResult(t, cfg, err)
+	cfg, err = registry.Load([]byte(next), reusing)
+	want := renderResult(t, cfg, err)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("Reloader.Load differs from Load for\n%s\n--- got\n%s\n--- want\n%s", next, got, want)
+	}
+	return rl.Decoded()
+}
+
+// reuseBase is a config with n routes, each requiring the instance db, and that instance.
+func reuseBase(n int) string {
+	var b strings.Builder
+	b.WriteString("# reuse\nlisten: 127.0.0.1:8080\nadmin: 127.0.0.1:8081\nroutes:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - name: r%d\n    hosts: [r%d.test]\n    backing: exec\n    upstream: 127.0.0.1:%d\n    requires: [db]\n    exec:\n      argv: [/usr/bin/app, \"%d\"]\n", i, i, 9000+i, i)
+	}
+	b.WriteString("instances:\n  - name: db\n    backing: exec\n    upstream: 127.0.0.1:5432\n    exec: {argv: [/usr/bin/db]}\n")
+	return b.String()
+}
+
+// TestReloaderAgreesWithLoad loads a config and then edits of it, each with one Reloader, and checks
+// every outcome against Load's: the Reloader must never give another config or other problems, and it
+// must decode only the entries whose text changed.
+func TestReloaderAgreesWithLoad(t *testing.T) {
+	base := reuseBase(5)
+	route := func(i int) string {
+		return fmt.Sprintf("  - name: r%d\n    hosts: [r%d.test]\n    backing: exec\n    upstream: 127.0.0.1:%d\n    requires: [db]\n    exec:\n      argv: [/usr/bin/app, \"%d\"]\n", i, i, 9000+i, i)
+	}
+	newRoute := "  - name: extra\n    hosts: [extra.test]\n    backing: exec\n    upstream: 127.0.0.1:9999\n    exec: {argv: [/usr/bin/extra]}\n"
+	for _, tc := range []struct {
+		name    string
+		next    string
+		decoded int // -1: any (a whole load, or problems)
+	}{
+		{"same file", base, 0},
+		{"one route edited", strings.Replace(base, "127.0.0.1:9002", "127.0.0.1:9102", 1), 1},
+		{"a route added first", strings.Replace(base, "routes:\n", "routes:\n"+newRoute, 1), 1},
+		{"a route added last", strings.Replace(base, "instances:\n", newRoute+"instances:\n", 1), 1},
+		{"a route removed", strings.Replace(base, route(3), "", 1), 0},
+		{"two routes swapped", strings.Replace(strings.Replace(strings.Replace(base, route(1), "SWAP", 1), route(2), route(1), 1), "SWAP", route(2), 1), 0},
+		{"a comment inside a route", strings.Replace(base, "    requires: [db]\n    exec:\n      argv: [/usr/bin/app, \"4\"]", "    requires: [db]\n# a comment at column 0\n    exec:\n      argv: [/usr/bin/app, \"4\"]", 1), 1},
+		{"a comment between routes", strings.Replace(base, route(2), "  # between\n"+route(2), 1), 1},
+		{"the header changed", strings.Replace(base, "127.0.0.1:8080", "127.0.0.1:8090", 1), 6},
+		{"a header comment changed", strings.Replace(base, "# reuse", "# reused", 1), 6},
+		{"a route moved to instances", strings.Replace(strings.Replace(base, route(4), "", 1), "instances:\n", "instances:\n"+strings.Replace(strings.Replace(route(4), "    hosts: [r4.test]\n", "", 1), "    requires: [db]\n", "", 1), 1), 1},
+		{"a duplicate host beside unchanged routes", strings.Replace(base, "[r3.test]", "[r1.test]", 1), -1},
+		{"a requirement removed", strings.Replace(base, "instances:\n  - name: db\n    backing: exec\n    upstream: 127.0.0.1:5432\n    exec: {argv: [/usr/bin/db]}\n", "", 1), -1},
+		{"a route without a name", strings.Replace(base, "  - name: r2\n", "  - \n", 1), -1},
+		{"an anchor and an alias", strings.Replace(strings.Replace(base, "hosts: [r1.test]", "hosts: &h [r1.test]", 1), "    hosts: [r2.test]\n", "    path_prefix: /x\n    hosts: *h\n", 1), -1},
+		{"a dash alone on its line", strings.Replace(base, "  - name: r2\n", "  -\n    name: r2\n", 1), 1},
+		{"the list at column 0", strings.ReplaceAll(strings.ReplaceAll(base, "\n  - ", "\n- "), "\n    ", "\n  "), 6},
+		{"CRLF line ends", strings.ReplaceAll(base, "\n", "\r\n"), 6},
+		{"no newline at the end", strings.TrimSuffix(base, "\n"), 1},
+		{"routes in flow style", strings.Replace(strings.Replace(base, "routes:\n", "routes: [\n", 1), "instances:", "]\ninstances:", 1), -1},
+		{"a syntax error in one route", strings.Replace(base, "hosts: [r3.test]", "hosts: [r3.test", 1), -1},
+		{"a block scalar", strings.Replace(base, "      argv: [/usr/bin/app, \"1\"]\n", "      argv: [/usr/bin/app, \"1\"]\n      env:\n        NOTE: |\n          - not an item\n\n          # not a comment\n", 1), 1},
+		{"a bad value in a block scalar's place", strings.Replace(base, "  - name: r1\n", "  - name: r1\n    waiting_page: |\n      - not an item\n", 1), -1},
+		{"a second document", base + "---\nroutes: []\n", -1},
+		{"a directive", "%YAML 1.1\n---\n" + base, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rl := registry.NewReloader(reusing)
+			if d := reloadAgrees(t, rl, base); d != 6 {
+				t.Fatalf("the first load decoded %d entries, want all 6", d)
+			}
+			if d := reloadAgrees(t, rl, tc.next); tc.decoded >= 0 && d != tc.decoded {
+				t.Errorf("decoded %d entries, want %d", d, tc.decoded)
+			}
+			// And back: after any outcome the Reloader still agrees with Load.
+			reloadAgrees(t, rl, base)
+			reloadAgrees(t, rl, tc.next)
+		})
+	}
+}
+
+// TestReloaderCorpus loads every pair of the golden inputs, one after the other, with one Reloader.
+func TestReloaderCorpus(t *testing.T) {
+	inputs, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
+	if err != nil || len(inputs) == 0 {
+		t.Fatal("no testdata/*.yaml", err)
+	}
+	data := make([]string, len(inputs))
+	for i, in := range inputs {
+		b, err := os.ReadFile(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data[i] = string(b)
+	}
+	for i := range data {
+		for j := range data {
+			rl := registry.NewReloader(reusing)
+			reloadAgrees(t, rl, data[i])
+			reloadAgrees(t, rl, data[j])
+			reloadAgrees(t, rl, data[j])
+		}
+	}
+}
+
+// TestReloaderChecksTheHostAgain: an unchanged route is taken as it was only while its host checks
+// pass; when they fail, the load reports Load's problem, and once they pass again the route is reused.
+func TestReloaderChecksTheHostAgain(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "app")
+	page := filepath.Join(dir, "page.html")
+	for _, f := range []string{bin, page} {
+		if err := os.WriteFile(f, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := reuseBase(2) + fmt.Sprintf("  - name: checked\n    backing: exec\n    upstream: 127.0.0.1:7000\n    exec: {argv: [%s], env: {STAT: \"1\"}}\n", bin)
+	config = strings.Replace(config, "  - name: r1\n", fmt.Sprintf("  - name: r1\n    waiting_page: {template: %s}\n", page), 1)
+	rl := registry.NewReloader(reusing)
+	reloadAgrees(t, rl, config)
+	for _, f := range []string{bin, page} {
+		if d := reloadAgrees(t, rl, config); d != 0 {
+			t.Fatalf("decoded %d entries of an unchanged file", d)
+		}
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rl.Load([]byte(config)); err == nil {
+			t.Fatalf("with %s removed, the reload passed", f)
+		}
+		reloadAgrees(t, rl, config) // the problem is Load's
+		if err := os.WriteFile(f, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := reloadAgrees(t, rl, config); d != 0 {
+		t.Errorf("decoded %d entries once the files were back", d)
+	}
+}
+
+// TestReloaderKeepsRoutes: a reload's unchanged Routes are the last load's very ones, so that the
+// server (which keeps a Route that is the Same) and the Reloader hold one copy between them, and a
+// reload writes nothing to them (the race detector watches a reader). After a change of the header,
+// which decodes everything again, the routes that come out the Same are the last load's too.
+func TestReloaderKeepsRoutes(t *testing.T) {
+	rl := registry.NewReloader(reusing)
+	base := reuseBase(3)
+	c1, err := rl.Load([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func(routes []*registry.Route) { // the server reading the routes in force
+		defer close(done)
+		for range 1000 {
+			for _, r := range routes {
+				_ = len(r.Requires) + len(r.Name)
+			}
+		}
+	}(c1.Routes)
+	edited := strings.Replace(base, "127.0.0.1:9001", "127.0.0.1:9101", 1)
+	for _, tc := range []struct {
+		name, next string
+		changed    string // the route whose Route is new
+	}{
+		{"one route edited", edited, "r1"},
+		{"the header changed", strings.Replace(edited, "# reuse", "# reused", 1), ""},
+	} {
+		c2, err := rl.Load([]byte(tc.next))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range c1.Routes {
+			if same := c1.Routes[i] == c2.Routes[i]; same == (c1.Routes[i].Name == tc.changed) {
+				t.Errorf("%s: route %s is the last load's Route: %v", tc.name, c1.Routes[i].Name, same)
+			}
+		}
+		if c1.Instances[0] != c2.Instances[0] {
+			t.Errorf("%s: the instance is not the last load's Route", tc.name)
+		}
+		c1 = c2
+	}
+	<-done
+}
+
+// A decoder whose settings are not HostCheckers is decoded every time: a backing that does not say
+// how to check the host again is never trusted to be unchanged.
+func TestReloaderDecodesSettingsWithoutHostChecks(t *testing.T) {
+	rl := registry.NewReloader(backings)
+	base := reuseBase(3)
+	for range 2 {
+		if _, err := rl.Load([]byte(base)); err != nil {
+			t.Fatal(err)
+		}
+		if rl.Decoded() != 4 {
+			t.Fatalf("decoded %d entries, want every one", rl.Decoded())
+		}
+	}
+}
+
+// FuzzReloader loads one input and then another with one Reloader: the second outcome must be Load's.
+func FuzzReloader(f *testing.F) {
+	base := reuseBase(3)
+	f.Add([]byte(base), []byte(strings.Replace(base, "9001", "9101", 1)))
+	f.Add([]byte(base), []byte(strings.Replace(base, "  - name: r1\n", "  - name: r1\n    hosts: &a [x.test]\n", 1)))
+	f.Add([]byte(base), []byte(base+"  - name: r9\n    backing: exec\n    upstream: 127.0.0.1:1\n    exec: {argv: [/a]}\n"))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		if len(a) > 4<<10 || len(b) > 4<<10 {
+			return // rendering large configs twice per input starves the fuzzer; the cut is per line
+		}
+		rl := registry.NewReloader(reusing)
+		_, _ = rl.Load(a)
+		cfg, err := rl.Load(b)
+		got := renderResult(t, cfg, err)
+		cfg, err = registry.Load(b, reusing)
+		if want := renderResult(t, cfg, err); !bytes.Equal(got, want) {
+			t.Fatalf("after\n%q\nReloader.Load(%q) differs from Load\n--- got\n%s\n--- want\n%s", a, b, got, want)
+		}
+	})
+}
+
