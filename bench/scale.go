@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -79,26 +80,49 @@ func runScale(ctx context.Context, e *env) error {
 		return err
 	}
 
-	// Three reloads: SIGHUP with the same file, each timed to the "config reloaded" log line, and the
-	// RSS at that line and once the reload's host checks are done. The activator's CPU time over the
-	// reload is reported too: on a shared machine it moves less than the wall time.
-	var reloads, reloadCPU []float64
-	for i := 0; i < 3; i++ {
+	// Three reloads, each after an edit of one route (its idle window), as an operator's reload is:
+	// SIGHUP, timed to the "config reloaded" log line, and the RSS at that line and once the reload's
+	// host checks are done. Then one reload after an edit of the header (a comment), which makes the
+	// activator decode every route again: what any reload cost before it kept unchanged routes. The
+	// activator's CPU time over each reload is reported too: on a shared machine it moves less than
+	// the wall time.
+	config, err := os.ReadFile(big.act.config)
+	if err != nil {
+		return err
+	}
+	reload := func(edit func([]byte) []byte) (wall, cpu float64, err error) {
+		config = edit(config)
+		if err := os.WriteFile(big.act.config, config, 0o644); err != nil {
+			return 0, 0, err
+		}
 		seen := big.act.out.expect("config reloaded")
 		cpu0 := cpuTime(big.act.pid())
 		t0 := time.Now()
 		if err := syscall.Kill(big.act.pid(), syscall.SIGHUP); err != nil {
-			return err
+			return 0, 0, err
 		}
 		select {
 		case t1 := <-seen:
-			reloads = append(reloads, float64(t1.Sub(t0).Microseconds())/1000)
-			reloadCPU = append(reloadCPU, float64((cpuTime(big.act.pid())-cpu0).Microseconds())/1000)
+			return float64(t1.Sub(t0).Microseconds()) / 1000, float64((cpuTime(big.act.pid()) - cpu0).Microseconds()) / 1000, nil
 		case <-time.After(2 * time.Minute):
-			return fmt.Errorf("no \"config reloaded\" within 2m of SIGHUP:\n%s", big.act.out.String())
+			return 0, 0, fmt.Errorf("no \"config reloaded\" within 2m of SIGHUP:\n%s", big.act.out.String())
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, 0, ctx.Err()
 		}
+	}
+	var reloads, reloadCPU []float64
+	for i := 0; i < 3; i++ {
+		// r1, r2, r3 get an idle window of their own (the file writes "idle: 1h" for every route).
+		name := fmt.Sprintf("  - name: r%d\n", i+1)
+		wall, cpu, err := reload(func(c []byte) []byte {
+			at := bytes.Index(c, []byte(name))
+			idle := at + bytes.Index(c[at:], []byte("    idle: 1h\n"))
+			return slices.Concat(c[:idle], []byte(fmt.Sprintf("    idle: %dm\n", 61+i)), c[idle+len("    idle: 1h\n"):])
+		})
+		if err != nil {
+			return err
+		}
+		reloads, reloadCPU = append(reloads, wall), append(reloadCPU, cpu)
 		v, err := rssKiB(big.act.pid())
 		if err != nil {
 			return err
@@ -109,6 +133,13 @@ func runScale(ctx context.Context, e *env) error {
 		}
 		row.RSSReloadSettledKiB = append(row.RSSReloadSettledKiB, v)
 	}
+	row.ReloadDecoded = strings.Count(big.act.out.String(), "decoded=1\n")
+	if row.ReloadAllMs, row.ReloadAllCPUMs, err = reload(func(c []byte) []byte { return append([]byte("# every route decoded again\n"), c...) }); err != nil {
+		return err
+	}
+	if _, err := settled(); err != nil {
+		return err
+	}
 	row.ReloadMs, row.ReloadCPUMs = summarize(reloads), summarize(reloadCPU)
 	rssGoal := scaleRSSGoal(n)
 	mib := func(kib int64) float64 { return float64(kib) / 1024 }
@@ -117,7 +148,7 @@ func runScale(ctx context.Context, e *env) error {
 		fmt.Sprintf("≤ %d MiB", rssGoal), mib(max(big.rss, row.RSSSettledKiB)) <= float64(rssGoal))
 	e.report.check(fmt.Sprintf("%d idle routes: activator RSS after three reloads, settled (each reload)", n), fmt.Sprintf("%.1f MiB (%.1f, %.1f, %.1f)", mib(rl[2]), mib(rl[0]), mib(rl[1]), mib(rl[2])),
 		fmt.Sprintf("≤ %d MiB", rssGoal), mib(slices.Max(rl)) <= float64(rssGoal))
-	e.report.check(fmt.Sprintf("%d idle routes: config reload (SIGHUP → \"config reloaded\")", n), fmtStat(row.ReloadMs, 0)+" ms (the activator's CPU time: "+fmtStat(row.ReloadCPUMs, 0)+" ms)", "≤ 2000 ms, every reload", row.ReloadMs.Max <= 2000)
+	e.report.check(fmt.Sprintf("%d idle routes: config reload after one route's edit (SIGHUP → \"config reloaded\"; %d of 3 logged decoded=1)", n, row.ReloadDecoded), fmtStat(row.ReloadMs, 0)+" ms (the activator's CPU time: "+fmtStat(row.ReloadCPUMs, 0)+" ms)", "≤ 2000 ms, every reload", row.ReloadMs.Max <= 2000)
 
 	// Warm requests to one route, alternating between the two activators.
 	wrk, ok := e.tools["wrk"]
