@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,8 +53,11 @@ func (e *HeldError) FaultClass() tenant.Class { return tenant.ClassTerminal }
 
 // Check dials network/address and returns nil when nothing answers (refused, unreachable, or no
 // answer within a second). When something does, it returns a *HeldError naming the holder where it
-// can be found. network is "tcp" or "unix". Check never writes to the connection it makes.
-func Check(ctx context.Context, network, address string) error {
+// can be found; nil when the holder is one of ours, processes the caller started (a kvm standby QEMU
+// that holds the guest's forwarded port while it waits). Those are looked at first, one file table
+// each, so a caller's own listener costs no search of every process. network is "tcp" or "unix".
+// Check never writes to the connection it makes.
+func Check(ctx context.Context, network, address string, ours ...int) error {
 	dctx, cancel := context.WithTimeout(ctx, dialBound)
 	defer cancel()
 	var d net.Dialer
@@ -65,10 +69,24 @@ func Check(ctx context.Context, network, address string) error {
 	e := &HeldError{Network: network, Address: address}
 	if fs, err := procfs.NewDefaultFS(); err == nil {
 		if inode, ok := listenerInode(fs, network, address); ok {
-			e.PID, e.Command = owner(fs, inode)
+			target := socketTarget(inode)
+			for _, pid := range ours {
+				if p, err := fs.Proc(pid); err == nil && holds(p, target) {
+					return nil
+				}
+			}
+			e.PID, e.Command = owner(fs, target)
 		}
 	}
 	return e
+}
+
+func socketTarget(inode uint64) string { return "socket:[" + strconv.FormatUint(inode, 10) + "]" }
+
+// holds reports whether p has the socket target ("socket:[INODE]") open.
+func holds(p procfs.Proc, target string) bool {
+	fds, err := p.FileDescriptorTargets()
+	return err == nil && slices.Contains(fds, target)
 }
 
 // listenerInode finds the inode of the socket listening at address.
@@ -123,28 +141,23 @@ func listenerInode(fs procfs.FS, network, address string) (uint64, bool) {
 	return fallback, fallback != 0
 }
 
-// owner returns the pid and command line of a process holding socket inode, or 0 if none is visible.
-func owner(fs procfs.FS, inode uint64) (int, string) {
+// owner returns the pid and command line of a process holding the socket target ("socket:[INODE]"),
+// or 0 if none is visible.
+func owner(fs procfs.FS, target string) (int, string) {
 	procs, err := fs.AllProcs()
 	if err != nil {
 		return 0, ""
 	}
-	target := "socket:[" + strconv.FormatUint(inode, 10) + "]"
 	for i, p := range procs {
 		if i >= maxScan {
 			break
 		}
-		fds, err := p.FileDescriptorTargets()
-		if err != nil {
-			continue
-		}
-		for _, t := range fds {
-			if t == target && p.PID == os.Getpid() {
-				return p.PID, "this activator" // e.g. another route's listen_fds socket
-			}
-			if t == target {
-				return p.PID, command(p)
-			}
+		switch {
+		case !holds(p, target):
+		case p.PID == os.Getpid():
+			return p.PID, "this activator" // e.g. another route's listen_fds socket
+		default:
+			return p.PID, command(p)
 		}
 	}
 	return 0, ""

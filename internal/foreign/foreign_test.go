@@ -119,3 +119,14 @@ func TestOwnListenerNamedAsSelf(t *testing.T) {
 	defer ln.Close()
 	wantHeld(t, Check(context.Background(), "tcp", ln.Addr().String()), os.Getpid(), "this activator")
 }
+
+// A holder the caller names as its own (a kvm standby QEMU holding its guest's port) is not foreign;
+// any other holder still is, whatever the caller names.
+func TestOursAreNotForeign(t *testing.T) {
+	cmd, bound := holder(t, "tcp", "127.0.0.1:0")
+	if err := Check(context.Background(), "tcp", bound, cmd.Process.Pid); err != nil {
+		t.Fatalf("Check naming the holder as ours = %v, want nil", err)
+	}
+	other, _ := holder(t, "tcp", "127.0.0.1:0")
+	wantHeld(t, Check(context.Background(), "tcp", bound, other.Process.Pid, os.Getpid()), cmd.Process.Pid, filepath.Base(os.Args[0]))
+}

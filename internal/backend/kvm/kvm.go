@@ -235,16 +235,19 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			return nil, err
 		}
 	}
-	// A standby QEMU of ours holds the forwarded port: nothing else can.
-	if !b.hasStandby() {
-		if err := b.checkForeign(ctx); err != nil {
-			return nil, err
-		}
+	// A standby QEMU (standby.go) is settled first: one that cannot take the snapshot is dropped, and
+	// gone, before the port is checked; one that can holds the port, as ours.
+	sb := b.usableStandby(ctx)
+	if err := b.checkForeign(ctx, sb); err != nil {
+		b.dropStandby(sb)
+		return nil, err
 	}
 	if b.s.Sleep == SleepSnapshot {
-		if life, err := b.restoreOrExplain(ctx, t); life != nil || err != nil {
+		if life, err := b.restoreOrExplain(ctx, t, sb); life != nil || err != nil {
 			return life, err
 		}
+	} else {
+		b.dropStandby(sb)
 	}
 	return b.boot(ctx, t)
 }
@@ -252,8 +255,8 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 // restoreOrExplain restores the guest's snapshot. When there is none, or it is refused or does not
 // load, it notes why in the wake record and returns neither a Life nor an error: the wake boots
 // instead. It returns the errors a boot would meet too (ctx ended, the RAM file held by another QEMU).
-func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
-	life, err := b.restore(ctx, t)
+func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker, sb *instance) (*tenant.Life, error) {
+	life, err := b.restore(ctx, t, sb)
 	var re *refusedError
 	switch {
 	case err == nil:
@@ -277,13 +280,18 @@ func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker) (*tena
 // the guest. It runs once per wake, before any QEMU of ours is launched (an orphan of this route is
 // reaped first): a restore that fails leaves a QEMU child (its exec: reader) holding the port for a
 // moment after QEMU is gone, which the cold boot that follows must not take for a stranger.
-func (b *Backend) checkForeign(ctx context.Context) error {
+// The standby QEMU sb (nil: none) holds the port while it waits: that holder is ours.
+func (b *Backend) checkForeign(ctx context.Context, sb *instance) error {
 	if b.s.Network.Mode != NetUser {
 		return nil
 	}
-	b.reapOrphan()
+	b.reapOrphan(sb)
+	var ours []int
+	if sb != nil {
+		ours = append(ours, sb.pid)
+	}
 	addr := net.JoinHostPort(b.s.hostAddr, strconv.Itoa(b.s.hostPort))
-	if err := foreign.Check(ctx, "tcp", addr); err != nil {
+	if err := foreign.Check(ctx, "tcp", addr, ours...); err != nil {
 		return fmt.Errorf("kvm wake: qemu not launched: %w", err)
 	}
 	return nil
@@ -383,7 +391,7 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, l launch) (*insta
 	if err := privateDir(b.s.RuntimeDir); err != nil {
 		return nil, fmt.Errorf("%s: runtime dir: %w", PhaseQEMUStart, err)
 	}
-	b.reapOrphan()
+	b.reapOrphan(nil)
 	sctx, cancel := context.WithTimeout(ctx, budget)
 	pid, err := spawn(sctx, b.bin, argv(b.name, b.s, b.p, b.accel, l), b.p, l.ram)
 	err = overBudget(ctx, sctx, PhaseQEMUStart, budget, func() string { return starting(b.p) }, err)
@@ -429,9 +437,13 @@ func (b *Backend) attach(ctx context.Context, pid int) (*instance, error) {
 }
 
 // reapOrphan kills a QEMU of this route that runs without the backend knowing (one Adopt did not
-// take), so the new one does not trip over its pid-file lock; stale files are removed.
-func (b *Backend) reapOrphan() {
+// take), so the new one does not trip over its pid-file lock; stale files are removed. keep (nil:
+// none) is a standby QEMU the wake will use (standby.go): the pid file and the QMP socket are its own.
+func (b *Backend) reapOrphan(keep *instance) {
 	pid, err := readPid(b.p.pid)
+	if keep != nil && err == nil && pid == keep.pid {
+		return
+	}
 	if err == nil && isOurQEMU(pid, b.p.sock) {
 		b.log.Warn("killing an orphaned qemu of this route", "qemu_pid", pid)
 		_ = killAndWait(pid)

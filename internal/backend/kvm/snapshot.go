@@ -277,14 +277,9 @@ type snapshotSource struct {
 // restore starts QEMU waiting for a migration, loads the snapshot into it and continues the guest. It
 // returns an error wrapping errNoSnapshot when there is nothing to restore, a *refusedError for a
 // device state that must not be resumed on its RAM file. A snapshot that is refused or does not load
-// is moved aside (".bad") so the next wake does not try it again.
-func (b *Backend) restore(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
-	sb := b.takeStandby()
-	if sb != nil && !b.standbyFits(ctx, sb) {
-		b.log.Info("standby qemu unusable (gone, or not on this snapshot); starting a new one")
-		b.dropStandby(sb)
-		sb = nil
-	}
+// is moved aside (".bad") so the next wake does not try it again. sb (nil: none) is a standby QEMU
+// that fits the snapshot (usableStandby): the snapshot loads into it instead of a new QEMU.
+func (b *Backend) restore(ctx context.Context, t tenant.Tracker, sb *instance) (*tenant.Life, error) {
 	src, err := b.findSnapshot(sb != nil && sb.ramFile)
 	if err != nil {
 		b.dropStandby(sb) // a cold boot follows, on a RAM file of its own

@@ -68,11 +68,16 @@ func (b *Backend) takeStandby() *instance {
 	return sb
 }
 
-// hasStandby reports whether a standby QEMU waits. Called under op, after settle.
-func (b *Backend) hasStandby() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.standby != nil
+// usableStandby takes the standby QEMU if one waits and can take the snapshot (standbyFits); one that
+// cannot is dropped, and gone, before it returns nil. Called under op, after settle.
+func (b *Backend) usableStandby(ctx context.Context) *instance {
+	sb := b.takeStandby()
+	if sb != nil && !b.standbyFits(ctx, sb) {
+		b.log.Info("standby qemu unusable (gone, or not on this snapshot); starting a new one")
+		b.dropStandby(sb)
+		return nil
+	}
+	return sb
 }
 
 // dropStandby kills sb (nil: none) and waits until it is gone, so its lock on the RAM file and the
