@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
+	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -255,11 +257,29 @@ func reusedEntry(r *Route, n *yaml.Node, idx int, hosts *HostCache) (entry, []er
 }
 
 // checkHostAgain runs again the checks of r's decode that consult the host: its waiting page's
-// template, and its settings' (HostChecker).
+// template, the time zones of its keep_warm windows and wake_at schedules (from the host's zoneinfo),
+// and its settings' (HostChecker).
 func checkHostAgain(r *Route, hosts *HostCache) error {
 	if t := r.WaitingPage.Template; t != "" {
 		if fi, err := os.Stat(t); err != nil || !fi.Mode().IsRegular() {
 			return fmt.Errorf("waiting_page.template %s", t)
+		}
+	}
+	var zones []*time.Location
+	for _, w := range r.KeepWarm {
+		zones = append(zones, w.Zone)
+	}
+	for _, s := range r.WakeAt {
+		if sc, ok := s.spec.(*cron.SpecSchedule); ok {
+			zones = append(zones, sc.Location)
+		}
+	}
+	for _, z := range zones {
+		if z == nil || z == time.Local {
+			continue
+		}
+		if _, err := hosts.Do("zone\x00"+z.String(), func() (string, error) { _, err := zone(z.String()); return "", err }); err != nil {
+			return err
 		}
 	}
 	for _, s := range routeSettings(r) {
