@@ -236,7 +236,7 @@ type ScaleRow struct {
 	// ReloadDecoded is how many of the three reloads (each after an edit of one route) logged that they
 	// decoded one entry, the others kept as they were.
 	ReloadDecoded int `json:"reloads_decoding_one"`
-	// ReloadAll* are the one reload after an edit of the header, which decodes every route again.
+	// ReloadAll* are the one reload after an edit of every route, which decodes every route again.
 	ReloadAllMs    float64 `json:"reload_all_ms"`
 	ReloadAllCPUMs float64 `json:"reload_all_cpu_ms"`
 	// Settled: once the activator has gone quiet after the start-up or the reload (its host checks).
@@ -614,7 +614,7 @@ func (r *Report) markdown() string {
 		p("| start → admin API answers | %.0f ms | %.0f ms |\n", s.LoadMs, s.LoadSmallMs)
 		p("| reload after one route's edit (SIGHUP → \"config reloaded\"; %d of 3 decoded just that route) | %s ms | |\n", s.ReloadDecoded, fmtStat(s.ReloadMs, 0))
 		p("| the activator's CPU time over that reload | %s ms | |\n", fmtStat(s.ReloadCPUMs, 0))
-		p("| reload after an edit of the header (every route decoded again); its CPU time | %.0f ms; %.0f ms | |\n", s.ReloadAllMs, s.ReloadAllCPUMs)
+		p("| reload after an edit of every route (each decoded again); its CPU time | %.0f ms; %.0f ms | |\n", s.ReloadAllMs, s.ReloadAllCPUMs)
 		p("| warm req/s, one route (the middle one: %s; c16) | %s | %s |\n", s.Host, fmtK(s.RPS), fmtK(s.RPSSmall))
 		p("| warm p50 µs | %s | %s |\n", fmtStat(s.P50us, 0), fmtStat(s.P50usSmall, 0))
 		p("| req/s ratio (%d ÷ 10) | %s | |\n\n", s.Routes, fmtStat(s.Ratio, 2))

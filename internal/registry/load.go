@@ -150,7 +150,7 @@ func Load(data []byte, backings map[string]SettingsDecoder) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, _, err := loadDoc(&doc, backings, nil)
+	cfg, _, _, err := loadDoc(&doc, backings, nil)
 	return cfg, err
 }
 
@@ -169,9 +169,10 @@ func parse(data []byte) (yaml.Node, error) {
 	return doc, nil
 }
 
-// loadDoc is Load after the parse. It also returns the usable entries, each with its final Route. reuse
-// is what a Reloader takes as it was (reuse.go); nil for a whole load.
-func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSet) (*Config, []entry, error) {
+// loadDoc is Load after the parse. It also returns the usable entries, each with its final Route, and
+// the own addresses the routes were checked against. reuse is what a Reloader takes as it was
+// (reuse.go); nil for a whole load.
+func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSet) (*Config, []entry, []ownAddr, error) {
 	// A problem in the top-level keys does not stop the routes from being checked: the operator gets
 	// the whole list at once.
 	var l errs
@@ -189,6 +190,9 @@ func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSe
 	}
 	top := topCheck{l: &l, doc: doc}
 	own := top.checkListenTLS(fc.ListenTLS, top.checkAddrs(cfg.Listen, cfg.Admin))
+	if reuse != nil && !slices.Equal(own, reuse.own) {
+		return nil, nil, nil, errOwnChanged
+	}
 	cfg.ListenTLS, cfg.RedirectHTTP = fc.ListenTLS, fc.RedirectHTTP
 	cfg.TLS = top.checkTLS(fc.ListenTLS, fc.RedirectHTTP, fc.TLS)
 	cfg.TrustedProxies, cfg.ProxyProtocol = top.checkProxies(fc.Trusted, fc.ProxyProtocol, fc.ListenTLS)
@@ -202,7 +206,7 @@ func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSe
 	ents := loadEntries(&l, doc, &fc, backings, own, reuse)
 	checkRequires(&l, ents)
 	if len(l.list) > 0 {
-		return nil, nil, l.err()
+		return nil, nil, nil, l.err()
 	}
 	for i := range ents {
 		if !ents[i].reused { // a reused Route is compact already
@@ -210,7 +214,7 @@ func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSe
 		}
 	}
 	cfg.Routes, cfg.Instances = routesOf(ents)
-	return cfg, ents, nil
+	return cfg, ents, own, nil
 }
 
 // routesOf is the Routes and the Instances of a good load's entries, in file order.

@@ -18,8 +18,10 @@ import (
 // (the items of routes: and instances:) by their lines, before parsing it, and keeps each entry's
 // decoded Route from the last load by a hash of its text. The next load parses only the rest of the
 // file (the header) and the entries whose text is new, and takes the others' Routes as they were,
-// once their host checks pass again. Whatever the cut cannot vouch for falls back to a whole load:
-// see splitEntries, loadChanged and newMemo.
+// once their host checks pass again. An entry's decode depends on nothing in the header but the
+// activator's own addresses (listen, admin, listen_tls: no upstream may be one of them), so the memo
+// holds for as long as those stay the same. Whatever the cut cannot vouch for falls back to a whole
+// load: see splitEntries, loadChanged and newMemo.
 
 // HostChecker is implemented by backing settings whose decoder consults the host (a directory
 // exists, an executable is found in PATH, an image file is a regular file). CheckHost returns nil when
@@ -50,8 +52,8 @@ func (c *HostCache) Do(key string, f func() (string, error)) (string, error) {
 
 // Reloader loads one config again and again, as the activator's reloads do, decoding again only the
 // entries whose text changed since its last good load (see above). Its results and errors are Load's:
-// an entry it does not decode is one that decoded without problems from the same text, under the same
-// header, and whose host checks pass now; a load that finds any problem is done again as a whole, so
+// an entry it does not decode is one that decoded without problems from the same text, with the same
+// own addresses, and whose host checks pass now; a load that finds any problem is done again as a whole, so
 // the problems reported are exactly Load's. A Reloader is not safe for concurrent use.
 type Reloader struct {
 	backings map[string]SettingsDecoder
@@ -83,11 +85,11 @@ func (rl *Reloader) Load(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, ents, err := loadDoc(&doc, rl.backings, nil)
+	cfg, ents, own, err := loadDoc(&doc, rl.backings, nil)
 	if err != nil {
-		return nil, err // the memo stays: it is still right for its own header and entries
+		return nil, err // the memo stays: it is still right for its own addresses and entries
 	}
-	if rl.memo, rl.decoded = newMemo(sp, &doc, ents, true, rl.memo), len(ents); rl.memo != nil {
+	if rl.memo, rl.decoded = newMemo(sp, &doc, ents, own, true, rl.memo), len(ents); rl.memo != nil {
 		cfg.Routes, cfg.Instances = routesOf(ents) // newMemo may have taken the last load's Routes
 	}
 	return cfg, nil
@@ -96,22 +98,23 @@ func (rl *Reloader) Load(data []byte) (*Config, error) {
 // Decoded is how many entries the last successful Load decoded; the others were taken as they were.
 func (rl *Reloader) Decoded() int { return rl.decoded }
 
-// memo is what a good load leaves for the next: the hash of its header and each entry's Route by the
-// hash of its list and text.
+// memo is what a good load leaves for the next: the own addresses its entries were checked against,
+// and each entry's Route by the hash of its text.
 type memo struct {
-	header  sum
+	own     []ownAddr
 	entries map[sum]*Route
 }
 
 type sum [16]byte // the first half of a SHA-256: the entries are the operator's, not an attacker's
 
 // loadChanged loads sp against the memo: the header and the new entries are parsed, the others taken
-// from the memo. It reports false, and leaves the work to a whole load, when there is no memo, the
-// header changed, anything parsed here has an anchor or an alias (which can reach across entries), an
-// entry's text does not parse as one item of a list on its own, or the load finds any problem.
+// from the memo. It reports false, and leaves the work to a whole load, when there is no memo, the own
+// addresses changed, anything parsed here has an anchor or an alias (which can reach across entries),
+// an entry's text does not parse as one item of a list on its own, more than about a quarter of the
+// entries changed (one parse of the whole file is cheaper then), or the load finds any problem.
 func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
 	m := rl.memo
-	if m == nil || sp == nil || sp.headerSum != m.header {
+	if m == nil || sp == nil {
 		return nil, false
 	}
 	var doc yaml.Node
@@ -125,6 +128,12 @@ func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
 	// any problem sends the load to a whole one.
 	placeholder := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
 	hosts := &HostCache{}
+	// Entries parsed one by one cost more than in one parse of the file once most have changed.
+	budget := 0
+	for _, list := range sp.lists {
+		budget += len(list.chunks)
+	}
+	budget = budget/4 + 16
 	for _, list := range sp.lists {
 		val := mappingValue(root, list.key)
 		if val == nil || val.Kind != yaml.ScalarNode || val.ShortTag() != "!!null" {
@@ -139,54 +148,65 @@ func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
 				seq.Content = append(seq.Content, placeholder)
 				continue
 			}
+			if decoded++; decoded > budget {
+				return nil, false
+			}
 			item := parseChunk(sp.data, ch)
 			if item == nil {
 				return nil, false
 			}
 			seq.Content = append(seq.Content, item)
-			decoded++
 		}
 		*val = *seq
 		reuse[instance] = rs
 	}
-	cfg, ents, err := loadDoc(&doc, rl.backings, &reuseSet{routes: reuse, hosts: hosts})
+	cfg, ents, own, err := loadDoc(&doc, rl.backings, &reuseSet{routes: reuse, hosts: hosts, own: m.own})
 	if err != nil {
 		return nil, false
 	}
-	rl.memo, rl.decoded = newMemo(sp, &doc, ents, false, nil), decoded
+	rl.memo, rl.decoded = newMemo(sp, &doc, ents, own, false, nil), decoded
 	return cfg, true
 }
 
-// parseChunk parses one entry's text on its own, preceded by as many empty lines as come before it in
-// the file so that its nodes carry the file's line numbers. It returns the entry's node, or nil when
-// the text is not one item of a list or has an anchor or an alias.
+// parseChunk parses one entry's text on its own and moves its nodes to the file's line numbers (the
+// text is not padded with the lines before it: that made a reload that changes every entry quadratic
+// in the file's length). It returns the entry's node, or nil when the text is not one item of a list
+// or has an anchor or an alias.
 func parseChunk(data []byte, ch chunk) *yaml.Node {
-	text := make([]byte, 0, ch.line-1+ch.end-ch.start)
-	text = append(append(text, bytes.Repeat([]byte{'\n'}, ch.line-1)...), data[ch.start:ch.end]...)
 	var d yaml.Node
-	if err := yaml.Unmarshal(text, &d); err != nil || len(d.Content) != 1 {
+	if err := yaml.Unmarshal(data[ch.start:ch.end], &d); err != nil || len(d.Content) != 1 {
 		return nil
 	}
-	if seq := d.Content[0]; seq.Kind == yaml.SequenceNode && len(seq.Content) == 1 && !hasAnchors(seq) {
-		return seq.Content[0]
+	seq := d.Content[0]
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) != 1 || hasAnchors(seq) {
+		return nil
 	}
-	return nil
+	shiftLines(seq.Content[0], ch.line-1)
+	return seq.Content[0]
+}
+
+// shiftLines adds by to the line of every node under n.
+func shiftLines(n *yaml.Node, by int) {
+	n.Line += by
+	for _, c := range n.Content {
+		shiftLines(c, by)
+	}
 }
 
 // newMemo records a good load's entries by their text's hash: ents are the load's entries (all
-// usable), doc the document they came from. With verify set (a whole load), the cut of the file must
-// agree with the parse, entry by entry, and the document must have no anchor or alias; it returns nil
+// usable), doc the document they came from, own the addresses they were checked against. With verify
+// set (a whole load), the cut of the file must agree with the parse, entry by entry, and the document must have no anchor or alias; it returns nil
 // when it does not. A load of changed entries built doc from the cut itself. An entry whose text prev
-// has, and whose Route came out the Same again (a whole load after a change of the header), takes
+// has, and whose Route came out the Same again (a whole load after a change of the own addresses), takes
 // prev's Route: that is the one the server keeps, and the memo must not hold a copy beside it.
-func newMemo(sp *entrySplit, doc *yaml.Node, ents []entry, verify bool, prev *memo) *memo {
+func newMemo(sp *entrySplit, doc *yaml.Node, ents []entry, own []ownAddr, verify bool, prev *memo) *memo {
 	if sp == nil || len(doc.Content) != 1 {
 		return nil
 	}
 	if verify && (!sp.matches(doc.Content[0]) || hasAnchors(doc)) {
 		return nil
 	}
-	m := &memo{header: sp.headerSum, entries: make(map[sum]*Route, len(ents))}
+	m := &memo{own: own, entries: make(map[sum]*Route, len(ents))}
 	for i := range ents {
 		e := &ents[i]
 		key := "routes"
@@ -234,11 +254,18 @@ func routeSettings(r *Route) []any {
 var errHostChanged = errors.New("the host no longer passes this entry's checks")
 
 // reuseSet is what a Reloader gives a load: by list (true for instances:), the Routes it takes as they
-// were, at their index in the list (nil for an entry to decode), and the load's answers about the host.
+// were, at their index in the list (nil for an entry to decode); the load's answers about the host;
+// and the own addresses those Routes were checked against (the load fails with errOwnChanged when
+// the file's are others).
 type reuseSet struct {
 	routes map[bool][]*Route
 	hosts  *HostCache
+	own    []ownAddr
 }
+
+// errOwnChanged ends a load of changed entries whose own addresses are not the memo's: the reused
+// Routes' upstreams were checked against those. The whole load that follows checks every route.
+var errOwnChanged = errors.New("the activator's own addresses changed")
 
 // reusedEntry is the entry of an unchanged route r at idx, n its placeholder node. r itself is the
 // entry's Route, so that the server, which keeps a Route that is the Same, keeps this very one and no
@@ -317,12 +344,11 @@ func mappingValue(n *yaml.Node, key string) *yaml.Node {
 
 // entrySplit is a config file cut at its entries by its lines, without parsing it (splitEntries).
 type entrySplit struct {
-	data      []byte
+	data []byte
 	// header is data without the entries' lines: its nodes' lines are not the file's, which matters
 	// only for a problem's line, and any problem sends the load to a whole one.
-	header    []byte
-	headerSum sum
-	lists     []entryList
+	header []byte
+	lists  []entryList
 }
 
 // entryList is the entries of one top-level list: routes: or instances:.
@@ -452,8 +478,6 @@ func splitEntries(data []byte) *entrySplit {
 		}
 	}
 	sp.header = append(sp.header, data[from:]...)
-	full := sha256.Sum256(sp.header)
-	copy(sp.headerSum[:], full[:])
 	sp.lists = kept
 	return sp
 }

@@ -86,8 +86,13 @@ func TestReloaderAgreesWithLoad(t *testing.T) {
 		{"two routes swapped", strings.Replace(strings.Replace(strings.Replace(base, route(1), "SWAP", 1), route(2), route(1), 1), "SWAP", route(2), 1), 0},
 		{"a comment inside a route", strings.Replace(base, "    requires: [db]\n    exec:\n      argv: [/usr/bin/app, \"4\"]", "    requires: [db]\n# a comment at column 0\n    exec:\n      argv: [/usr/bin/app, \"4\"]", 1), 1},
 		{"a comment between routes", strings.Replace(base, route(2), "  # between\n"+route(2), 1), 1},
-		{"the header changed", strings.Replace(base, "127.0.0.1:8080", "127.0.0.1:8090", 1), 6},
-		{"a header comment changed", strings.Replace(base, "# reuse", "# reused", 1), 6},
+		{"the listen address changed", strings.Replace(base, "127.0.0.1:8080", "127.0.0.1:8090", 1), 6},
+		{"listen_tls added", strings.Replace(base, "admin: ", "listen_tls: 127.0.0.1:8443\ntls: {cert_file: /x.pem, key_file: /x.key}\nadmin: ", 1), -1},
+		{"a header comment changed", strings.Replace(base, "# reuse", "# reused", 1), 0},
+		{"a top-level key added", strings.Replace(base, "admin: ", "shutdown_grace: 10s\nadmin: ", 1), 0},
+		{"listen moved onto an unchanged route's upstream", strings.Replace(base, "listen: 127.0.0.1:8080", "listen: 127.0.0.1:9003", 1), -1},
+		{"an upstream made one of the own addresses", strings.Replace(base, "127.0.0.1:9003", "127.0.0.1:8081", 1), -1},
+		{"every route edited", strings.ReplaceAll(base, "/usr/bin/app", "/usr/bin/app2"), -1},
 		{"a route moved to instances", strings.Replace(strings.Replace(base, route(4), "", 1), "instances:\n", "instances:\n"+strings.Replace(strings.Replace(route(4), "    hosts: [r4.test]\n", "", 1), "    requires: [db]\n", "", 1), 1), 1},
 		{"a duplicate host beside unchanged routes", strings.Replace(base, "[r3.test]", "[r1.test]", 1), -1},
 		{"a requirement removed", strings.Replace(base, "instances:\n  - name: db\n    backing: exec\n    upstream: 127.0.0.1:5432\n    exec: {argv: [/usr/bin/db]}\n", "", 1), -1},
@@ -180,7 +185,7 @@ func TestReloaderChecksTheHostAgain(t *testing.T) {
 
 // TestReloaderKeepsRoutes: a reload's unchanged Routes are the last load's very ones, so that the
 // server (which keeps a Route that is the Same) and the Reloader hold one copy between them, and a
-// reload writes nothing to them (the race detector watches a reader). After a change of the header,
+// reload writes nothing to them (the race detector watches a reader). After a change of listen,
 // which decodes everything again, the routes that come out the Same are the last load's too.
 func TestReloaderKeepsRoutes(t *testing.T) {
 	rl := registry.NewReloader(reusing)
@@ -204,7 +209,7 @@ func TestReloaderKeepsRoutes(t *testing.T) {
 		changed    string // the route whose Route is new
 	}{
 		{"one route edited", edited, "r1"},
-		{"the header changed", strings.Replace(edited, "# reuse", "# reused", 1), ""},
+		{"the listen address changed", strings.Replace(edited, "127.0.0.1:8080", "127.0.0.1:8090", 1), ""},
 	} {
 		c2, err := rl.Load([]byte(tc.next))
 		if err != nil {
@@ -258,4 +263,3 @@ func FuzzReloader(f *testing.F) {
 		}
 	})
 }
-
