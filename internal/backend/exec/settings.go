@@ -158,15 +158,8 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	// dir first: a relative argv[0] with a slash is resolved against it.
 	dirOK := true
 	if s.Dir != "" {
-		switch fi, err := os.Stat(s.Dir); {
-		case !filepath.IsAbs(s.Dir):
-			p.add("dir", "%q must be an absolute path", s.Dir)
-			dirOK = false
-		case err != nil:
-			p.add("dir", "%q: %v", s.Dir, unwrapPathError(err))
-			dirOK = false
-		case !fi.IsDir():
-			p.add("dir", "%q is not a directory", s.Dir)
+		if err := checkDir(s.Dir); err != nil {
+			p.add("dir", "%v", err)
 			dirOK = false
 		}
 		s.Dir = filepath.Clean(s.Dir)
@@ -379,6 +372,19 @@ func resolve(argv0, dir string, env map[string]string) (string, error) {
 	return path, nil
 }
 
+// checkDir reports why dir cannot be a tenant's working directory, naming it.
+func checkDir(dir string) error {
+	switch fi, err := os.Stat(dir); {
+	case !filepath.IsAbs(dir):
+		return fmt.Errorf("%q must be an absolute path", dir)
+	case err != nil:
+		return fmt.Errorf("%q: %v", dir, unwrapPathError(err))
+	case !fi.IsDir():
+		return fmt.Errorf("%q is not a directory", dir)
+	}
+	return nil
+}
+
 // checkExecutable reports why path cannot be executed, naming it.
 func checkExecutable(path string) error {
 	fi, err := os.Stat(path)
@@ -460,13 +466,8 @@ var _ registry.HostChecker = (*Settings)(nil)
 // per load (c).
 func (s *Settings) CheckHost(c *registry.HostCache) error {
 	if s.Dir != "" {
-		if _, err := c.Do("exec.dir\x00"+s.Dir, func() (string, error) {
-			if fi, err := os.Stat(s.Dir); err != nil || !fi.IsDir() {
-				return "", fmt.Errorf("dir %q is no longer a directory", s.Dir)
-			}
-			return "", nil
-		}); err != nil {
-			return err
+		if _, err := c.Do("exec.dir\x00"+s.Dir, func() (string, error) { return "", checkDir(s.Dir) }); err != nil {
+			return fmt.Errorf("dir: %w", err)
 		}
 	}
 	pathVar, ok := s.Env["PATH"]
