@@ -85,17 +85,29 @@ func (c *routeCheck) checkWaitingPage() {
 			c.add("waiting_page.template", line, "missing: the path of an html/template file (or write waiting_page: true)")
 			return
 		}
-		if !filepath.IsAbs(k.Template) {
-			c.add("waiting_page.template", line, "%q is not an absolute path", k.Template)
-		} else if fi, err := os.Stat(k.Template); err != nil {
+		if err := checkTemplateFile(k.Template); err != nil {
 			c.add("waiting_page.template", line, "%v", err)
-		} else if !fi.Mode().IsRegular() {
-			c.add("waiting_page.template", line, "%s is not a regular file", k.Template)
 		}
 		c.r.WaitingPage.Template = k.Template
 	default:
 		c.add("waiting_page", line, "want true, false or a mapping with template:")
 	}
+}
+
+// checkTemplateFile reports why path cannot be a waiting page's template file: at a decode, and again
+// at a reload that keeps the route (checkHostAgain).
+func checkTemplateFile(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("%q is not an absolute path", path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
+	return nil
 }
 
 var methodRE = regexp.MustCompile(`^[A-Z]+$`)

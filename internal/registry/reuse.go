@@ -288,8 +288,8 @@ func reusedEntry(r *Route, n *yaml.Node, idx int, hosts *HostCache) (entry, []er
 // and its settings' (HostChecker).
 func checkHostAgain(r *Route, hosts *HostCache) error {
 	if t := r.WaitingPage.Template; t != "" {
-		if fi, err := os.Stat(t); err != nil || !fi.Mode().IsRegular() {
-			return fmt.Errorf("waiting_page.template %s", t)
+		if err := checkTemplateFile(t); err != nil {
+			return fmt.Errorf("waiting_page.template: %w", err)
 		}
 	}
 	var zones []*time.Location
