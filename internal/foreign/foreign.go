@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/prometheus/procfs"
 
+	"github.com/activator/activator/internal/sockdiag"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -57,7 +59,13 @@ func (e *HeldError) FaultClass() tenant.Class { return tenant.ClassTerminal }
 // that holds the guest's forwarded port while it waits). Those are looked at first, one file table
 // each, so a caller's own listener costs no search of every process. network is "tcp" or "unix".
 // Check never writes to the connection it makes.
+//
+// For a loopback TCP address it asks the kernel first (freeLoopback): when nothing listens there,
+// which is the answer on almost every wake, it returns nil without dialing.
 func Check(ctx context.Context, network, address string, ours ...int) error {
+	if network == "tcp" && freeLoopback(address) {
+		return nil
+	}
 	dctx, cancel := context.WithTimeout(ctx, dialBound)
 	defer cancel()
 	var d net.Dialer
@@ -79,6 +87,24 @@ func Check(ctx context.Context, network, address string, ours ...int) error {
 		}
 	}
 	return e
+}
+
+// freeLoopback reports whether address is a loopback TCP address at which the kernel's socket lookup
+// (package sockdiag) finds nothing listening, on a kernel whose lookups are seen to find this
+// process's own listeners (sockdiag.Trusted). false means "dial to know": another address, a lookup
+// that failed or found a socket, or a kernel that cannot tell.
+func freeLoopback(address string) bool {
+	at, err := netip.ParseAddrPort(address)
+	if err != nil || !at.Addr().IsLoopback() {
+		return false
+	}
+	c, err := sockdiag.Open()
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	up, err := c.Listening(at)
+	return err == nil && !up && sockdiag.Trusted(at.Addr())
 }
 
 func socketTarget(inode uint64) string { return "socket:[" + strconv.FormatUint(inode, 10) + "]" }

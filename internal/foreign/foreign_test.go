@@ -9,6 +9,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -86,6 +87,37 @@ func TestFreeAddressIsNotHeld(t *testing.T) {
 	}
 	if err := Check(context.Background(), "unix", filepath.Join(t.TempDir(), "none.sock")); err != nil {
 		t.Fatalf("Check on a missing unix socket = %v, want nil", err)
+	}
+}
+
+// TestFreeLoopback: a loopback port nobody listens on is known free from the kernel's lookup, without
+// a dial; a port with a listener, an address of another host and a name are left to the dial.
+func TestFreeLoopback(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the lookup is Linux's sock_diag")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(open)
+	for _, tc := range []struct {
+		address string
+		want    bool
+	}{
+		{open, false},
+		{"192.0.2.1:" + port, false}, // another host's: nothing here can say it is free
+		{"localhost:" + port, false}, // a name
+		{"not an address", false},
+	} {
+		if got := freeLoopback(tc.address); got != tc.want {
+			t.Errorf("freeLoopback(%q) = %v, want %v", tc.address, got, tc.want)
+		}
+	}
+	ln.Close()
+	if !freeLoopback(open) {
+		t.Errorf("freeLoopback(%q) after its listener closed = false, want true", open)
 	}
 }
 

@@ -8,23 +8,34 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/activator/activator/internal/sockdiag"
 )
 
 // While a gate waits for a tenant on a loopback TCP address, most of its probes are refused: nothing
 // listens yet. A refused connect costs tens of microseconds of CPU (a socket, a SYN through the
 // loopback stack, the RST, the close) every FastPause, on the host where the tenant is starting. So
-// before it dials, the gate asks the kernel whether anything listens there (listenSource: a sock_diag
-// lookup on Linux, a few microseconds) and counts a probe as refused without dialing when nothing
+// before it dials, the gate asks the kernel whether anything listens there (listenSource: package
+// sockdiag's lookup, a few microseconds) and counts a probe as refused without dialing when nothing
 // does. A real dial still goes out at least every forceDial; one that reaches a listener the lookup
 // does not see (a NAT rule, a socket-lookup program) turns the lookups off for the Prober.
 
 // forceDial is the longest time a gate goes without a real dial while the lookups find nothing.
 const forceDial = 2 * time.Millisecond
 
-// listenSource answers whether anything listens at a TCP address of this host.
+// listenSource answers whether anything listens at a TCP address of this host; *sockdiag.Conn is the
+// real one.
 type listenSource interface {
-	listening(at netip.AddrPort) (bool, error)
-	close() error
+	sockdiag.Lookup
+	Close() error
+}
+
+func newListenSource() (listenSource, error) {
+	c, err := sockdiag.Open()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // listenState is what a Prober knows of its lookups. The zero value looks nothing up.
@@ -58,26 +69,14 @@ func (st *listenState) openCheck() *listenCheck {
 		return nil
 	}
 	if !st.checked.Load() {
-		if !sourceSeesListeners(src, st.at.Addr()) {
-			src.close()
+		if !sockdiag.SeesListeners(src, st.at.Addr()) {
+			src.Close()
 			st.off.Store(true)
 			return nil
 		}
 		st.checked.Store(true)
 	}
 	return &listenCheck{st: st, src: src}
-}
-
-// sourceSeesListeners reports whether src, asked about a listener of this process's own on the
-// loopback address addr, finds it.
-func sourceSeesListeners(src listenSource, addr netip.Addr) bool {
-	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
-	if err != nil {
-		return false
-	}
-	defer ln.Close()
-	up, err := src.listening(ln.Addr().(*net.TCPAddr).AddrPort())
-	return err == nil && up
 }
 
 // skip reports whether the attempt at now can count as refused without dialing: the lookup found
@@ -87,10 +86,10 @@ func (l *listenCheck) skip(now time.Time) bool {
 	if l == nil || l.src == nil {
 		return false
 	}
-	up, err := l.src.listening(l.st.at)
+	up, err := l.src.Listening(l.st.at)
 	switch {
 	case err != nil:
-		l.src.close()
+		l.src.Close()
 		l.src = nil
 		return false
 	case up:
@@ -114,9 +113,9 @@ func (l *listenCheck) dialed(now time.Time, err error) {
 	if !l.forced || errors.Is(err, syscall.ECONNREFUSED) {
 		return
 	}
-	if up, lerr := l.src.listening(l.st.at); lerr == nil && !up {
+	if up, lerr := l.src.Listening(l.st.at); lerr == nil && !up {
 		l.st.off.Store(true)
-		l.src.close()
+		l.src.Close()
 		l.src = nil
 	}
 }
@@ -124,7 +123,7 @@ func (l *listenCheck) dialed(now time.Time, err error) {
 // close releases the gate's lookups.
 func (l *listenCheck) close() {
 	if l != nil && l.src != nil {
-		l.src.close()
+		l.src.Close()
 	}
 }
 

@@ -4,45 +4,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// TestSockDiag: the kernel's lookup finds a listener on the loopback address, on the wildcard address
-// and a dual-stack one, and nothing once it is closed or at an address nobody listens on.
-func TestSockDiag(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("the lookup is Linux's sock_diag")
-	}
-	src, err := newListenSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.close()
-	for _, tc := range []struct{ listen, lookup string }{
-		{"127.0.0.1:0", "127.0.0.1"},
-		{"0.0.0.0:0", "127.0.0.1"},
-		{"[::]:0", "127.0.0.1"},
-		{"[::1]:0", "::1"},
-	} {
-		t.Run(tc.listen, func(t *testing.T) {
-			ln, err := net.Listen("tcp", tc.listen)
-			if err != nil {
-				t.Skipf("cannot listen on %s here: %v", tc.listen, err)
-			}
-			at := netip.AddrPortFrom(netip.MustParseAddr(tc.lookup), uint16(ln.Addr().(*net.TCPAddr).Port))
-			if up, err := src.listening(at); err != nil || !up {
-				t.Errorf("listening(%v) with %s open = %v, %v; want true, nil", at, tc.listen, up, err)
-			}
-			ln.Close()
-			if up, err := src.listening(at); err != nil || up {
-				t.Errorf("listening(%v) after close = %v, %v; want false, nil", at, up, err)
-			}
-		})
-	}
-}
 
 // fakeListen is a listenSource whose answers the test sets.
 type fakeListen struct {
@@ -55,7 +20,7 @@ type fakeListen struct {
 	at   netip.AddrPort
 }
 
-func (f *fakeListen) listening(at netip.AddrPort) (bool, error) {
+func (f *fakeListen) Listening(at netip.AddrPort) (bool, error) {
 	f.calls++
 	if at != f.at {
 		return f.seen, nil
@@ -63,7 +28,7 @@ func (f *fakeListen) listening(at netip.AddrPort) (bool, error) {
 	return f.up, f.err
 }
 
-func (f *fakeListen) close() error { f.closed = true; return nil }
+func (f *fakeListen) Close() error { f.closed = true; return nil }
 
 var testAt = netip.MustParseAddrPort("127.0.0.1:9")
 
