@@ -33,6 +33,7 @@ import (
 	"github.com/activator/activator/internal/backend/split"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/sockdiag"
 	"github.com/activator/activator/internal/tlsedge"
 )
 
@@ -130,6 +131,7 @@ func serve(o serveOptions) int {
 	// One Pacer for every route's health gate; closed on return, after srv.Shutdown has joined the
 	// gates.
 	pacer := health.NewPacer()
+	checkSocketLookups(log)
 	defer func() {
 		if err := pacer.Close(); err != nil {
 			log.Warn("health pacer close", "err", err)
@@ -623,4 +625,25 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
+}
+
+// checkSocketLookups warns at start when the kernel's socket lookups (internal/sockdiag) cannot be used
+// here. Nothing breaks: the health gates and the check that no stranger holds a tenant's upstream dial
+// instead, at the CPU and the time on every cold wake that the lookups save. The usual cause is a
+// sandbox that leaves out AF_NETLINK (systemd's RestrictAddressFamilies=).
+func checkSocketLookups(log *slog.Logger) {
+	c, err := sockdiag.Open()
+	if errors.Is(err, sockdiag.ErrUnsupported) {
+		return // not Linux: nothing an operator can change
+	}
+	if err == nil {
+		c.Close()
+		if !sockdiag.Trusted(netip.AddrFrom4([4]byte{127, 0, 0, 1})) {
+			err = errors.New("the kernel's TCP socket lookups do not find this process's own listener (a kernel without TCP socket diagnostics)")
+		}
+	}
+	if err != nil {
+		log.Warn("socket lookups unavailable: health gates and the foreign-listener check dial instead", "err", err,
+			"hint", "a sandbox that restricts address families must allow AF_NETLINK (systemd: RestrictAddressFamilies=)")
+	}
 }
