@@ -384,13 +384,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer body.Close()
 	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
 	release, err := rt.in.acquireRequest(r, &charge)
-	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
+		charge.writer(sw) // a request that was held is answered with its Server-Timing and wake id too
 		sw.fail(r, err)
 		return
 	}
 	defer release()
+	// A herd released at once parks in admit; what it builds for its response comes after, so the
+	// last of them leaves the hold sooner.
 	done, err := rt.in.admit(r.Context(), charge.heldFor)
+	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
 		sw.fail(r, err) // the client went away, or no slot came within the hold budget
 		return

@@ -1,6 +1,7 @@
 package activator
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/activator/activator/internal/registry"
 )
 
 func TestTimingToken(t *testing.T) {
@@ -111,5 +114,39 @@ func TestHeldFailureCarriesWakeID(t *testing.T) {
 	}
 	if v := w.Header().Get("Server-Timing"); !strings.HasPrefix(v, "hold;dur=") || !strings.Contains(v, "spawn;dur=") {
 		t.Errorf("Server-Timing %q, want hold and the failed wake's phases", v)
+	}
+}
+
+// TestHeldBusyCarriesServerTiming: a held request that finds no upstream slot once released (the one
+// slot taken, until its hold budget runs out) is answered 503 with its Server-Timing and wake id, as
+// any answer to a held request is, although the writer is built only after the slot wait.
+func TestHeldBusyCarriesServerTiming(t *testing.T) {
+	b := signalBackend{&fakeBackend{wakeGate: make(chan struct{})}, make(chan struct{}, 4)}
+	s, in := newPageServer(t, b, appUpstream(t), func(r *registry.Route) {
+		r.MaxUpstreamConns = 1
+		r.Hold.MaxTime = 200 * time.Millisecond // the released request's whole budget for a slot
+	})
+	done, err := in.admit(context.Background(), 0) // the only slot, kept until the end
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	got := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
+		got <- w
+	}()
+	<-b.woke
+	close(b.wakeGate)
+	w := <-got
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), ErrUpstreamBusy.Error()) {
+		t.Fatalf("status %d %q, want 503 saying %q", w.Code, w.Body, ErrUpstreamBusy)
+	}
+	if h, id := w.Header().Get(wakeIDHeader), in.status().LastWake.ID; h != id || id == "" {
+		t.Errorf("%s %q, want the wake's id %q", wakeIDHeader, h, id)
+	}
+	if v := w.Header().Get("Server-Timing"); !strings.HasPrefix(v, "hold;dur=") || !strings.Contains(v, "spawn;dur=") {
+		t.Errorf("Server-Timing %q, want hold and the wake's phases", v)
 	}
 }
