@@ -49,15 +49,7 @@ var serverTimingRE = regexp.MustCompile(`^[A-Za-z*][!#$%&'*+\-.^_` + "`" + `|~0-
 func TestHeldResponseCarriesServerTiming(t *testing.T) {
 	b := signalBackend{&fakeBackend{wakeGate: make(chan struct{})}, make(chan struct{}, 4)}
 	s, in := newPageServer(t, b, appUpstream(t))
-	got := make(chan *httptest.ResponseRecorder, 1)
-	go func() {
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
-		got <- w
-	}()
-	<-b.woke // the request started the wake: it is held
-	close(b.wakeGate)
-	w := <-got
+	w := heldAnswer(s, b)
 	if w.Code != http.StatusOK {
 		t.Fatalf("status %d", w.Code)
 	}
@@ -92,20 +84,26 @@ func TestHeldResponseCarriesServerTiming(t *testing.T) {
 	}
 }
 
-var errTest = errors.New("the tenant exploded")
-
-func TestHeldFailureCarriesWakeID(t *testing.T) {
-	b := signalBackend{&fakeBackend{wakeGate: make(chan struct{}), wakeErr: errTest}, make(chan struct{}, 4)}
-	s, in := newPageServer(t, b, appUpstream(t))
+// heldAnswer sends one GET to the sleeping route, which holds it while b's wake waits on its gate,
+// opens the gate once the request started the wake, and returns the answer.
+func heldAnswer(s *Server, b signalBackend) *httptest.ResponseRecorder {
 	got := make(chan *httptest.ResponseRecorder, 1)
 	go func() {
 		w := httptest.NewRecorder()
 		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
 		got <- w
 	}()
-	<-b.woke
+	<-b.woke // the request started the wake: it is held
 	close(b.wakeGate)
-	w := <-got
+	return <-got
+}
+
+var errTest = errors.New("the tenant exploded")
+
+func TestHeldFailureCarriesWakeID(t *testing.T) {
+	b := signalBackend{&fakeBackend{wakeGate: make(chan struct{}), wakeErr: errTest}, make(chan struct{}, 4)}
+	s, in := newPageServer(t, b, appUpstream(t))
+	w := heldAnswer(s, b)
 	if w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want 503", w.Code)
 	}
@@ -131,15 +129,7 @@ func TestHeldBusyCarriesServerTiming(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer done()
-	got := make(chan *httptest.ResponseRecorder, 1)
-	go func() {
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
-		got <- w
-	}()
-	<-b.woke
-	close(b.wakeGate)
-	w := <-got
+	w := heldAnswer(s, b)
 	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), ErrUpstreamBusy.Error()) {
 		t.Fatalf("status %d %q, want 503 saying %q", w.Code, w.Body, ErrUpstreamBusy)
 	}
