@@ -147,7 +147,8 @@ func TestFleetRollupAndQuorum(t *testing.T) {
 // their health gates until the test lets them (DEMOAPP_HOLD_FILE), which it never does. The wake fails
 // as soon as m4 does, well within its ten-minute budget: the request gets 503 with Retry-After, the
 // record names m4, its phase and class, and m1 to m3 are cancelled because of m4, each with the phase it
-// had reached. No member process is left running.
+// had reached (its spawn, or before it: m4 can fail before the others reach their exec). No member
+// process is left running.
 func TestFleetFastFail(t *testing.T) {
 	gone := goneCommand(t)
 	tag := uniqueTag(t)
@@ -185,8 +186,10 @@ func TestFleetFastFail(t *testing.T) {
 			t.Errorf("ff member %s: cancelled_by %q in phase %q (phases %v, class %q), want cancelled by m4 in a phase it reached",
 				m.Name, m.CancelledBy, m.Phase, phases, m.Class)
 		}
-		if n := len(s.logs.spawns("ff." + m.Name)); n != 1 {
-			t.Errorf("ff member %s spawned %d times, want once (it was starting when m4 failed)", m.Name, n)
+		// Whether a member got as far as its exec before m4 failed is a race (m4 fails within a
+		// millisecond); that none is started again after the cancel is not.
+		if n := len(s.logs.spawns("ff." + m.Name)); n > 1 {
+			t.Errorf("ff member %s spawned %d times, want at most once (a cancelled member is not started again)", m.Name, n)
 		}
 	}
 	waitTagged(t, tag+"-ff", 0, "ff's members after the fast-fail")
