@@ -4,18 +4,15 @@ import (
 	"context"
 	"net"
 	"testing"
+
+	"github.com/activator/activator/internal/testenv"
 )
 
 // BenchmarkCheckFree is the check every start of an exec, unit or kvm tenant makes, at a free loopback
 // port: the kernel's socket lookup (lookup) against the dial it replaced (dial, what Check does for an
 // address the lookup cannot vouch for).
 func BenchmarkCheckFree(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.FreeTCP(b).Address
 	ctx := context.Background()
 	b.Run("lookup", func(b *testing.B) {
 		if !freeLoopback(addr) {
