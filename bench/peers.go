@@ -176,6 +176,7 @@ type routeSpec struct {
 	port     int
 	idle     string
 	listen   string // exec listen mode: env (default) or listen_fds
+	standby  bool   // exec standby: true
 	argv     []string
 	env      map[string]string
 	maxHeld  int
@@ -233,6 +234,9 @@ func writeExecEntry(b *strings.Builder, r routeSpec) {
 		fmt.Fprintf(b, "      listen: %s\n", r.listen)
 	}
 	b.WriteString("      stop_grace: 5s\n")
+	if r.standby {
+		b.WriteString("      standby: true\n")
+	}
 	if len(r.env) > 0 {
 		b.WriteString("      env:\n")
 		for _, k := range slices.Sorted(maps.Keys(r.env)) {

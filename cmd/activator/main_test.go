@@ -58,6 +58,8 @@ type appRoute struct {
 	Idle, WakeBudget, HoldMaxTime, BackoffInitial, BackoffMax, StopGrace string
 	// DetailedErrors sets detailed_errors: error bodies quote a failed wake's cause.
 	DetailedErrors bool
+	// Standby sets the exec block's standby: true.
+	Standby bool
 }
 
 func (a appRoute) host() string { return a.Name + ".test" }
@@ -96,6 +98,9 @@ func (a appRoute) yaml(t testing.TB) string {
 	fmt.Fprintf(&b, "      argv: [%q]\n", self)
 	fmt.Fprintf(&b, "      listen: %s\n", or(a.Listen, "env"))
 	fmt.Fprintf(&b, "      stop_grace: %s\n", or(a.StopGrace, "10s"))
+	if a.Standby {
+		fmt.Fprintf(&b, "      standby: true\n")
+	}
 	fmt.Fprintf(&b, "      env:\n")
 	fmt.Fprintf(&b, "        %s: \"1\"\n", demoapp.ChildEnv)
 	keys := make([]string, 0, len(a.Env))

@@ -132,5 +132,8 @@ func TestHistoryKeptAcrossReload(t *testing.T) {
 		if len(evs) != 2 || evs[0].Kind != EventWake || evs[1].Sleep == nil || evs[1].Sleep.Reason != ReasonReload {
 			t.Fatalf("history after the change = %+v, want the wake and the old instance's reload sleep", evs)
 		}
+		if n := b.lastSleeps.Load(); n != 1 {
+			t.Errorf("the retiring instance's sleep was marked tenant.LastSleep %d times, want 1 (its backend is closed next)", n)
+		}
 	})
 }

@@ -22,8 +22,9 @@ import (
 // fakeBackend is a hand-written Backend for state-machine tests. Its Wake and Sleep can be made to
 // block until released, fail, or succeed.
 type fakeBackend struct {
-	wakes  atomic.Int32
-	sleeps atomic.Int32
+	wakes      atomic.Int32
+	sleeps     atomic.Int32
+	lastSleeps atomic.Int32 // the sleeps marked tenant.LastSleep
 
 	mu       sync.Mutex // guards the fields below
 	life     *tenant.Life
@@ -59,6 +60,9 @@ func (f *fakeBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life,
 
 func (f *fakeBackend) Sleep(ctx context.Context) error {
 	f.sleeps.Add(1)
+	if tenant.IsLastSleep(ctx) {
+		f.lastSleeps.Add(1)
+	}
 	f.mu.Lock()
 	gate := f.sleepGte
 	f.mu.Unlock()

@@ -72,6 +72,9 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	defer in.wg.Done()
 	start := in.now()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
+	if reason == ReasonReload { // a retiring instance's sleep: its teardown closes the backend next
+		ctx = tenant.LastSleep(ctx)
+	}
 	err := in.backend.Sleep(ctx)
 	cancel()
 	// While Stopping nothing is proxied and no wake starts, so no connection a wake's gate handed over

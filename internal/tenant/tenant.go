@@ -43,6 +43,21 @@ type Backend interface {
 	Sleep(ctx context.Context) error
 }
 
+// lastSleepKey marks a Sleep's ctx (LastSleep).
+type lastSleepKey struct{}
+
+// LastSleep marks ctx for a Sleep that Close follows: the route was removed or replaced by a reload.
+// A backend may then skip what only a next wake would use (the exec backing's standby).
+func LastSleep(ctx context.Context) context.Context {
+	return context.WithValue(ctx, lastSleepKey{}, true)
+}
+
+// IsLastSleep reports whether ctx was marked by LastSleep.
+func IsLastSleep(ctx context.Context) bool {
+	last, _ := ctx.Value(lastSleepKey{}).(bool)
+	return last
+}
+
 // Adopter is implemented by backends whose tenants can outlive the activator (systemd units, QEMU
 // guests, bare-metal nodes). Adopt is called once, before the first Wake, and reports whether the
 // tenant is already awake; an awake tenant is adopted as is (its idle clock starts) instead of being

@@ -100,9 +100,15 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 // Wake wakes s and waits for its upstream to pass a health gate, failing t otherwise.
 func Wake(t *testing.T, s Subject) *tenant.Life {
 	t.Helper()
+	return WakeTracked(t, s, tenant.Discard)
+}
+
+// WakeTracked is Wake reporting to tr.
+func WakeTracked(t *testing.T, s Subject, tr tenant.Tracker) *tenant.Life {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), s.Budget)
 	defer cancel()
-	life, err := s.Backend.Wake(ctx, tenant.Discard)
+	life, err := s.Backend.Wake(ctx, tr)
 	if err != nil {
 		t.Fatalf("Wake: %v", err)
 	}

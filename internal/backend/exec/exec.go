@@ -29,8 +29,11 @@
 // or SOCKET), as an inherited pre-bound socket (systemd's LISTEN_FDS protocol, through a shim: see
 // package shim), or not at all.
 //
-// Ownership: a Backend owns its child, the goroutines that spawn, drain and reap it, and (in
-// listen_fds mode) the listening socket, from the first Wake until Close, which joins them all.
+// With `standby: true` each sleep that stopped the tenant spawns the next child at once, held by its
+// shim before the exec until a wake lets it go on (standby.go).
+//
+// Ownership: a Backend owns its child, its standby, the goroutines that spawn, drain and reap them,
+// and (in listen_fds mode) the listening socket, from the first Wake until Close, which joins them all.
 package exec
 
 import (
@@ -42,6 +45,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -231,8 +235,12 @@ type Backend struct {
 	closed bool
 	group  *cgroup.Group // the name of the tenant's cgroups, claimed at the first wake; nil before
 	proc   *proc         // the latest child, possibly exited; nil before the first Wake
-	ln     net.Listener  // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
-	lnFile *os.File      // a dup of ln's socket, handed to each child as fd 3
+	// standby (standby: true) is the next child, started at the last sleep and waiting at its gate;
+	// nil when there is none. It holds the route's cgroup while it waits, so no other child starts
+	// before it is released or dropped.
+	standby *standby
+	ln      net.Listener // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
+	lnFile  *os.File     // a dup of ln's socket, handed to each child as fd 3
 }
 
 // logger is the route's logger. It is made on first use: with thousands of configured routes that
@@ -264,10 +272,10 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		cont:     o.Containment,
 		closing:  make(chan struct{}),
 	}
-	if s.Listen == ListenFDs && b.shim == "" {
+	if (s.Listen == ListenFDs || s.Standby) && b.shim == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("exec: listen_fds needs the activator's own executable as a shim: %w", err)
+			return nil, fmt.Errorf("exec: listen_fds and standby need the activator's own executable as a shim: %w", err)
 		}
 		b.shim = exe
 	}
@@ -313,24 +321,18 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			return nil, fmt.Errorf("exec: %w", err)
 		}
 	}
-	g, err := b.groupLocked(ctx)
-	if err != nil {
-		b.mu.Unlock()
-		return nil, err
-	}
-	sp, err := b.specLocked()
-	if err != nil {
-		b.mu.Unlock()
-		return nil, err
-	}
-	p, err := b.startLocked(sp, g)
-	if err != nil {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("exec: start %s: %w", sp.path, err)
+	p, standby := b.releaseStandbyLocked(ctx, t), true
+	if p == nil {
+		standby = false
+		var err error
+		if p, err = b.spawnLocked(ctx, nil); err != nil {
+			b.mu.Unlock()
+			return nil, err
+		}
 	}
 	b.proc = p
 	b.mu.Unlock()
-	b.logger().Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen))
+	b.logger().Info("spawned", "pid", p.pid, "argv", b.settings.Argv, "listen", string(b.settings.Listen), "standby", standby)
 
 	if p.marker == nil {
 		return p.currentLife(), nil
@@ -376,7 +378,13 @@ func (b *Backend) Sleep(ctx context.Context) error {
 	if b.settings.Sleep == SleepFreeze && p.running() {
 		return b.freeze(ctx, p)
 	}
-	return b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, tenant.ErrSlept)
+	if err := b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, tenant.ErrSlept); err != nil {
+		return err
+	}
+	if b.settings.Standby && !tenant.IsLastSleep(ctx) { // no standby for a route that a reload retires
+		b.prepareStandby(ctx)
+	}
+	return nil
 }
 
 // Stop stops the tenant for real whatever the sleep mode (tenant.Stopper), thawing a frozen one
@@ -451,6 +459,24 @@ func (b *Backend) unfreeze(ctx context.Context, p *proc) {
 	p.mu.Lock()
 	p.frozen = false
 	p.mu.Unlock()
+}
+
+// spawnLocked starts the next child in a new cgroup (see groupLocked); gate (nil: none) makes it a
+// standby, waiting at that pipe's read end before its exec.
+func (b *Backend) spawnLocked(ctx context.Context, gate *os.File) (*proc, error) {
+	g, err := b.groupLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := b.specLocked(gate)
+	if err != nil {
+		return nil, err
+	}
+	p, err := b.startLocked(sp, g, gate != nil)
+	if err != nil {
+		return nil, fmt.Errorf("exec: start %s: %w", sp.path, err)
+	}
+	return p, nil
 }
 
 // groupLocked makes a new cgroup for the next child, with its limits, or returns nil without cgroups.
@@ -535,8 +561,8 @@ func (b *Backend) usage() (st cgroup.Stat, ok, closed bool) {
 }
 
 // Close stops the child as Sleep does (stop signal, SIGKILL after the grace or as soon as ctx ends;
-// its Life ends with ErrClosed), releases the pre-bound listener and joins every goroutine of the
-// backend. Wake fails with ErrClosed afterwards. Close is idempotent.
+// its Life ends with ErrClosed), kills a standby, releases the pre-bound listener and joins every
+// goroutine of the backend. Wake fails with ErrClosed afterwards. Close is idempotent.
 func (b *Backend) Close(ctx context.Context) error {
 	b.mu.Lock()
 	if b.closed {
@@ -545,10 +571,16 @@ func (b *Backend) Close(ctx context.Context) error {
 	}
 	b.closed = true
 	close(b.closing)
-	p := b.proc
+	p, sb := b.proc, b.standby
+	b.standby = nil
 	b.mu.Unlock()
 
 	var errs []error
+	if sb != nil {
+		if err := b.dropStandby(ctx, sb, ErrClosed); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if p != nil {
 		b.unfreeze(ctx, p)
 		if err := b.stop(ctx, p, b.settings.StopSignal, b.settings.StopGrace, ErrClosed); err != nil {
@@ -618,14 +650,13 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 }
 
 // specLocked builds the command line, environment and inherited files of the next child, binding the
-// upstream first in listen_fds mode.
-func (b *Backend) specLocked() (spec, error) {
+// upstream first in listen_fds mode. gate (nil: none) is the read end of a standby's gate pipe, which
+// the child inherits and its shim waits on.
+func (b *Backend) specLocked(gate *os.File) (spec, error) {
 	s := b.settings
 	sp := spec{path: s.Path, args: s.Argv, dir: s.Dir}
-	var secret []string
-	if b.secrets != nil {
-		secret = b.secrets()
-	}
+	secret := b.secretNames()
+	sp.secrets = secret
 	env := inheritedEnv(secret)
 	switch s.Listen {
 	case ListenEnv:
@@ -653,14 +684,27 @@ func (b *Backend) specLocked() (spec, error) {
 	for _, k := range sortedKeys(s.Env) {
 		env = append(env, k+"="+s.Env[k])
 	}
-	if s.Listen == ListenFDs {
-		// The tenant's LISTEN_PID must be its own pid, which only a process between fork and the
-		// tenant's exec can write (see package shim).
+	// A shim runs between fork and the tenant's exec when the tenant's LISTEN_PID must be its own pid,
+	// which only such a process can write (listen_fds; see package shim), and in a standby, which waits
+	// at its gate before it execs the tenant.
+	if fds := s.Listen == ListenFDs; fds || gate != nil {
+		gateFD := 0
+		if gate != nil {
+			gateFD = 3 + len(sp.extra)
+			sp.extra = append(sp.extra, gate)
+		}
 		if sh := binSh(); sh != "" && s.Argv[0] == s.Path && shellSafeEnv(env) {
 			sp.path = sh
-			sp.args = append([]string{"sh", "-c", shellShim, s.Path}, s.Argv[1:]...)
+			sp.args = append([]string{"sh", "-c", shellShim(fds, gateFD), s.Path}, s.Argv[1:]...)
 		} else {
-			env = append(env, shim.Env+"=1")
+			mode := shim.ModeExec
+			if fds {
+				mode = shim.ModeListenFDs
+			}
+			env = append(env, shim.Env+"="+mode)
+			if gate != nil {
+				env = append(env, shim.GateEnv+"="+strconv.Itoa(gateFD))
+			}
 			sp.path = b.shim
 			sp.args = append([]string{shim.Arg0, s.Path}, s.Argv...)
 		}
@@ -669,16 +713,29 @@ func (b *Backend) specLocked() (spec, error) {
 	return sp, nil
 }
 
-// shellShim is the listen_fds shim as a /bin/sh script: it sets LISTEN_PID to the shell's pid, which
-// exec keeps, and execs the tenant ($0) with its arguments.
+// shellShim is the shim as a /bin/sh script. With a gate (a standby's pipe, at descriptor gate; 0:
+// none) it first reads a line from it, exiting with shim.Cancelled at end of file, and closes it; in
+// listen_fds mode it sets LISTEN_PID to the shell's pid, which exec keeps; then it execs the tenant ($0)
+// with its arguments.
 //
 // Why a shell when package shim exists: that shim is the activator's own 17 MB binary, whose exec and
 // Go runtime start cost about 2.4 ms per listen_fds wake here (page faults, mostly); dash costs about
-// 0.5 ms. The shell is used only where it changes nothing the tenant can see but PWD (which the shell
-// sets to the working directory): argv[0] must be the resolved path itself, since `exec "$0"` makes
-// it so, and every environment name must be one a POSIX shell passes on (dash drops others, such as
-// "a.b" or "my-var"). Otherwise, or without /bin/sh, package shim does it.
-const shellShim = `export LISTEN_PID=$$; exec "$0" "$@"`
+// 0.5 ms, and a waiting dash holds 0.1 MiB of its own where a waiting shim holds 1 MiB. The shell is used only
+// where it changes nothing the tenant can see but PWD (which the shell sets to the working directory):
+// argv[0] must be the resolved path itself, since `exec "$0"` makes it so, and every environment name
+// must be one a POSIX shell passes on (dash drops others, such as "a.b" or "my-var"). Otherwise, or
+// without /bin/sh, package shim does it.
+func shellShim(listenFDs bool, gate int) string {
+	var sc strings.Builder
+	if gate > 0 {
+		fmt.Fprintf(&sc, `read -r go <&%d || exit %d; exec %d<&-; `, gate, shim.Cancelled, gate)
+	}
+	if listenFDs {
+		sc.WriteString(`export LISTEN_PID=$$; `)
+	}
+	sc.WriteString(`exec "$0" "$@"`)
+	return sc.String()
+}
 
 // binSh is /bin/sh if it exists, else "". It is asked at every spawn (one stat, about a microsecond),
 // not cached in a package variable.
@@ -770,7 +827,7 @@ func inheritedEnv(secret []string) []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shim.Env:
+		case "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", shim.Env, shim.GateEnv:
 			continue
 		}
 		if slices.Contains(secret, k) {

@@ -645,7 +645,7 @@ func TestShimChoice(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, testenv.FreeTCP(t), c.block)
 			f.b.mu.Lock()
-			sp, err := f.b.specLocked()
+			sp, err := f.b.specLocked(nil)
 			f.b.mu.Unlock()
 			if err != nil {
 				t.Fatal(err)
@@ -663,7 +663,7 @@ func TestShimChoice(t *testing.T) {
 	f := newFixture(t, testenv.FreeTCP(t), "listen: listen_fds\n")
 	f.b.settings.Argv = append([]string{"alias"}, f.b.settings.Argv[1:]...)
 	f.b.mu.Lock()
-	sp, err := f.b.specLocked()
+	sp, err := f.b.specLocked(nil)
 	f.b.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)

@@ -33,17 +33,18 @@ const reapGrace = 10 * time.Second
 
 // proc is one child process, from spawn to reap.
 type proc struct {
-	pid    int           // set before start returns
-	tid    int           // the OS thread that forked the child and stays locked to its owner goroutine
-	group  *cgroup.Group // the tenant's cgroup, which the child was spawned into; nil: process group only
-	out    tail
-	log    *outputLog    // logs the output, rate-limited; set before the drains start
-	marker []byte        // nil: no ready marker
-	ready  chan struct{} // closed when a line containing marker has been read
-	once   sync.Once     // closes ready
-	done   chan struct{} // closed after the child is reaped, its output drained and life ended
-	exit   *ExitError    // how it ended; written before done is closed
-	failed error         // the Life's end when the child ended on its own: exit or a *DaemonError
+	pid     int           // set before start returns
+	tid     int           // the OS thread that forked the child and stays locked to its owner goroutine
+	group   *cgroup.Group // the tenant's cgroup, which the child was spawned into; nil: process group only
+	out     tail
+	log     *outputLog    // logs the output, rate-limited; set before the drains start
+	marker  []byte        // nil: no ready marker
+	secrets []string      // spec.secrets: the names kept out of its environment
+	ready   chan struct{} // closed when a line containing marker has been read
+	once    sync.Once     // closes ready
+	done    chan struct{} // closed after the child is reaped, its output drained and life ended
+	exit    *ExitError    // how it ended; written before done is closed
+	failed  error         // the Life's end when the child ended on its own: exit or a *DaemonError
 
 	mu       sync.Mutex   // guards the fields below
 	life     *tenant.Life // the current Life: a thaw after a freeze starts a new one
@@ -51,7 +52,9 @@ type proc struct {
 	reaped   bool         // the pid may be reused: signal nothing any more
 	stopWhy  error        // non-nil once the backend decided to stop it: the Life's end reason
 	stopping bool
+	standby  bool // waiting at its gate, not yet the tenant (standby.go)
 }
+
 
 // currentLife is the child's current Life.
 func (p *proc) currentLife() *tenant.Life {
@@ -143,6 +146,8 @@ type spec struct {
 	env   []string
 	dir   string
 	extra []*os.File // fd 3 onwards
+	// secrets are the variables kept out of env (Options.SecretEnv when it was built).
+	secrets []string
 }
 
 // start spawns the child and returns once it runs (or failed to start). The child is owned by a
@@ -156,8 +161,10 @@ type spec struct {
 // With a tenant cgroup g, the child is cloned straight into it (clone3 with CLONE_INTO_CGROUP), so
 // not even its first instruction runs outside, and no fork of it can escape before it is moved.
 //
+// standby marks the child a standby (standby.go), which its owner's logs say.
+//
 // The caller holds b.mu and has checked that b is not closed.
-func (b *Backend) startLocked(sp spec, g *cgroup.Group) (*proc, error) {
+func (b *Backend) startLocked(sp spec, g *cgroup.Group, standby bool) (*proc, error) {
 	attr := &syscall.SysProcAttr{
 		Setpgid:   true, // its own group, so stop signals reach its children too
 		Pdeathsig: syscall.SIGKILL,
@@ -193,10 +200,12 @@ func (b *Backend) startLocked(sp spec, g *cgroup.Group) (*proc, error) {
 		SysProcAttr: attr,
 	}
 	p := &proc{
-		group: g,
-		life:  tenant.NewLife(),
-		ready: make(chan struct{}),
-		done:  make(chan struct{}),
+		group:   g,
+		life:    tenant.NewLife(),
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
+		standby: standby,
+		secrets: sp.secrets,
 	}
 	if m := b.settings.ReadyMarker; m != "" {
 		p.marker = []byte(m)
@@ -313,9 +322,12 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 		p.failed = &DaemonError{PID: p.pid, Leftovers: leftovers, Exit: p.exit}
 	}
 	p.mu.Lock()
-	stopping, why, life := p.stopping, p.stopWhy, p.life
+	stopping, why, life, standby := p.stopping, p.stopWhy, p.life, p.standby
 	p.mu.Unlock()
 	switch {
+	case standby && !stopping:
+		b.logger().Warn("the standby exited before a wake released it; the next wake spawns", "pid", p.pid, "err", p.failed)
+		life.End(p.failed)
 	case stopping:
 		b.logger().Info("stopped", "pid", p.pid, "status", p.exit.Status(), "leftovers_killed", len(leftovers))
 		life.End(why)

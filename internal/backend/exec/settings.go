@@ -79,6 +79,9 @@ type Settings struct {
 	Sleep SleepMode
 	// Limits are the tenant's cgroup limits (memory_max, cpu_max, pids_max).
 	Limits Limits
+	// Standby starts the next child ahead at each sleep, stopped before its exec (standby.go): a wake
+	// only lets it go on. Needs sleep: stop.
+	Standby bool
 }
 
 // rawSettings is the YAML shape of the block. Durations and signals are strings so that every problem
@@ -95,6 +98,7 @@ type rawSettings struct {
 	MemoryMax   string            `yaml:"memory_max"`
 	CPUMax      string            `yaml:"cpu_max"`
 	PidsMax     string            `yaml:"pids_max"`
+	Standby     bool              `yaml:"standby"`
 }
 
 // problems collects *registry.Error values with keys relative to the exec block.
@@ -153,6 +157,7 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		StopGrace:   DefaultStopGrace,
 		Listen:      ListenEnv,
 		Sleep:       SleepStop,
+		Standby:     raw.Standby,
 	}
 
 	// dir first: a relative argv[0] with a slash is resolved against it.
@@ -244,6 +249,9 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		s.Sleep = SleepMode(raw.Sleep)
 	default:
 		p.add("sleep", "%q is not a sleep mode (one of: stop, freeze)", raw.Sleep)
+	}
+	if s.Standby && s.Sleep != SleepStop {
+		p.add("standby", "true needs sleep: stop (a frozen tenant keeps its processes, so there is no next one to start ahead; sleep is %s)", s.Sleep)
 	}
 	s.Limits = decodeLimits(p, raw)
 

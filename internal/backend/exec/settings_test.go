@@ -102,7 +102,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"multi-line marker", tcp, "argv: [$D/app]\nready_marker: \"a\\nb\"\n",
 			[]string{`line 2: ready_marker: must be one line: it is matched within a line of output`}},
 		{"unknown key", tcp, "argv: [$D/app]\nstop_timeout: 5s\n",
-			[]string{`line 2: stop_timeout: unknown key (known keys: argv, cpu_max, dir, env, listen, memory_max, pids_max, ready_marker, sleep, stop_grace, stop_signal)`}},
+			[]string{`line 2: stop_timeout: unknown key (known keys: argv, cpu_max, dir, env, listen, memory_max, pids_max, ready_marker, sleep, standby, stop_grace, stop_signal)`}},
 		{"not a mapping", tcp, "[a, b]\n",
 			[]string{`line 1: must be a mapping with at least argv`}},
 		{"every problem at once", tcp, "argv: [$D/data.txt]\ndir: rel\nstop_signal: NOPE\nstop_grace: -5s\nlisten: tcp\n", []string{
@@ -219,14 +219,19 @@ routes:
 // sleep and the cgroup limits: defaults, valid values, and each way a value can be wrong.
 func TestDecodeContainment(t *testing.T) {
 	cases := []struct {
-		block string
-		want  Limits
-		sleep SleepMode
-		err   string
+		block   string
+		want    Limits
+		sleep   SleepMode
+		standby bool
+		err     string
 	}{
 		{block: "", sleep: SleepStop},
 		{block: "sleep: freeze\n", sleep: SleepFreeze},
 		{block: "sleep: stop\n", sleep: SleepStop},
+		{block: "standby: true\n", sleep: SleepStop, standby: true},
+		{block: "sleep: stop\nstandby: true\n", sleep: SleepStop, standby: true},
+		{block: "sleep: freeze\nstandby: true\n", err: `line 3: standby: true needs sleep: stop (a frozen tenant keeps its processes, so there is no next one to start ahead; sleep is freeze)`},
+		{block: "standby: yes please\n", err: "line 2: standby: cannot unmarshal !!str `yes please` into bool"},
 		{block: "sleep: pause\n", err: `line 2: sleep: "pause" is not a sleep mode (one of: stop, freeze)`},
 		{block: "memory_max: 512MiB\ncpu_max: 1.5\npids_max: 64\n", sleep: SleepStop,
 			want: Limits{Memory: "536870912", CPU: "150000 100000", Pids: "64"}},
@@ -250,8 +255,8 @@ func TestDecodeContainment(t *testing.T) {
 			if errs != nil {
 				t.Fatal(errs)
 			}
-			if s.Limits != c.want || s.Sleep != c.sleep {
-				t.Errorf("limits %+v sleep %q, want %+v %q", s.Limits, s.Sleep, c.want, c.sleep)
+			if s.Limits != c.want || s.Sleep != c.sleep || s.Standby != c.standby {
+				t.Errorf("limits %+v sleep %q standby %v, want %+v %q %v", s.Limits, s.Sleep, s.Standby, c.want, c.sleep, c.standby)
 			}
 		})
 	}

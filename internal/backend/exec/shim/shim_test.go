@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -60,5 +61,47 @@ func TestShimEnv(t *testing.T) {
 	}
 	if pid == "" || lpid != pid || marker != "unset" {
 		t.Fatalf("tenant saw %q: want LISTEN_PID equal to its pid and no %s", out, Env)
+	}
+}
+
+// TestShimGate: a standby shim waits at its gate (an inherited pipe): end of file makes it exit with
+// Cancelled and exec nothing; a line makes it exec the tenant, which sees neither the gate's descriptor
+// nor the shim's variables, and in ModeExec no LISTEN_PID.
+func TestShimGate(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh to print what the tenant sees")
+	}
+	run := func(t *testing.T, open func(w *os.File)) (string, error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(self)
+		cmd.Args = []string{Arg0, sh, "sh", "-c", `test -e /dev/fd/3 && g=open || g=closed; echo "fd3=$g listen_pid=${LISTEN_PID:-unset} vars=${` + Env + `:-}${` + GateEnv + `:-}"`}
+		cmd.Env = append(os.Environ(), Env+"="+ModeExec, GateEnv+"=3", "LISTEN_PID=1")
+		cmd.ExtraFiles = []*os.File{r}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		open(w)
+		err = cmd.Wait()
+		return out.String(), err
+	}
+	out, err := run(t, func(w *os.File) { w.Close() })
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != Cancelled || out != "" {
+		t.Errorf("gate closed without a line: %v, output %q; want exit status %d and nothing run", err, out, Cancelled)
+	}
+	out, err = run(t, func(w *os.File) { w.Write([]byte("\n")); w.Close() })
+	if err != nil || strings.TrimSpace(out) != "fd3=closed listen_pid=unset vars=" {
+		t.Errorf("gate opened: %v, tenant saw %q; want fd 3 closed, no LISTEN_PID, no shim variables", err, out)
 	}
 }

@@ -1,0 +1,287 @@
+package exec
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/activator/activator/internal/backend/backendtest"
+	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
+)
+
+// standbyPID is the pid of f's standby, or 0.
+func (f *fixture) standbyPID() int {
+	f.b.mu.Lock()
+	defer f.b.mu.Unlock()
+	if f.b.standby == nil {
+		return 0
+	}
+	return f.b.standby.p.pid
+}
+
+// exe is the executable pid runs, from /proc.
+func exe(t *testing.T, pid int) string {
+	t.Helper()
+	p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		t.Fatalf("pid %d: %v", pid, err)
+	}
+	return p
+}
+
+// environ is pid's environment, from /proc.
+func environ(t *testing.T, pid int) []string { return procStrings(t, pid, "environ") }
+
+// cmdline is pid's argv, from /proc.
+func cmdline(t *testing.T, pid int) []string { return procStrings(t, pid, "cmdline") }
+
+// procStrings is /proc/<pid>/<file>, a list of NUL-terminated strings.
+func procStrings(t *testing.T, pid int, file string) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+	if err != nil {
+		t.Fatalf("pid %d: %v", pid, err)
+	}
+	return strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+}
+
+// pipes lists what pid's descriptors link to, from /proc ("pipe:[123]", "socket:[456]", ...).
+func pipes(t *testing.T, pid int) []string {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links []string
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil {
+			links = append(links, l)
+		}
+	}
+	return links
+}
+
+// TestStandby: with standby: true, a sleep leaves a waiting shim in the tenant's next cgroup (and
+// nothing listening), and the next wake lets that process exec the tenant: same pid, the tenant's own
+// executable and environment, the gate closed, LISTEN_PID its own in listen_fds mode; then the next
+// sleep starts the next standby, and Close kills it.
+func TestStandby(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, block string
+		cgroup      bool
+		gateFD      int
+	}{
+		{"env", "listen: env\n", false, 3},
+		{"listen_fds", "listen: listen_fds\n", false, 4},
+		{"env in a cgroup", "listen: env\n", true, 3},
+		{"listen_fds in a cgroup", "listen: listen_fds\n", true, 4},
+		// A name no shell passes on: package shim is the standby.
+		{"the Go shim", "listen: env\nenv: {my-var: \"1\"}\n", false, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var o Options
+			if c.cgroup {
+				o.Containment = contained(t)
+			}
+			o.Logger = testLogger(t)
+			f := newFixtureOpts(t, testenv.FreeTCP(t), "standby: true\n"+c.block, o)
+			s := f.subject()
+			first := f.wake(t)
+			backendtest.Sleep(t, s)
+			if first.Err() == nil {
+				t.Fatal("the first Life goes on after Sleep")
+			}
+			sb := f.standbyPID()
+			if sb == 0 || !alive(sb) {
+				t.Fatalf("after Sleep: standby pid %d, alive %v", sb, alive(sb))
+			}
+			// The standby is a shim: dash, or package shim (the test binary, as the activator's
+			// binary, links it) where the environment has a name no shell passes on.
+			arg0, wantArg0 := cmdline(t, sb)[0], "sh"
+			if strings.Contains(c.block, "my-var") || binSh() == "" {
+				wantArg0 = shim.Arg0
+				if !slices.Contains(environ(t, sb), shim.Env+"="+shim.ModeExec) {
+					t.Errorf("the Go shim standby's environment lacks %s=%s", shim.Env, shim.ModeExec)
+				}
+			} else if got := exe(t, sb); got == self {
+				t.Errorf("the shell standby runs the tenant's executable %s before any wake", got)
+			}
+			if arg0 != wantArg0 {
+				t.Errorf("the standby's argv[0] is %q, want %q", arg0, wantArg0)
+			}
+			gate, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", sb, c.gateFD))
+			if err != nil || !strings.HasPrefix(gate, "pipe:") {
+				t.Errorf("the standby's fd %d is %q (%v), want its gate pipe", c.gateFD, gate, err)
+			}
+			if c.cgroup {
+				cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dir := f.b.group.Dir(); !strings.Contains(string(cg), filepath.Base(dir)) {
+					t.Errorf("the standby is in %q, not the tenant's cgroup %s", cg, dir)
+				}
+			}
+			if f.b.PID() != 0 {
+				t.Errorf("PID() = %d while only the standby waits; want 0", f.b.PID())
+			}
+
+			rec := &recorder{}
+			life := backendtest.WakeTracked(t, s, rec)
+			if got := f.b.PID(); got != sb {
+				t.Fatalf("woken tenant pid %d, want the standby's %d", got, sb)
+			}
+			if got := exe(t, sb); got != self {
+				t.Errorf("the woken tenant runs %s, want %s", got, self)
+			}
+			env := environ(t, sb)
+			for _, kv := range env {
+				if strings.HasPrefix(kv, shim.Env+"=") || strings.HasPrefix(kv, shim.GateEnv+"=") {
+					t.Errorf("the tenant sees the shim's %s", kv)
+				}
+			}
+			if strings.Contains(c.block, "listen_fds") && !slices.Contains(env, fmt.Sprintf("LISTEN_PID=%d", sb)) {
+				t.Errorf("listen_fds tenant's environment lacks LISTEN_PID=%d", sb)
+			}
+			if fds := pipes(t, sb); slices.Contains(fds, gate) {
+				t.Errorf("the tenant holds the standby's gate %s (its pipes: %q)", gate, fds)
+			}
+			if !slices.ContainsFunc(rec.notes, func(n string) bool { return strings.Contains(n, "released the standby") }) {
+				t.Errorf("the wake's notes %q do not say it used the standby", rec.notes)
+			}
+			if f.standbyPID() != 0 {
+				t.Error("the released standby is still the standby")
+			}
+
+			backendtest.Sleep(t, s)
+			if life.Err() == nil {
+				t.Fatal("the standby's Life goes on after Sleep")
+			}
+			next := f.standbyPID()
+			if next == 0 || next == sb {
+				t.Fatalf("after the second Sleep: standby %d (the last was %d)", next, sb)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			if err := f.b.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if alive(next) {
+				t.Errorf("standby %d alive after Close", next)
+			}
+		})
+	}
+}
+
+// TestStandbyDied: a standby killed while the route slept is noticed at the wake, which says so and
+// spawns a new child.
+func TestStandbyDied(t *testing.T) {
+	f := newFixture(t, testenv.FreeTCP(t), "standby: true\n")
+	s := f.subject()
+	f.wake(t)
+	backendtest.Sleep(t, s)
+	sb := f.standbyPID()
+	if sb == 0 {
+		t.Fatal("no standby after Sleep")
+	}
+	if err := syscall.Kill(sb, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	f.b.mu.Lock()
+	p := f.b.standby.p
+	f.b.mu.Unlock()
+	<-p.done // reaped by its owner
+	rec := &recorder{}
+	backendtest.WakeTracked(t, s, rec)
+	if pid := f.b.PID(); pid == 0 || pid == sb {
+		t.Fatalf("after the standby died, the wake's tenant is pid %d (the standby was %d)", pid, sb)
+	}
+	if !slices.ContainsFunc(rec.notes, func(n string) bool { return strings.Contains(n, "exited while the route slept") }) {
+		t.Errorf("the wake's notes %q do not say why the standby was not used", rec.notes)
+	}
+}
+
+// TestStandbySecretsChanged: a standby started before a reload named a variable as a secret holds that
+// variable; the wake drops it and spawns a child without it, as a wake without standby would.
+func TestStandbySecretsChanged(t *testing.T) {
+	const secret = "EXEC_TEST_STANDBY_SECRET"
+	t.Setenv(secret, "hunter2")
+	var names atomic.Pointer[[]string]
+	names.Store(&[]string{})
+	f := newFixtureOpts(t, testenv.FreeTCP(t), "standby: true\n", Options{
+		Logger:    testLogger(t),
+		SecretEnv: func() []string { return *names.Load() },
+	})
+	s := f.subject()
+	f.wake(t)
+	backendtest.Sleep(t, s)
+	sb := f.standbyPID()
+	if sb == 0 || !slices.Contains(environ(t, sb), secret+"=hunter2") {
+		t.Fatalf("standby %d: want it started with %s, not yet a secret", sb, secret)
+	}
+	names.Store(&[]string{secret}) // a reload names it
+	rec := &recorder{}
+	backendtest.WakeTracked(t, s, rec)
+	pid := f.b.PID()
+	if pid == sb {
+		t.Fatal("the wake released a standby whose environment holds a variable now named a secret")
+	}
+	if alive(sb) {
+		t.Errorf("the dropped standby %d is alive", sb)
+	}
+	for _, kv := range environ(t, pid) {
+		if strings.HasPrefix(kv, secret+"=") {
+			t.Errorf("the tenant's environment holds the secret: %s", kv)
+		}
+	}
+	if !slices.ContainsFunc(rec.notes, func(n string) bool { return strings.Contains(n, "other secrets") }) {
+		t.Errorf("the wake's notes %q do not say why the standby was not used", rec.notes)
+	}
+}
+
+// TestStandbyNotes: `activator check` says what a standby costs, and says nothing without one.
+func TestStandbyNotes(t *testing.T) {
+	p := NewProvider(Options{})
+	on := &registry.Route{Name: "a", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true", Standby: true}}
+	if n := p.Notes(context.Background(), on); len(n) != 1 || !strings.HasPrefix(n[0], "standby: ") {
+		t.Errorf("Notes with standby = %q", n)
+	}
+	off := &registry.Route{Name: "b", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true"}}
+	if n := p.Notes(context.Background(), off); n != nil {
+		t.Errorf("Notes without standby = %q", n)
+	}
+}
+
+// TestStandbyNotOnLastSleep: the sleep of a route a reload retires (tenant.LastSleep) starts no
+// standby: Close follows at once.
+func TestStandbyNotOnLastSleep(t *testing.T) {
+	f := newFixture(t, testenv.FreeTCP(t), "standby: true\n")
+	f.wake(t)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if err := f.b.Sleep(tenant.LastSleep(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	if pid := f.standbyPID(); pid != 0 {
+		t.Errorf("the last sleep started standby %d", pid)
+	}
+	if pids := tagged(f.tag); len(pids) > 0 {
+		t.Errorf("after the last sleep, processes %v of the route run", pids)
+	}
+}
