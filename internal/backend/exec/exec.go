@@ -89,6 +89,10 @@ type Options struct {
 	// Containment is how children are contained (Contain); nil: process groups only, without the
 	// child subreaper, as before cgroups (tests). Provider.Open sets it to the Provider's.
 	Containment *Containment
+
+	// standbys counts the standbys waiting in all of a Provider's backends, for maxStandbys; set by
+	// Provider.Open. Nil: not counted (tests).
+	standbys *atomic.Int64
 }
 
 // The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
@@ -106,6 +110,8 @@ var (
 // latest Backend of each route, for Usage.
 type Provider struct {
 	opts Options
+
+	standbys atomic.Int64 // standbys waiting in its backends (maxStandbys)
 
 	mu   sync.Mutex // guards the fields below
 	cont *Containment
@@ -156,6 +162,7 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	defer p.mu.Unlock()
 	o := p.opts
 	o.Containment = p.cont
+	o.standbys = &p.standbys
 	b, err := New(r, o)
 	if err != nil {
 		return nil, err
@@ -226,6 +233,7 @@ type Backend struct {
 	shim     string
 	secrets  func() []string // Options.SecretEnv; nil for none
 	cont     *Containment    // nil: process groups only
+	standbys *atomic.Int64   // Options.standbys
 	closing  chan struct{}   // closed by Close: aborts a Wake waiting for the ready marker
 	wg       sync.WaitGroup
 
@@ -270,6 +278,7 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		shim:     o.Shim,
 		secrets:  o.SecretEnv,
 		cont:     o.Containment,
+		standbys: o.standbys,
 		closing:  make(chan struct{}),
 	}
 	if (s.Listen == ListenFDs || s.Standby) && b.shim == "" {
@@ -573,6 +582,9 @@ func (b *Backend) Close(ctx context.Context) error {
 	close(b.closing)
 	p, sb := b.proc, b.standby
 	b.standby = nil
+	if sb != nil {
+		b.countStandby(-1)
+	}
 	b.mu.Unlock()
 
 	var errs []error

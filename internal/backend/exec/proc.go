@@ -55,7 +55,6 @@ type proc struct {
 	standby  bool // waiting at its gate, not yet the tenant (standby.go)
 }
 
-
 // currentLife is the child's current Life.
 func (p *proc) currentLife() *tenant.Life {
 	p.mu.Lock()

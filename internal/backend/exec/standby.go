@@ -36,6 +36,12 @@ type standby struct {
 	gate *os.File // the write end of the gate pipe; the child holds the read end
 }
 
+// maxStandbys bounds the standbys waiting at once in one activator. Each holds an OS thread locked
+// for its parent-death signal, as a running tenant does, and the Go runtime aborts the whole process
+// beyond 10,000 threads (runtime/debug.SetMaxThreads): ten thousand sleeping routes with standby must
+// not take the activator down. A sleep beyond the bound starts no standby and says so.
+const maxStandbys = 1000
+
 // errStandbyDropped ends the Life of a standby that a wake did not use.
 var errStandbyDropped = errors.New("exec: standby dropped")
 
@@ -47,20 +53,39 @@ func (b *Backend) prepareStandby(ctx context.Context) {
 	if b.closed || b.standby != nil || (b.proc != nil && !b.proc.exited()) {
 		return // a wake since the sleep has a child running already
 	}
+	if !b.countStandby(1) {
+		b.logger().Warn("no standby; the next wake spawns", "err", fmt.Sprintf("%d standbys wait already, the most one activator keeps (each holds an OS thread)", maxStandbys))
+		return
+	}
 	r, w, err := gatePipe()
 	if err != nil {
+		b.countStandby(-1)
 		b.logger().Warn("no standby; the next wake spawns", "err", err)
 		return
 	}
 	p, err := b.spawnLocked(ctx, r)
 	r.Close() // the child has its own
 	if err != nil {
+		b.countStandby(-1)
 		w.Close()
 		b.logger().Warn("no standby; the next wake spawns", "err", err)
 		return
 	}
 	b.standby = &standby{p: p, gate: w}
 	b.logger().Info("standby started", "pid", p.pid)
+}
+
+// countStandby adds d (1 or −1) to the standbys waiting, and reports false, undoing it, when one
+// more would exceed maxStandbys.
+func (b *Backend) countStandby(d int64) bool {
+	if b.standbys == nil {
+		return true
+	}
+	if b.standbys.Add(d) > maxStandbys {
+		b.standbys.Add(-1)
+		return false
+	}
+	return true
 }
 
 // releaseStandbyLocked lets the standby exec the tenant and returns it, or returns nil when there is
@@ -71,6 +96,7 @@ func (b *Backend) releaseStandbyLocked(ctx context.Context, t tenant.Tracker) *p
 		return nil
 	}
 	b.standby = nil
+	b.countStandby(-1)
 	p := sb.p
 	var why string
 	switch {

@@ -285,3 +285,37 @@ func TestStandbyNotOnLastSleep(t *testing.T) {
 		t.Errorf("after the last sleep, processes %v of the route run", pids)
 	}
 }
+
+// TestStandbyBound: with maxStandbys waiting already a sleep starts none (and the wake after it
+// spawns); below it one starts, and the count goes down again when a wake releases it or Close drops
+// it.
+func TestStandbyBound(t *testing.T) {
+	var n atomic.Int64
+	n.Store(maxStandbys)
+	f := newFixtureOpts(t, testenv.FreeTCP(t), "standby: true\n", Options{Logger: testLogger(t), standbys: &n})
+	s := f.subject()
+	f.wake(t)
+	backendtest.Sleep(t, s)
+	if pid := f.standbyPID(); pid != 0 || n.Load() != maxStandbys {
+		t.Fatalf("at the bound: standby %d, count %d; want none and %d", pid, n.Load(), maxStandbys)
+	}
+	n.Store(maxStandbys - 1)
+	f.wake(t)
+	backendtest.Sleep(t, s)
+	if pid := f.standbyPID(); pid == 0 || n.Load() != maxStandbys {
+		t.Fatalf("below the bound: standby %d, count %d; want one and %d", pid, n.Load(), maxStandbys)
+	}
+	f.wake(t) // released
+	if n.Load() != maxStandbys-1 {
+		t.Errorf("after the release the count is %d, want %d", n.Load(), maxStandbys-1)
+	}
+	backendtest.Sleep(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if err := f.b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n.Load() != maxStandbys-1 {
+		t.Errorf("after Close dropped the standby the count is %d, want %d", n.Load(), maxStandbys-1)
+	}
+}
