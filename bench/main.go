@@ -76,7 +76,7 @@ func run() int {
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "length of one wrk run")
 	flag.StringVar(&conns, "conns", "1,16,64", "wrk connection counts")
 	flag.StringVar(&only, "only", "", "comma-separated subset of: warm,slow,cold,chain,unit,herd,heldmem,scale,guest,fleet,https (default all)")
-	flag.IntVar(&o.coldSamples, "cold-samples", 15, "cold wakes per mode")
+	flag.IntVar(&o.coldSamples, "cold-samples", 60, "cold wakes per mode (the cold, unit and https experiments): a cold wake's medians need many, since the app's own start-up varies by 2x from round to round")
 	flag.StringVar(&herd, "herd", "1000,10000", "herd sizes (concurrent requests on a cold route)")
 	flag.IntVar(&o.scaleRoutes, "routes", 10000, "configured idle routes for the scale test")
 	flag.IntVar(&o.herdRuns, "herd-runs", 5, "herds per size (the sizes alternate); medians and spread are reported")
