@@ -23,14 +23,16 @@ import (
 // same idea).
 //
 // What it costs: while the route sleeps, one waiting process (a dash: 1.7 MiB RSS, 0.1 MiB of it its
-// own) in the tenant's cgroup, counted against its pids_max and memory_max, and the OS thread its owner goroutine keeps
-// locked for the parent-death signal (see startLocked), as a running tenant has.
+// own) in the tenant's cgroup, counted against its pids_max and memory_max, and the OS thread its
+// owner goroutine keeps locked for the parent-death signal (see startLocked), as a running tenant has;
+// at most maxStandbys in one activator.
 //
 // What it changes nothing about: the foreign-listener check runs at the wake, as without a standby;
 // the secrets scrubbed from the environment are those of the wake (a standby started before a reload
-// that names another secret is dropped, not released); a reload that changes the route's exec block
-// makes a new Backend, and Close kills the old one's standby; a standby that died while the route
-// slept (killed, the OOM killer) is noticed at the wake, which spawns as if there were none.
+// that names another secret is dropped, not released); a reload that removes or changes the route
+// makes a new Backend, and Close kills the old one's standby (whose last sleep, marked
+// tenant.LastSleep, starts none); a standby that died while the route slept (killed, the OOM killer)
+// is noticed at the wake, which spawns as if there were none.
 type standby struct {
 	p    *proc
 	gate *os.File // the write end of the gate pipe; the child holds the read end
@@ -102,7 +104,7 @@ func (b *Backend) releaseStandbyLocked(ctx context.Context, t tenant.Tracker) *p
 	switch {
 	case p.exited():
 		why = "it exited while the route slept"
-	case !slices.Equal(p.secrets, b.secretNames()):
+	case !sameNames(p.secrets, b.secretNames()):
 		why = "the config names other secrets than when it started"
 	default:
 		p.mu.Lock()
@@ -142,6 +144,14 @@ func gatePipe() (r, w *os.File, err error) {
 		return nil, nil, os.NewSyscallError("pipe2", err)
 	}
 	return os.NewFile(uintptr(p[0]), "|gate0"), os.NewFile(uintptr(p[1]), "|gate1"), nil
+}
+
+// sameNames reports whether a and b hold the same names, in any order.
+func sameNames(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(slices.Compact(a), slices.Compact(b))
 }
 
 // secretNames is Options.SecretEnv's list now, or nil.

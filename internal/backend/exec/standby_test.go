@@ -319,3 +319,21 @@ func TestStandbyBound(t *testing.T) {
 		t.Errorf("after Close dropped the standby the count is %d, want %d", n.Load(), maxStandbys-1)
 	}
 }
+
+func TestSameNames(t *testing.T) {
+	for _, c := range []struct {
+		a, b []string
+		want bool
+	}{
+		{nil, nil, true},
+		{nil, []string{}, true},
+		{[]string{"A", "B"}, []string{"B", "A"}, true},
+		{[]string{"A", "A"}, []string{"A"}, true},
+		{[]string{"A"}, []string{"A", "B"}, false},
+		{[]string{"A"}, nil, false},
+	} {
+		if got := sameNames(c.a, c.b); got != c.want {
+			t.Errorf("sameNames(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}
