@@ -45,13 +45,19 @@ func environ(t *testing.T, pid int) []string { return procStrings(t, pid, "envir
 // cmdline is pid's argv, from /proc.
 func cmdline(t *testing.T, pid int) []string { return procStrings(t, pid, "cmdline") }
 
-// procStrings is /proc/<pid>/<file>, a list of NUL-terminated strings.
+// procStrings is /proc/<pid>/<file>, a list of NUL-terminated strings. It waits for the file to be
+// non-empty: the kernel closes the close-on-exec pipe that cmd.Start waits on before it has laid out
+// the new program's arguments and environment, so right after a spawn both can still read empty.
 func procStrings(t *testing.T, pid int, file string) []string {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
-	if err != nil {
-		t.Fatalf("pid %d: %v", pid, err)
-	}
+	var b []byte
+	waitFor(t, fmt.Sprintf("pid %d's %s", pid, file), func() bool {
+		var err error
+		if b, err = os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file)); err != nil {
+			t.Fatalf("pid %d: %v", pid, err)
+		}
+		return len(b) > 0
+	})
 	return strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
 }
 

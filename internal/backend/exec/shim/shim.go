@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,7 +48,8 @@ const GateEnv = "ACTIVATOR_EXEC_SHIM_GATE"
 // was dropped.
 const Cancelled = 75
 
-// Arg0 is the shim's argv[0], as ps shows it for the instant before it execs the tenant.
+// Arg0 is the shim's argv[0], as ps shows it until it execs the tenant: an instant, or a whole sleep
+// in a standby.
 const Arg0 = "activator-exec-shim"
 
 // init never returns in shim mode: it execs the tenant or exits with status 127 after printing why on
@@ -78,18 +80,17 @@ func Run(args, environ []string, stderr io.Writer) int {
 		case GateEnv:
 			gate = v
 			continue
-		case "LISTEN_PID":
-			continue
 		}
 		env = append(env, kv)
+	}
+	if mode != ModeExec { // the tenant's LISTEN_PID is the shim's pid, whatever came in
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "LISTEN_PID=") })
+		env = append(env, "LISTEN_PID="+strconv.Itoa(os.Getpid()))
 	}
 	if gate != "" {
 		if code := wait(gate, stderr); code != 0 {
 			return code
 		}
-	}
-	if mode != ModeExec {
-		env = append(env, "LISTEN_PID="+strconv.Itoa(os.Getpid()))
 	}
 	err := syscall.Exec(args[1], args[2:], env)
 	fmt.Fprintf(stderr, "%s: exec %s: %v\n", Arg0, args[1], err)

@@ -66,7 +66,7 @@ func TestShimEnv(t *testing.T) {
 
 // TestShimGate: a standby shim waits at its gate (an inherited pipe): end of file makes it exit with
 // Cancelled and exec nothing; a line makes it exec the tenant, which sees neither the gate's descriptor
-// nor the shim's variables, and in ModeExec no LISTEN_PID.
+// nor the shim's variables, and in ModeExec the environment's LISTEN_PID untouched.
 func TestShimGate(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
@@ -101,7 +101,7 @@ func TestShimGate(t *testing.T) {
 		t.Errorf("gate closed without a line: %v, output %q; want exit status %d and nothing run", err, out, Cancelled)
 	}
 	out, err = run(t, func(w *os.File) { w.Write([]byte("\n")); w.Close() })
-	if err != nil || strings.TrimSpace(out) != "fd3=closed listen_pid=unset vars=" {
-		t.Errorf("gate opened: %v, tenant saw %q; want fd 3 closed, no LISTEN_PID, no shim variables", err, out)
+	if err != nil || strings.TrimSpace(out) != "fd3=closed listen_pid=1 vars=" {
+		t.Errorf("gate opened: %v, tenant saw %q; want fd 3 closed, LISTEN_PID as it came (ModeExec sets none), no shim variables", err, out)
 	}
 }
