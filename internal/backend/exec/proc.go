@@ -228,15 +228,21 @@ func (b *Backend) startLocked(sp spec, g *cgroup.Group, standby bool) (*proc, er
 // netpoller, so that closing it ends a drain's Read; the write end blocking and outside it, as the child
 // gets it. (os.Pipe makes both ends pollable, and Start then makes the write end blocking again: four
 // syscalls more per pipe on the spawn's critical path.)
-func outputPipe() (r, w *os.File, err error) {
+func outputPipe() (r, w *os.File, err error) { return pipe(true) }
+
+// pipe is a close-on-exec pipe (a child gets an end only through ExtraFiles or Stdout/Stderr), both
+// ends blocking but the read end when readNonblock is set.
+func pipe(readNonblock bool) (r, w *os.File, err error) {
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		return nil, nil, os.NewSyscallError("pipe2", err)
 	}
-	if err := unix.SetNonblock(p[0], true); err != nil {
-		unix.Close(p[0])
-		unix.Close(p[1])
-		return nil, nil, os.NewSyscallError("fcntl", err)
+	if readNonblock {
+		if err := unix.SetNonblock(p[0], true); err != nil {
+			unix.Close(p[0])
+			unix.Close(p[1])
+			return nil, nil, os.NewSyscallError("fcntl", err)
+		}
 	}
 	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }

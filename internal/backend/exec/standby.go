@@ -8,8 +8,6 @@ import (
 	"slices"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
@@ -59,7 +57,7 @@ func (b *Backend) prepareStandby(ctx context.Context) {
 		b.logger().Warn("no standby; the next wake spawns", "err", fmt.Sprintf("%d standbys wait already, the most one activator keeps (each holds an OS thread)", maxStandbys))
 		return
 	}
-	r, w, err := gatePipe()
+	r, w, err := pipe(false) // the gate: the shim's read blocks until the wake writes
 	if err != nil {
 		b.countStandby(-1)
 		b.logger().Warn("no standby; the next wake spawns", "err", err)
@@ -134,16 +132,6 @@ func (b *Backend) dropStandby(ctx context.Context, sb *standby, why error) error
 	err := b.stop(ctx, sb.p, syscall.SIGKILL, 0, why)
 	sb.gate.Close()
 	return err
-}
-
-// gatePipe is a standby's gate: both ends blocking and close-on-exec (the child gets the read end
-// through ExtraFiles, and no other child inherits either).
-func gatePipe() (r, w *os.File, err error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return nil, nil, os.NewSyscallError("pipe2", err)
-	}
-	return os.NewFile(uintptr(p[0]), "|gate0"), os.NewFile(uintptr(p[1]), "|gate1"), nil
 }
 
 // sameNames reports whether a and b hold the same names, in any order.
