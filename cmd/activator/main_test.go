@@ -134,6 +134,7 @@ type harness struct {
 	pacer    *health.Pacer
 	srv      *activator.Server
 	edge     *http.Server
+	resume   *http.Server // serves the connections of parked requests again (newEdgeServers)
 	edgeAddr string
 	admin    *httptest.Server
 	client   *http.Client // keep-alive client for the edge
@@ -162,6 +163,10 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		Logger:  log,
 		Metrics: activator.NewMetrics(prometheus.NewRegistry()),
 		Pacer:   pacer,
+		// Every request held over plain HTTP/1 parks (the activator parks only herds), so that the
+		// tests of the hold run through the hand-back too; the net/http hold keeps its own tests in
+		// internal/activator, and over h2c and TLS here.
+		ParkAbove: -1,
 	}
 	for _, tw := range tweaks {
 		tw(&opts)
@@ -186,7 +191,6 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		bk:       bk,
 		pacer:    pacer,
 		srv:      srv,
-		edge:     newEdgeServer(srv, cfg.Edge, log),
 		edgeAddr: ln.Addr().String(),
 		admin:    httptest.NewServer(srv.AdminHandler(nil, nil)),
 		client: &http.Client{Transport: &http.Transport{
@@ -197,6 +201,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		served: make(chan error, 1),
 		cancel: cancel,
 	}
+	h.edge, h.resume = newEdgeServers(srv, srv, cfg.Edge, log)
 	go func() { h.served <- serveHTTP(h.edge, activator.Listener(ln)) }()
 	t.Cleanup(func() {
 		h.shutdown()
@@ -218,6 +223,9 @@ func (h *harness) shutdown() {
 		}
 		if err := h.srv.Shutdown(ctx); err != nil {
 			h.t.Errorf("activator shutdown: %v", err)
+		}
+		if err := h.resume.Shutdown(ctx); err != nil {
+			h.t.Errorf("resume server shutdown: %v", err)
 		}
 		if err := h.bk.provider.Close(); err != nil {
 			h.t.Errorf("backings close: %v", err)

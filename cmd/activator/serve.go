@@ -163,7 +163,7 @@ func serve(o serveOptions) int {
 	}
 	releaseLoadGarbage()
 	handler, ln := edgeParts(cfg, srv, srv.TrustedProxy, edgeLn, tlsLn, tlsEdge, tlsSet)
-	edge := newEdgeServer(handler, cfg.Edge, log)
+	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
 	access := activator.NewAdminAccess(adminPolicy(cfg))
@@ -215,7 +215,7 @@ func serve(o serveOptions) int {
 	grace := time.Duration(applied.grace.Load())
 	log.Info("shutting down", "shutdown_grace", grace)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
-	shutdown(log, grace, door, edge, admin, srv, bk.provider)
+	shutdown(log, grace, door, edge, resume, admin, srv, bk.provider)
 	stop()
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("activator stopped", "err", err)
@@ -273,6 +273,16 @@ func edgeMaxHeaderBytes(n int64) int {
 		return 0
 	}
 	return int(max(n-goHeaderSlack-int64(h2cPeek), 1))
+}
+
+// newEdgeServers returns the edge's http.Server for h, and the one that serves the connections of
+// requests parked while held once their hold is over (internal/activator/park.go): requests held on
+// plain HTTP/1 connections give their connections back to srv for the hold. Both have the limits of e.
+func newEdgeServers(h http.Handler, srv *activator.Server, e registry.EdgeLimits, log *slog.Logger) (edge, resume *http.Server) {
+	edge = newEdgeServer(h, e, log)
+	resume = newEdgeServer(nil, e, log)
+	srv.EnableParking(resume, h)
+	return edge, resume
 }
 
 func serveHTTP(s *http.Server, ln net.Listener) error {

@@ -30,17 +30,19 @@ import (
 //     of the grace is left, held requests get 503 with Retry-After and the remaining routes are closed
 //     too.
 //  3. When the grace is over, the connections of requests still in flight are closed: the one cut a
-//     bounded stop cannot avoid, logged with its count.
+//     bounded stop cannot avoid, logged with its count. The same goes for the connections of requests
+//     that were parked while held, which the resume server serves (internal/activator/park.go).
 //  4. The backings' shared resources are released (the unit backing's D-Bus connections), then the
 //     admin API stops.
 //
 // The edge's shutdown and the drain run together under one deadline: http.Server.Shutdown waits for
 // every handler, held ones included, and only the drain can answer those.
-func shutdown(log *slog.Logger, grace time.Duration, door *edgeDoor, edge, admin *http.Server, srv *activator.Server, p *split.Provider) {
+func shutdown(log *slog.Logger, grace time.Duration, door *edgeDoor, edge, resume, admin *http.Server, srv *activator.Server, p *split.Provider) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	door.stop()
 	edge.SetKeepAlivesEnabled(false)
+	resume.SetKeepAlivesEnabled(false)
 	door.waitFirstRequests(firstRequestWait(grace))
 
 	edgeDone := make(chan error, 1)
@@ -57,6 +59,11 @@ func shutdown(log *slog.Logger, grace time.Duration, door *edgeDoor, edge, admin
 			log.Warn("shutdown grace over: closing the connections of requests still in flight", "requests", inflight, "shutdown_grace", grace)
 		}
 		_ = edge.Close() // with none in flight, what is left is answered connections not yet seen idle
+	}
+	// The parked requests' connections, answered after their hold (srv.Shutdown has handed every one
+	// back), are the resume server's.
+	if err := resume.Shutdown(ctx); err != nil {
+		_ = resume.Close()
 	}
 	if err := p.Close(); err != nil {
 		log.Warn("backing shutdown", "err", err)

@@ -45,6 +45,13 @@ type edgeRig struct {
 
 func newEdgeRig(t *testing.T, b *fakeBackend, edge registry.EdgeLimits, upstream http.Handler, mut func(*registry.Route)) *edgeRig {
 	t.Helper()
+	return newRig(t, b, edge, upstream, mut, -1)
+}
+
+// newRig is newEdgeRig; with parkAbove ≥ 0, the edge parks the requests it holds (EnableParking), as
+// cmd/activator's does, once it holds parkAbove.
+func newRig(t testing.TB, b *fakeBackend, edge registry.EdgeLimits, upstream http.Handler, mut func(*registry.Route), parkAbove int64) *edgeRig {
+	t.Helper()
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
 	r := testRoute("app")
@@ -62,6 +69,15 @@ func newEdgeRig(t *testing.T, b *fakeBackend, edge registry.EdgeLimits, upstream
 	}
 	g := &edgeRig{s: s, in: s.instance("app"), b: b, closed: make(chan struct{}, 4096)}
 	front := httptest.NewUnstartedServer(s)
+	resume := &http.Server{ConnContext: ConnContext}
+	if parkAbove >= 0 {
+		s.opts.ParkAbove = int(parkAbove)
+		if parkAbove == 0 {
+			s.opts.ParkAbove = -1
+		}
+		s.EnableParking(resume, s)
+		front.Config.ConnContext = ConnContext
+	}
 	front.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateClosed {
 			select {
@@ -75,6 +91,7 @@ func newEdgeRig(t *testing.T, b *fakeBackend, edge registry.EdgeLimits, upstream
 		front.CloseClientConnections()
 		front.Close()
 		_ = s.Shutdown(context.Background())
+		_ = resume.Close()
 	})
 	g.addr = front.Listener.Addr().String()
 	return g
@@ -183,15 +200,29 @@ func (g *edgeRig) wake(t *testing.T) {
 // waitHeld waits until the server counts n held requests across its routes.
 func (g *edgeRig) waitHeld(t *testing.T, n int64) {
 	t.Helper()
+	until(t, func() (bool, string) {
+		got := g.s.held.n.Load()
+		return got == n, fmt.Sprintf("held = %d, want %d", got, n)
+	})
+}
+
+// until polls cond every millisecond until it reports true; after patience the test fails with what
+// cond said last.
+func until(t *testing.T, cond func() (ok bool, state string)) {
+	t.Helper()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	deadline := time.NewTimer(patience)
 	defer deadline.Stop()
-	for g.s.held.n.Load() != n {
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
 		select {
 		case <-tick.C:
 		case <-deadline.C:
-			t.Fatalf("held = %d, want %d", g.s.held.n.Load(), n)
+			t.Fatal(state)
 		}
 	}
 }

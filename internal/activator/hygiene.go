@@ -247,9 +247,14 @@ func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // it would have to sit inside the TLS layer, which this one does not do.
 func Listener(ln net.Listener) net.Listener { return framingListener{ln} }
 
-// ConnContext is the edge http.Server's ConnContext: it gives the requests of a connection accepted
-// by Listener that connection's record.
+// ConnContext is the edge http.Server's ConnContext, and the resume server's (EnableParking): it gives
+// the requests of a connection accepted by Listener that connection's record, and those of a resumed
+// connection the parked request they stand in for.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if rc, ok := c.(*resumedConn); ok { // a parked connection back from its hold (park.go)
+		ctx = context.WithValue(ctx, resumedKey{}, rc)
+		c = rc.Conn
+	}
 	if fc, ok := c.(*framingConn); ok {
 		return context.WithValue(ctx, framingKey{}, fc)
 	}

@@ -40,6 +40,9 @@ type Options struct {
 	Pacer *health.Pacer
 	// NewGate builds a route's health gate (tests); default health.New with Pacer.
 	NewGate func(r *registry.Route) Gate
+	// ParkAbove is how many requests the edge holds before it parks more (park.go); 0 is the default
+	// (parkAbove), a negative value parks from the first (tests).
+	ParkAbove int
 }
 
 // Server is the activator: the edge handler, the instances and the admin operations. Create it with
@@ -61,6 +64,12 @@ type Server struct {
 	held  heldAccount // requests held across all routes, for edge.max_held and max_held_bytes
 	// streams counts the waiting pages' event streams open across all routes (waiting.go).
 	streams atomic.Int64
+	// resume serves parked connections again (park.go); nil: nothing is parked. Set before serving.
+	resume    *http.Server
+	parkAbove int64 // parkAbove, but for tests
+	parking   parkCount
+	hangOnce  sync.Once
+	hang      *hangups // made by the first park (Server.hangups)
 
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
@@ -331,10 +340,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}()
 	select {
 	case <-joined:
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("shutdown: %w", ctx.Err())
 	}
+	// The parked requests' answers are on the resume server (park.go), which the caller shuts down
+	// next: each must be on it first.
+	if err := s.parking.wait(ctx); err != nil {
+		return fmt.Errorf("shutdown: parked requests not yet handed back: %w", err)
+	}
+	s.hangOnce.Do(func() {}) // none made from now on
+	s.hang.close()
+	return nil
 }
 
 // answerReserve is what Shutdown keeps of a shutdown's time left for the end: for writing the answers of
@@ -369,7 +385,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
-	defer func() { rt.count(sw.statusCode()) }()
+	parked := false
+	defer func() {
+		if !parked { // a parked request is counted when it is answered (park.go)
+			rt.count(sw.statusCode())
+		}
+	}()
 	// A browser navigation to a route that is not awake gets the waiting page at once (waiting.go). The
 	// warm path pays the one atomic load.
 	if !rt.in.awake.Load() && waitpage.Wanted(r) && !rt.in.ignores(r) && rt.in.serveWaiting(sw, r) {
@@ -381,9 +402,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		sw.fail(r, err)
 		return
 	}
-	defer body.Close()
 	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
+	if parked = !rt.in.awake.Load() && s.park(w, r, rt, body, charge); parked {
+		return // held without this goroutine or the connection's buffers
+	}
+	defer body.Close()
 	release, err := rt.in.acquireRequest(r, &charge)
+	s.answer(sw, r, rt.in, &charge, release, err)
+}
+
+// answer answers r once its hold is over: with err, or through the route's upstream, once a slot is
+// free, with release called when it is done.
+func (s *Server) answer(sw *statusWriter, r *http.Request, in *instance, charge *holdCharge, release func(), err error) {
 	if err != nil {
 		charge.writer(sw) // a request that was held is answered with its Server-Timing and wake id too
 		sw.fail(r, err)
@@ -392,14 +422,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// A herd released at once parks in admit; what it builds for its response comes after, so the
 	// last of them leaves the hold sooner.
-	done, err := rt.in.admit(r.Context(), charge.heldFor)
+	done, err := in.admit(r.Context(), charge.heldFor)
 	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
 		sw.fail(r, err) // the client went away, or no slot came within the hold budget
 		return
 	}
 	defer done()
-	rt.in.serve(out, r)
+	in.serve(out, r)
 }
 
 // Wake wakes the named route and waits for the result (admin API).
