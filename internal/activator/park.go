@@ -51,7 +51,7 @@ import (
 // resume serves their connections again once the hold is over, with next (the edge's handler) for every
 // request after the held one. resume must have the edge's limits and ConnContext (activator's) and
 // nothing else serving it; EnableParking sets its Handler. Call it before the edge serves, once; the
-// caller shuts resume down after Shutdown, which waits for every parked request to be back on it.
+// caller shuts resume down after Shutdown, which waits for every parked request to be in its handler there.
 func (s *Server) EnableParking(resume *http.Server, next http.Handler) {
 	resume.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p := resumedRequest(r); p != nil {
@@ -166,7 +166,6 @@ func (p *parkedReq) watch() {
 // hold waits out the hold as the edge's handler would (acquireRequest), then stops the watch and hands
 // the connection over, or closes it when the client has gone.
 func (p *parkedReq) hold() {
-	defer p.s.parking.done()
 	release, err := p.rt.in.acquireRequest(p.req, &p.charge)
 	// A herd's requests all leave the hold before any is handed back: otherwise each would run on
 	// into the resume server (its goroutines run next on this CPU) before the next one's turn.
@@ -178,41 +177,39 @@ func (p *parkedReq) hold() {
 		<-p.watched
 		_ = p.conn.SetReadDeadline(time.Time{})
 	}
+	p.release, p.err = release, err
 	if p.gone {
-		// Nobody is there to answer (the metrics see 499, as statusWriter.fail counts it).
-		if release != nil {
-			release()
-		}
-		p.cancel()
-		p.body.Close()
-		p.conn.Close()
-		p.rt.count(499)
+		p.abandon(499) // nobody is there to answer (the metrics see 499, as statusWriter.fail counts it)
 		return
 	}
-	p.release, p.err = release, err
 	rc := &resumedConn{Conn: p.conn, prefix: append(standIn(p.req), p.pending...)}
 	rc.p.Store(p)
 	l := &oneConn{c: rc}
 	_ = p.s.resume.Serve(l)
 	if !l.taken {
-		// The resume server has shut down, which happens only after Shutdown has returned, and that
-		// waits for every parked request: answer here, plainly.
-		p.unresumed()
+		// The resume server has shut down, which it does only after Shutdown has returned, and that
+		// waits for every parked request to reach its handler: not expected, but answered all the same.
+		p.abandon(http.StatusServiceUnavailable)
 	}
 }
 
-// unresumed answers a parked request the resume server did not take: 503, and the connection closed.
-func (p *parkedReq) unresumed() {
+// abandon ends a parked request that no handler answers: the client hung up (code 499), or the resume
+// server did not take its connection or dropped it before its handler ran (503, written here, plain,
+// with Retry-After). Its hold's outcome is given back, its body released, its connection closed.
+func (p *parkedReq) abandon(code int) {
 	if p.release != nil {
-		p.release()
+		p.release() // the wake succeeded just as the client left
 	}
 	p.cancel()
 	p.body.Close()
-	const msg = "the activator is shutting down\n"
-	_, _ = p.conn.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-		strconv.Itoa(len(msg)) + "\r\n\r\n" + msg))
+	if code == http.StatusServiceUnavailable {
+		const msg = "the activator is shutting down\n"
+		_, _ = p.conn.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+			strconv.Itoa(len(msg)) + "\r\n\r\n" + msg))
+	}
 	p.conn.Close()
-	p.rt.count(http.StatusServiceUnavailable)
+	p.rt.count(code)
+	p.s.parking.done()
 }
 
 // standIn is the request line and header the resume server parses in place of the held request: its
@@ -240,6 +237,8 @@ func standIn(r *http.Request) []byte {
 // request r: p's request with its own values and r's end (the client leaving now), written as the edge
 // would have written it.
 func (s *Server) serveParked(w http.ResponseWriter, r *http.Request, p *parkedReq) {
+	// In a handler now, which the resume server's Shutdown waits for like any other.
+	s.parking.done()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(p.req.Context()))
 	stop := context.AfterFunc(r.Context(), cancel)
 	defer func() {
@@ -262,6 +261,17 @@ type resumedConn struct {
 	net.Conn
 	prefix []byte                    // read by one goroutine at a time (net/http's)
 	p      atomic.Pointer[parkedReq] // taken by the connection's first request (resumedRequest)
+}
+
+// Close closes the connection. net/http closes one without calling its handler when the resume
+// server shuts down between reading the stand-in and serving it: the parked request is then abandoned
+// here, with its 503.
+func (c *resumedConn) Close() error {
+	if p := c.p.Swap(nil); p != nil {
+		p.abandon(http.StatusServiceUnavailable) // closes c.Conn
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 func (c *resumedConn) Read(b []byte) (int, error) {
@@ -304,7 +314,8 @@ func (l *oneConn) Accept() (net.Conn, error) {
 func (l *oneConn) Close() error   { return nil }
 func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
 
-// parkCount counts the parked requests not yet handed over, for Shutdown.
+// parkCount counts the parked requests not yet in the resume server's handler (or abandoned), for
+// Shutdown.
 type parkCount struct {
 	mu     sync.Mutex
 	n      int
@@ -332,7 +343,8 @@ func (c *parkCount) done() {
 	}
 }
 
-// wait ends parking and returns once every parked request has been handed over, or with ctx's error.
+// wait ends parking and returns once every parked request is in a handler or abandoned, or with ctx's
+// error.
 func (c *parkCount) wait(ctx context.Context) error {
 	c.mu.Lock()
 	c.closed = true

@@ -362,3 +362,38 @@ func BenchmarkHeldRequest(b *testing.B) {
 		})
 	}
 }
+
+// TestParkedDroppedUnanswered: a resumed connection that net/http closes before its handler ran (the
+// resume server shutting down between reading the stand-in and serving it) still answers its parked
+// request: 503 with Retry-After, counted, and no longer waited for by Shutdown.
+func TestParkedDroppedUnanswered(t *testing.T) {
+	s := &Server{}
+	if !s.parking.add() {
+		t.Fatal("parking closed")
+	}
+	edge, client := net.Pipe()
+	defer client.Close()
+	_, cancel := context.WithCancel(context.Background())
+	var counted atomic.Int64
+	p := &parkedReq{s: s, conn: edge, cancel: cancel, rt: &routed{count: func(code int) { counted.Store(int64(code)) }}}
+	rc := &resumedConn{Conn: edge}
+	rc.p.Store(p)
+	closed := make(chan error, 1)
+	go func() { closed <- rc.Close() }()
+	rep, err := answer(client)
+	if err != nil || rep.code != http.StatusServiceUnavailable || rep.h.Get("Retry-After") == "" || !rep.closed {
+		t.Fatalf("answer: %v %d %v", err, rep.code, rep.h)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if got := counted.Load(); got != http.StatusServiceUnavailable {
+		t.Errorf("counted %d, want 503", got)
+	}
+	if err := s.parking.wait(context.Background()); err != nil {
+		t.Errorf("still waited for: %v", err)
+	}
+	if _, err := client.Write([]byte("x")); err == nil {
+		t.Errorf("the connection is still open after Close")
+	}
+}

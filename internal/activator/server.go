@@ -343,8 +343,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("shutdown: %w", ctx.Err())
 	}
-	// The parked requests' answers are on the resume server (park.go), which the caller shuts down
-	// next: each must be on it first.
+	// The parked requests are answered by the resume server's handler (park.go), and the caller shuts
+	// that server down next: each must be in the handler first.
 	if err := s.parking.wait(ctx); err != nil {
 		return fmt.Errorf("shutdown: parked requests not yet handed back: %w", err)
 	}
