@@ -135,7 +135,13 @@ func answer(c net.Conn) (reply, error) {
 	if _, err := io.ReadFull(c, first[:]); err != nil {
 		return reply{}, err
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(io.MultiReader(bytes.NewReader(first[:]), c)), nil)
+	return readReply(bufio.NewReader(io.MultiReader(bytes.NewReader(first[:]), c)), http.MethodGet)
+}
+
+// readReply reads one response to a request of method from br, body included; br keeps what follows
+// it, for the next response on a kept-alive connection.
+func readReply(br *bufio.Reader, method string) (reply, error) {
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
 	if err != nil {
 		return reply{}, err
 	}

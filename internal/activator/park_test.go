@@ -86,17 +86,6 @@ func eachWatch(t *testing.T, f func(t *testing.T, ownWatch bool)) {
 	t.Run("goroutine", func(t *testing.T) { f(t, true) })
 }
 
-// readReply reads one response from br (which reads c), body included, as answer does.
-func readReply(br *bufio.Reader, method string) (reply, error) {
-	resp, err := http.ReadResponse(br, &http.Request{Method: method})
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, string(b), resp.Close}, err
-}
-
 // TestParkedRequestsAnswered holds requests of every shape that parks on a plain HTTP/1 edge while the
 // wake is held back, checks that each was parked (its connection given back for the hold), then lets
 // the wake finish: every one is answered by the tenant with its own method, path and body, framed

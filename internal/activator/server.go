@@ -403,7 +403,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
-	if parked = !rt.in.awake.Load() && s.park(w, r, rt, body, charge); parked {
+	if parked = s.park(w, r, rt, body, charge); parked {
 		return // held without this goroutine or the connection's buffers
 	}
 	defer body.Close()
