@@ -118,6 +118,8 @@ func TestRenewal(t *testing.T) {
 		t.Fatalf("maintenance pass: %v", err)
 	}
 	rec.waitFor(t, 1, "certificate obtained", "host="+host, "renewal=true")
+	// The new certificate is served once m's renewal job has loaded it into memory, its last step: m2's
+	// start-up renewal below is not dropped as that job's duplicate (TestStoppedCAKeepsCertificates).
 	second := e.waitServed(host, p.Roots, first)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -205,6 +207,11 @@ func TestStoppedCAKeepsCertificates(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	// certmagic runs renewals as jobs of one process-wide queue that drops a job whose name
+	// ("renew_"+host) is still queued or running. A real restart is a new process; here m's failed
+	// renewal job must have ended first, or m2's start-up renewal is dropped as its duplicate. The
+	// queue logs "job failed" as the job returns, and forgets its name a moment after.
+	rec.waitFor(t, 1, "job failed", "error=["+host+"]")
 
 	m2, rec2 := newManager(t, p, e, storage, host)
 	e.serve(m2)
