@@ -12,9 +12,10 @@ import (
 )
 
 // TestStandbyThroughTheEdge: an exec route with standby: true, driven through a real `activator serve`
-// as an operator would. check says what the standby costs; after a sleep a held POST is answered by a
-// tenant exec'd in the standby (its pid), its body intact; explain says the wake used the standby; and
-// nothing of the route outlives the activator.
+// as an operator would. check says what the standby costs; a standby waits from start-up, so the first
+// wake uses it too; after a sleep a held POST is answered by a tenant exec'd in the next standby (its
+// pid), its body intact; explain says each wake used the standby; and nothing of the route outlives
+// the activator.
 func TestStandbyThroughTheEdge(t *testing.T) {
 	for _, listen := range []string{"env", "listen_fds"} {
 		t.Run(listen, func(t *testing.T) {
@@ -48,17 +49,31 @@ func TestStandbyThroughTheEdge(t *testing.T) {
 				}
 				return string(b)
 			}
+			// Before any request: the standby of the route's first wake, started with the route.
+			s.logs.waitFor(t, s.exited, "standby started")
+			sb := s.logs.matching("standby started")
+			if len(sb) != 1 {
+				t.Fatalf("at start-up, %d \"standby started\" records, want 1", len(sb))
+			}
+			pid := int(sb[0]["pid"].(float64))
 			if got := post("first"); got != "first" {
 				t.Fatalf("first POST echoed %q", got)
+			}
+			if got := getFresh(ctx, s.edge, "sb.test", "/pid"); strings.TrimSpace(got.body) != strconv.Itoa(pid) {
+				t.Errorf("the tenant of the first wake is pid %q, want the start-up standby's %d", got.body, pid)
+			}
+			code, out := runMain(t, "explain", "sb", "--admin", s.admin)
+			if code != 0 || !strings.Contains(out, "released the standby started with the route (pid "+strconv.Itoa(pid)+")") {
+				t.Errorf("explain of the first wake: exit %d, want its note on the standby:\n%s", code, out)
 			}
 			if code, out := runMain(t, "sleep", "sb", "--admin", s.admin); code != 0 {
 				t.Fatalf("sleep: exit %d:\n%s", code, out)
 			}
-			sb := s.logs.matching("standby started")
-			if len(sb) != 1 {
-				t.Fatalf("after the sleep, %d \"standby started\" records, want 1", len(sb))
+			sb = s.logs.matching("standby started")
+			if len(sb) != 2 {
+				t.Fatalf("after the sleep, %d \"standby started\" records, want 2", len(sb))
 			}
-			pid := int(sb[0]["pid"].(float64))
+			pid = int(sb[1]["pid"].(float64))
 
 			body := strings.Repeat("held body ", 1000)
 			if got := post(body); got != body {
@@ -67,7 +82,7 @@ func TestStandbyThroughTheEdge(t *testing.T) {
 			if got := getFresh(ctx, s.edge, "sb.test", "/pid"); strings.TrimSpace(got.body) != strconv.Itoa(pid) {
 				t.Errorf("the woken tenant is pid %q, want the standby's %d", got.body, pid)
 			}
-			code, out := runMain(t, "explain", "sb", "--admin", s.admin)
+			code, out = runMain(t, "explain", "sb", "--admin", s.admin)
 			if code != 0 || !strings.Contains(out, "released the standby started at the last sleep (pid "+strconv.Itoa(pid)+")") {
 				t.Errorf("explain: exit %d, want the wake's note on the standby:\n%s", code, out)
 			}
@@ -77,12 +92,12 @@ func TestStandbyThroughTheEdge(t *testing.T) {
 				t.Fatalf("sleep: exit %d:\n%s", code, out)
 			}
 			sb = s.logs.matching("standby started")
-			if len(sb) != 2 {
-				t.Fatalf("after the second sleep, %d \"standby started\" records, want 2", len(sb))
+			if len(sb) != 3 {
+				t.Fatalf("after the second sleep, %d \"standby started\" records, want 3", len(sb))
 			}
 			s.sigterm()
 			s.wait()
-			waitGone(t, int(sb[1]["pid"].(float64)))
+			waitGone(t, int(sb[2]["pid"].(float64)))
 		})
 	}
 }

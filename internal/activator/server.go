@@ -56,6 +56,9 @@ type Server struct {
 	// drain is closed by Drain, under mu, when closed is set: the instances read it to refuse new
 	// wakes.
 	drain chan struct{}
+	// prepares bounds the backends preparing for their first wake at once (instance.prepare): the
+	// exec backing's standbys each cost a spawn.
+	prepares chan struct{}
 
 	table atomic.Pointer[table] // the routing table requests read without locking
 	// peers is every instance of the running config by name (a copy of instances that is never
@@ -94,7 +97,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	root, stop := context.WithCancel(context.Background())
-	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, drain: make(chan struct{}), instances: map[string]*instance{},
+	s := &Server{opts: opts, root: root, stop: stop, log: opts.Logger, drain: make(chan struct{}), prepares: make(chan struct{}, prepareAtOnce), instances: map[string]*instance{},
 		checks: map[string]error{}}
 	s.table.Store(&table{})
 	return s
@@ -165,6 +168,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	s.table.Store(buildTable(cfg, next))
 	for _, in := range opened {
 		in.start()
+		in.prepare(s.prepares)
 		in.startSchedule()
 	}
 	s.pruneRetiredLocked()

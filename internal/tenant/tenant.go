@@ -66,6 +66,16 @@ type Adopter interface {
 	Adopt(ctx context.Context) (life *Life, awake bool, err error)
 }
 
+// Preparer is implemented by backends that can get ready for a first Wake ahead of it, off its path
+// (the exec backing's standby). The activator calls Prepare once per route's backend, in a goroutine of
+// its own, when the route starts asleep: at start-up, and for a route a reload adds or changes, once
+// the route's old backend has been closed. Prepare must not wake the tenant, must be safe to call
+// concurrently with Wake, Sleep and Close (and do nothing after Close), and logs its own failures: a
+// backend that could not prepare wakes as it would have without.
+type Preparer interface {
+	Prepare(ctx context.Context)
+}
+
 // Closer is implemented by backends that hold resources or own tenants that must not outlive the
 // activator (exec children, QEMU processes unless configured otherwise). Close is called once, when the
 // route is removed by a reload (after Sleep) or when the activator shuts down (without Sleep: the

@@ -241,13 +241,13 @@ type Backend struct {
 
 	mu     sync.Mutex // guards the fields below
 	closed bool
-	group  *cgroup.Group // the name of the tenant's cgroups, claimed at the first wake; nil before
+	group  *cgroup.Group // the name of the tenant's cgroups, claimed at the first spawn; nil before
 	proc   *proc         // the latest child, possibly exited; nil before the first Wake
-	// standby (standby: true) is the next child, started at the last sleep and waiting at its gate;
-	// nil when there is none. It holds the route's cgroup while it waits, so no other child starts
-	// before it is released or dropped.
+	// standby (standby: true) is the next child, started at the last sleep or with the route (Prepare)
+	// and waiting at its gate; nil when there is none. It holds the route's cgroup while it waits, so
+	// no other child starts before it is released or dropped.
 	standby *standby
-	ln      net.Listener // listen_fds mode: bound at the first Wake, kept across sleeps, closed by Close
+	ln      net.Listener // listen_fds mode: bound at the first spawn, kept across sleeps, closed by Close
 	lnFile  *os.File     // a dup of ln's socket, handed to each child as fd 3
 }
 
@@ -260,7 +260,7 @@ func (b *Backend) logger() *slog.Logger {
 }
 
 // New returns r's Backend. It starts nothing: the first Wake spawns the child (and, in listen_fds mode,
-// binds the upstream).
+// binds the upstream), or with standby: true Prepare its standby.
 func New(r *registry.Route, o Options) (*Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
@@ -391,7 +391,7 @@ func (b *Backend) Sleep(ctx context.Context) error {
 		return err
 	}
 	if b.settings.Standby && !tenant.IsLastSleep(ctx) { // no standby for a route that a reload retires
-		b.prepareStandby(ctx)
+		b.prepareStandby(ctx, "at the last sleep")
 	}
 	return nil
 }

@@ -79,8 +79,8 @@ type Settings struct {
 	Sleep SleepMode
 	// Limits are the tenant's cgroup limits (memory_max, cpu_max, pids_max).
 	Limits Limits
-	// Standby starts the next child ahead at each sleep, stopped before its exec (standby.go): a wake
-	// only lets it go on. Needs sleep: stop.
+	// Standby starts the next child ahead, with the route (Prepare) and at each sleep, stopped before
+	// its exec (standby.go): a wake only lets it go on. Needs sleep: stop.
 	Standby bool
 }
 

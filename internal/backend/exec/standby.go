@@ -12,8 +12,8 @@ import (
 	"github.com/activator/activator/internal/tenant"
 )
 
-// A standby (`standby: true`) is the route's next child, started at each sleep and stopped before its
-// exec: the shim (/bin/sh, or package shim where a shell would change what the tenant sees) is cloned
+// A standby (`standby: true`) is the route's next child, started with the route (Prepare, before its
+// first wake) and at each sleep, and stopped before its exec: the shim (/bin/sh, or package shim where a shell would change what the tenant sees) is cloned
 // into the tenant's next cgroup with the tenant's environment and files, and blocks reading a pipe, the
 // gate. A wake writes a line to the gate and the shim execs the tenant, keeping its pid. What a cold
 // wake then no longer does on its way to the tenant's exec is the cgroup's mkdir, the command line and
@@ -34,6 +34,7 @@ import (
 type standby struct {
 	p    *proc
 	gate *os.File // the write end of the gate pipe; the child holds the read end
+	at   string   // when it was started, for the wake's note: "at the last sleep", "with the route"
 }
 
 // maxStandbys bounds the standbys waiting at once in one activator. Each holds an OS thread locked
@@ -45,9 +46,10 @@ const maxStandbys = 1000
 // errStandbyDropped ends the Life of a standby that a wake did not use.
 var errStandbyDropped = errors.New("exec: standby dropped")
 
-// prepareStandby starts the standby after a sleep has stopped the tenant. A failure is logged, not
-// returned: the sleep succeeded, and the next wake spawns as it would without standby.
-func (b *Backend) prepareStandby(ctx context.Context) {
+// prepareStandby starts the standby after a sleep has stopped the tenant, or before the route's first
+// wake (Prepare); at says which, for the wake's note. A failure is logged, not returned: the sleep
+// succeeded, and the next wake spawns as it would without standby.
+func (b *Backend) prepareStandby(ctx context.Context, at string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed || b.standby != nil || (b.proc != nil && !b.proc.exited()) {
@@ -71,8 +73,18 @@ func (b *Backend) prepareStandby(ctx context.Context) {
 		b.logger().Warn("no standby; the next wake spawns", "err", err)
 		return
 	}
-	b.standby = &standby{p: p, gate: w}
+	b.standby = &standby{p: p, gate: w, at: at}
 	b.logger().Info("standby started", "pid", p.pid)
+}
+
+// Prepare starts the standby of the route's first wake (tenant.Preparer), with standby: true: the
+// activator calls it when the route starts asleep, so the first wake after start-up or a reload is
+// as quick as one after a sleep. As there, a failure is logged and the wake spawns; with a child
+// running already (a wake came first) or after Close it does nothing.
+func (b *Backend) Prepare(ctx context.Context) {
+	if b.settings.Standby {
+		b.prepareStandby(ctx, "with the route")
+	}
 }
 
 // countStandby adds d (1 or −1) to the standbys waiting, and reports false, undoing it, when one
@@ -111,7 +123,7 @@ func (b *Backend) releaseStandbyLocked(ctx context.Context, t tenant.Tracker) *p
 		_, err := sb.gate.Write([]byte{'\n'})
 		if err == nil {
 			sb.gate.Close()
-			t.Note(fmt.Sprintf("released the standby started at the last sleep (pid %d)", p.pid))
+			t.Note(fmt.Sprintf("released the standby started %s (pid %d)", sb.at, p.pid))
 			return p
 		}
 		p.mu.Lock()

@@ -261,6 +261,51 @@ func TestStandbySecretsChanged(t *testing.T) {
 	}
 }
 
+// TestStandbyPrepare: Prepare (the activator's call when a route starts asleep) starts the standby of
+// the route's first wake, which that wake releases; with a child running already, without standby:
+// true and after Close it starts none.
+func TestStandbyPrepare(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	for _, listen := range []string{"env", "listen_fds"} {
+		t.Run(listen, func(t *testing.T) {
+			f := newFixture(t, testenv.FreeTCP(t), "standby: true\nlisten: "+listen+"\n")
+			f.b.Prepare(ctx)
+			sb := f.standbyPID()
+			if sb == 0 || !alive(sb) {
+				t.Fatalf("after Prepare: standby pid %d", sb)
+			}
+			rec := &recorder{}
+			backendtest.WakeTracked(t, f.subject(), rec)
+			if got := f.b.PID(); got != sb {
+				t.Fatalf("the first wake's tenant is pid %d, want the prepared standby's %d", got, sb)
+			}
+			if !slices.ContainsFunc(rec.notes, func(n string) bool { return strings.Contains(n, "released the standby started with the route") }) {
+				t.Errorf("the first wake's notes %q do not say it used the standby started with the route", rec.notes)
+			}
+			f.b.Prepare(ctx)
+			if pid := f.standbyPID(); pid != 0 {
+				t.Errorf("Prepare with the tenant running started standby %d", pid)
+			}
+			if err := f.b.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			f.b.Prepare(ctx)
+			if pid := f.standbyPID(); pid != 0 {
+				t.Errorf("Prepare after Close started standby %d", pid)
+			}
+			if pids := tagged(f.tag); len(pids) > 0 {
+				t.Errorf("after Close, processes %v of the route run", pids)
+			}
+		})
+	}
+	f := newFixture(t, testenv.FreeTCP(t), "")
+	f.b.Prepare(ctx)
+	if pids := tagged(f.tag); len(pids) > 0 || f.standbyPID() != 0 {
+		t.Errorf("Prepare without standby: true started %v", pids)
+	}
+}
+
 // TestStandbyNotes: `activator check` says what a standby costs, and says nothing without one.
 func TestStandbyNotes(t *testing.T) {
 	p := NewProvider(Options{})

@@ -1,0 +1,167 @@
+package activator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+)
+
+// preparingBackend is a closingBackend with the Preparer ability, like the exec backing with standby:
+// true. Prepare counts itself, notes how many Closes of before had run when it began, and returns once
+// release is closed or its ctx ends.
+type preparingBackend struct {
+	closingBackend
+	prepares atomic.Int32
+	running  *atomic.Int32 // Prepares running now, across the test's backends
+	most     *atomic.Int32 // the most that ran at once
+	release  <-chan struct{}
+	before   *closingBackend // the route's backend before a reload; nil for none
+	closedAt atomic.Int32    // before.closes when Prepare began
+}
+
+func (b *preparingBackend) Prepare(ctx context.Context) {
+	b.prepares.Add(1)
+	if b.before != nil {
+		b.closedAt.Store(b.before.closes.Load())
+	}
+	n := b.running.Add(1)
+	defer b.running.Add(-1)
+	for m := b.most.Load(); n > m && !b.most.CompareAndSwap(m, n); m = b.most.Load() {
+	}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+}
+
+var _ tenant.Preparer = (*preparingBackend)(nil)
+
+func newPrepareServer(p routeProvider) *Server {
+	return New(Options{
+		Opener:  p,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+	})
+}
+
+// startPreparing applies n routes r0… on a new Server, each with a preparingBackend whose Prepare
+// returns once release is closed. running and most count their Prepares.
+func startPreparing(t *testing.T, n int, release <-chan struct{}) (s *Server, bs []*preparingBackend, running, most *atomic.Int32) {
+	t.Helper()
+	running, most = new(atomic.Int32), new(atomic.Int32)
+	p := routeProvider{}
+	cfg := &registry.Config{}
+	for i := range n {
+		b := &preparingBackend{running: running, most: most, release: release}
+		name := fmt.Sprintf("r%d", i)
+		p[name] = b
+		bs = append(bs, b)
+		cfg.Routes = append(cfg.Routes, testRoute(name))
+	}
+	s = newPrepareServer(p)
+	if err := s.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return s, bs, running, most
+}
+
+// At start-up every route's backend prepares once, prepareAtOnce at a time, without waking anything.
+func TestPrepareAtStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s, bs, running, most := startPreparing(t, 5, release)
+		synctest.Wait()
+		if got := running.Load(); got != prepareAtOnce {
+			t.Errorf("%d Prepares running while they block, want %d at once", got, prepareAtOnce)
+		}
+		close(release)
+		synctest.Wait()
+		for i, b := range bs {
+			if got := b.prepares.Load(); got != 1 {
+				t.Errorf("route r%d prepared %d times, want 1", i, got)
+			}
+			if got := b.wakes.Load(); got != 0 {
+				t.Errorf("route r%d woken %d times by its preparation", i, got)
+			}
+		}
+		if got := most.Load(); got != prepareAtOnce {
+			t.Errorf("at most %d Prepares ran at once, want %d", got, prepareAtOnce)
+		}
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A reload that changes a route prepares its new backend only once the old one is closed: the old
+// tenant (in flight when the reload came) may hold what the preparation needs, such as the port.
+// An unchanged route is not prepared again.
+func TestPrepareAfterReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var running, most atomic.Int32
+		release := make(chan struct{})
+		close(release)
+		old := &preparingBackend{running: &running, most: &most, release: release}
+		keep := &preparingBackend{running: &running, most: &most, release: release}
+		p := routeProvider{"app": old, "keep": keep}
+		s := newPrepareServer(p)
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app"), testRoute("keep")}}); err != nil {
+			t.Fatal(err)
+		}
+		done, err := s.instance("app").acquire(context.Background(), triggerRequest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := &preparingBackend{running: &running, most: &most, release: release, before: &old.closingBackend}
+		p["app"] = next
+		changed := testRoute("app")
+		changed.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{changed, testRoute("keep")}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got := next.prepares.Load(); got != 0 {
+			t.Fatalf("the new backend prepared %d times while the old one serves a request, want 0", got)
+		}
+		done() // the old instance's last request: it sleeps, closes and retires
+		synctest.Wait()
+		if got := next.prepares.Load(); got != 1 {
+			t.Fatalf("the new backend prepared %d times after the old one retired, want 1", got)
+		}
+		if got := next.closedAt.Load(); got != 1 {
+			t.Errorf("the new backend prepared after %d Closes of the old one, want 1", got)
+		}
+		if got := keep.prepares.Load(); got != 1 {
+			t.Errorf("the unchanged route prepared %d times, want once, at the first Apply", got)
+		}
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Shutdown ends a Prepare in progress (its ctx) and those still waiting for their turn never begin.
+func TestPrepareAtShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, bs, running, _ := startPreparing(t, 4, make(chan struct{}))
+		synctest.Wait()
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatalf("Shutdown with Prepares blocked: %v", err)
+		}
+		total := int32(0)
+		for _, b := range bs {
+			total += b.prepares.Load()
+		}
+		if total != prepareAtOnce || running.Load() != 0 {
+			t.Errorf("%d Prepares began and %d still run after Shutdown, want %d and 0", total, running.Load(), prepareAtOnce)
+		}
+	})
+}
