@@ -194,6 +194,9 @@ type holdCharge struct {
 	taken   bool
 	heldFor time.Duration // how long acquire held the request; 0 if it found the route awake
 	wake    *attempt      // the wake acquire held the request for (the last, after several turns); nil if none
+	// handedBy is the wake that handed the request over to the proxy when its hold ended; nil when
+	// it was not held, failed, or found the route awake on a later turn.
+	handedBy *attempt
 }
 
 // measureHeader checks r's header against edge.max_header_bytes (ErrHeaderTooLarge) and returns what

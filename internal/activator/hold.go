@@ -73,6 +73,9 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 			in.series.holdBegin()
 		}
 		if release, again, err := in.awaitHeld(ctx, wait, att, limit); !again {
+			if err == nil && c != nil {
+				c.handedBy = att
+			}
 			return release, err
 		}
 	}
@@ -112,6 +115,7 @@ func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *at
 			return nil, false, att.err
 		}
 		if att.handedOver { // written before done was closed
+			att.depart()
 			return in.releaseFn, false, nil
 		}
 	}
@@ -230,6 +234,7 @@ func (in *instance) leave(att *attempt) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if att != nil && att.handedOver {
+		att.depart()
 		in.releaseLocked()
 		return
 	}

@@ -3,6 +3,7 @@ package activator
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -76,6 +77,77 @@ func TestHoldLimitShutdown(t *testing.T) {
 		}
 		if err := <-done; err != nil {
 			t.Fatalf("shutdown: %v", err)
+		}
+	})
+}
+
+// A wake's hand-over settles (every request it handed over has left the hold) by counting alone, never
+// by the backstop: with some of the herd's requests canceled as the wake ends, each of them leaves
+// either as released or through leave, and each counts out once. A request that waits for the
+// settling, as a parked one does, goes on at once, with no time passing. A lone request settles its
+// wake itself.
+func TestHandOverSettles(t *testing.T) {
+	for round := range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			b := &fakeBackend{wakeGate: make(chan struct{})}
+			_, in := newTestServer(t, b, passGate{})
+			const n = 50
+			cancels := make([]context.CancelFunc, n)
+			waited := make([]time.Duration, n)
+			handed := make([]bool, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancels[i] = cancel
+				wg.Go(func() {
+					var c holdCharge
+					release, err := in.acquireFor(ctx, triggerRequest, &c)
+					if err != nil {
+						return
+					}
+					defer release()
+					if handed[i] = c.handedBy != nil; handed[i] {
+						start := time.Now()
+						c.handedBy.awaitSettled(context.Background())
+						waited[i] = time.Since(start)
+					}
+				})
+			}
+			synctest.Wait()
+			for i := range n {
+				if (i+round)%3 == 0 {
+					cancels[i]()
+				}
+			}
+			close(b.wakeGate)
+			wg.Wait()
+			got := 0
+			for i := range n {
+				if handed[i] {
+					got++
+				}
+				if waited[i] != 0 {
+					t.Errorf("request %d waited %v for its wake to settle, want no time at all", i, waited[i])
+				}
+				cancels[i]()
+			}
+			if got == 0 {
+				t.Error("no request was handed over")
+			}
+		})
+	}
+	synctest.Test(t, func(t *testing.T) {
+		_, in := newTestServer(t, &fakeBackend{}, passGate{})
+		var c holdCharge
+		release, err := in.acquireFor(context.Background(), triggerRequest, &c)
+		if err != nil || c.handedBy == nil {
+			t.Fatalf("a lone request: err %v, handed over by %v", err, c.handedBy)
+		}
+		defer release()
+		select {
+		case <-c.handedBy.settled:
+		default:
+			t.Error("a lone request's wake has not settled once it left the hold")
 		}
 	})
 }

@@ -167,9 +167,12 @@ func (p *parkedReq) watch() {
 // the connection over, or closes it when the client has gone.
 func (p *parkedReq) hold() {
 	release, err := p.rt.in.acquireRequest(p.req, &p.charge)
-	// A herd's requests all leave the hold before any is handed back: otherwise each would run on
-	// into the resume server (its goroutines run next on this CPU) before the next one's turn.
-	runtime.Gosched()
+	// A herd's requests all leave the hold before any is handed back (awaitSettled).
+	if a := p.charge.handedBy; a != nil {
+		a.awaitSettled(p.req.Context())
+	} else {
+		runtime.Gosched() // an error's answer is cheaper, but not free either
+	}
 	if p.sock != nil {
 		p.gone = p.s.hang.remove(p)
 	} else {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,12 @@ type attempt struct {
 	// again: a herd released at once would otherwise queue on that one mutex.
 	waiters    int
 	handedOver bool
+	// pending counts the requests handed over (waiters, at the hand-over) that have not yet left the
+	// hold; the last to leave closes settled (depart), as does a backstop timer a second after the
+	// hand-over. A parked request waits for settled before its connection is handed back (park.go).
+	pending    atomic.Int64
+	settled    chan struct{}
+	settleOnce sync.Once
 	// timing is the wake's phases as Server-Timing entries (servertiming.go), written before done is
 	// closed.
 	timing string
@@ -45,6 +52,32 @@ func (a *attempt) noteRelease(now time.Time) {
 		if t <= last || a.lastRelease.CompareAndSwap(last, t) {
 			return
 		}
+	}
+}
+
+// depart notes that one request the attempt handed over has left the hold (noteRelease's caller, or
+// leave when the request's context ended as the hand-over came); the last one settles the attempt.
+func (a *attempt) depart() {
+	if a.pending.Add(-1) == 0 {
+		a.settle()
+	}
+}
+
+func (a *attempt) settle() { a.settleOnce.Do(func() { close(a.settled) }) }
+
+// settleBackstop bounds how long a parked request waits for its herd to settle, should a request
+// handed over never be counted out (which depart's callers rule out; a bug there must not hold
+// connections until their clients give up).
+const settleBackstop = time.Second
+
+// awaitSettled waits until every request the attempt handed over has left the hold, or ctx ends.
+// Parked requests wait here before their hand-back (about 30 µs each: net/http's buffers and a new
+// goroutine): otherwise the ones that left the hold first do theirs while the rest of the herd is
+// still queued to leave, and whatever the scheduler queued behind them waits that long.
+func (a *attempt) awaitSettled(ctx context.Context) {
+	select {
+	case <-a.settled:
+	case <-ctx.Done():
 	}
 }
 
@@ -125,7 +158,7 @@ func (in *instance) prepare(slots chan struct{}) {
 
 // beginWakeLocked moves to Waking and starts the wake goroutine.
 func (in *instance) beginWakeLocked(trig trigger) *attempt {
-	att := &attempt{done: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trig, in.now)}
+	att := &attempt{done: make(chan struct{}), settled: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trig, in.now)}
 	in.followLocked(att) // the waiting pages' view of it (waiting.go)
 	in.wake = att
 	in.setStateLocked(Waking)
@@ -349,7 +382,13 @@ func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
 	in.setStateLocked(Awake)
 	in.held -= att.waiters
 	in.inflight += att.waiters
+	att.pending.Store(int64(att.waiters))
 	att.handedOver = true
+	if att.waiters == 0 {
+		att.settle()
+	} else {
+		time.AfterFunc(settleBackstop, att.settle)
+	}
 	in.wg.Add(1)
 	go in.watch(life, in.lifeGen, in.awakeEnd)
 	if in.inflight == 0 && in.held == 0 {
