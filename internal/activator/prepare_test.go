@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -16,9 +17,11 @@ import (
 
 // preparingBackend is a closingBackend with the Preparer ability, like the exec backing with standby:
 // true. Prepare counts itself, notes how many Closes of before had run when it began, and returns once
-// release is closed or its ctx ends.
+// release is closed or its ctx ends. With idle set it has nothing to prepare, like a route without
+// standby.
 type preparingBackend struct {
 	closingBackend
+	idle     bool
 	prepares atomic.Int32
 	running  *atomic.Int32 // Prepares running now, across the test's backends
 	most     *atomic.Int32 // the most that ran at once
@@ -26,6 +29,8 @@ type preparingBackend struct {
 	before   *closingBackend // the route's backend before a reload; nil for none
 	closedAt atomic.Int32    // before.closes when Prepare began
 }
+
+func (b *preparingBackend) NeedsPrepare() bool { return !b.idle }
 
 func (b *preparingBackend) Prepare(ctx context.Context) {
 	b.prepares.Add(1)
@@ -53,14 +58,15 @@ func newPrepareServer(p routeProvider) *Server {
 }
 
 // startPreparing applies n routes r0… on a new Server, each with a preparingBackend whose Prepare
-// returns once release is closed. running and most count their Prepares.
-func startPreparing(t *testing.T, n int, release <-chan struct{}) (s *Server, bs []*preparingBackend, running, most *atomic.Int32) {
+// returns once release is closed, but those numbered in idle, which have nothing to prepare. running
+// and most count their Prepares.
+func startPreparing(t *testing.T, n int, release <-chan struct{}, idle ...int) (s *Server, bs []*preparingBackend, running, most *atomic.Int32) {
 	t.Helper()
 	running, most = new(atomic.Int32), new(atomic.Int32)
 	p := routeProvider{}
 	cfg := &registry.Config{}
 	for i := range n {
-		b := &preparingBackend{running: running, most: most, release: release}
+		b := &preparingBackend{running: running, most: most, release: release, idle: slices.Contains(idle, i)}
 		name := fmt.Sprintf("r%d", i)
 		p[name] = b
 		bs = append(bs, b)
@@ -73,11 +79,12 @@ func startPreparing(t *testing.T, n int, release <-chan struct{}) (s *Server, bs
 	return s, bs, running, most
 }
 
-// At start-up every route's backend prepares once, prepareAtOnce at a time, without waking anything.
+// At start-up every route's backend prepares once, prepareAtOnce at a time, without waking anything;
+// one with nothing to prepare gets no goroutine, so no turn either.
 func TestPrepareAtStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		s, bs, running, most := startPreparing(t, 5, release)
+		s, bs, running, most := startPreparing(t, 6, release, 3)
 		synctest.Wait()
 		if got := running.Load(); got != prepareAtOnce {
 			t.Errorf("%d Prepares running while they block, want %d at once", got, prepareAtOnce)
@@ -85,8 +92,12 @@ func TestPrepareAtStart(t *testing.T) {
 		close(release)
 		synctest.Wait()
 		for i, b := range bs {
-			if got := b.prepares.Load(); got != 1 {
-				t.Errorf("route r%d prepared %d times, want 1", i, got)
+			want := int32(1)
+			if b.idle {
+				want = 0
+			}
+			if got := b.prepares.Load(); got != want {
+				t.Errorf("route r%d prepared %d times, want %d", i, got, want)
 			}
 			if got := b.wakes.Load(); got != 0 {
 				t.Errorf("route r%d woken %d times by its preparation", i, got)

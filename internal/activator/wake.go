@@ -129,7 +129,7 @@ func (in *instance) start() {
 // shuts down or the instance retires first.
 func (in *instance) prepare(slots chan struct{}) {
 	p, ok := in.backend.(tenant.Preparer)
-	if !ok {
+	if !ok || !p.NeedsPrepare() {
 		return
 	}
 	in.wg.Add(1)

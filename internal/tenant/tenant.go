@@ -71,8 +71,11 @@ type Adopter interface {
 // its own, when the route starts asleep: at start-up, and for a route a reload adds or changes, once
 // the route's old backend has been closed. Prepare must not wake the tenant, must be safe to call
 // concurrently with Wake, Sleep and Close (and do nothing after Close), and logs its own failures: a
-// backend that could not prepare wakes as it would have without.
+// backend that could not prepare wakes as it would have without. NeedsPrepare says, without I/O,
+// whether this backend has anything to prepare: the activator starts nothing for one that has not
+// (a goroutine each for 100,000 idle routes was 18 MiB of RSS).
 type Preparer interface {
+	NeedsPrepare() bool
 	Prepare(ctx context.Context)
 }
 

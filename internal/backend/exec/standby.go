@@ -82,10 +82,13 @@ func (b *Backend) prepareStandby(ctx context.Context, at string) {
 // as quick as one after a sleep. As there, a failure is logged and the wake spawns; with a child
 // running already (a wake came first) or after Close it does nothing.
 func (b *Backend) Prepare(ctx context.Context) {
-	if b.settings.Standby {
+	if b.NeedsPrepare() {
 		b.prepareStandby(ctx, "with the route")
 	}
 }
+
+// NeedsPrepare reports whether the route has standby: true (tenant.Preparer).
+func (b *Backend) NeedsPrepare() bool { return b.settings.Standby }
 
 // countStandby adds d (1 or −1) to the standbys waiting, and reports false, undoing it, when one
 // more would exceed maxStandbys.
