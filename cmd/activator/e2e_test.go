@@ -23,6 +23,7 @@ import (
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // TestHerdWakesOnce: 200 concurrent requests to a sleeping route cause exactly one spawn, and every one
@@ -581,7 +582,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	}
 	c.CloseNow()
 	h.shutdown()
-	goleak.VerifyNone(t, ignore)
+	goleak.VerifyNone(t, ignore, goleak.IgnoreTopFunction(testenv.ForkingThreads))
 }
 
 // TestUnixSocketUpstream: a tenant listening on a unix socket is woken, gated and proxied.

@@ -32,6 +32,7 @@ import (
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 	demoapp.RunIfChild()
 	// Every test shuts its harness down: nothing may outlive the tests (TestNoGoroutineLeaks checks one
 	// harness precisely; this checks the whole run).
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(testenv.ForkingThreads))
 }
 
 // patience bounds every wait in these tests. It is a generous upper bound, never an expectation: on a

@@ -29,3 +29,9 @@ func PidsWithEnv(key, value string) []int {
 	}
 	return pids
 }
+
+// ForkingThreads is the function of the exec backing's forking threads (internal/backend/exec,
+// fork.go): goroutines locked to their threads that live as long as the process by design, since
+// every child's parent-death signal is tied to one of them. Goroutine leak checks ignore it
+// (goleak.IgnoreTopFunction).
+const ForkingThreads = "github.com/activator/activator/internal/backend/exec.forkLoop"

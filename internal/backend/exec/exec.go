@@ -2,8 +2,8 @@
 // child process on Wake and stops (or freezes) on Sleep.
 //
 // The child is started directly from argv (never through a shell) in its own process group, with the
-// parent-death signal set to SIGKILL (the forking OS thread is kept alive for the child's whole life:
-// see startLocked). Where the activator has a writable cgroup v2 (Containment, decided at start-up by
+// parent-death signal set to SIGKILL (it is forked from one of a few OS threads that live as long as
+// the activator, and no thread waits for it: fork.go). Where the activator has a writable cgroup v2 (Containment, decided at start-up by
 // Contain), the child is also cloned straight into a cgroup of its own, named after the route below
 // the activator's cgroup_root, so its whole process tree is known whatever it does: Sleep and Close end
 // that tree with cgroup.kill (a grandchild that left the process group with setsid or a double fork

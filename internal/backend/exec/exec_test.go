@@ -537,7 +537,7 @@ func TestListenFDsBacklog(t *testing.T) {
 }
 
 func TestNoGoroutineLeak(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goleak.IgnoreTopFunction(testenv.ForkingThreads))
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

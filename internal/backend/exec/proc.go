@@ -34,7 +34,7 @@ const reapGrace = 10 * time.Second
 // proc is one child process, from spawn to reap.
 type proc struct {
 	pid     int           // set before start returns
-	tid     int           // the OS thread that forked the child and stays locked to its owner goroutine
+	tid     int           // the thread that forked the child, which its parent-death signal is tied to (fork.go)
 	group   *cgroup.Group // the tenant's cgroup, which the child was spawned into; nil: process group only
 	out     tail
 	log     *outputLog    // logs the output, rate-limited; set before the drains start
@@ -150,12 +150,12 @@ type spec struct {
 }
 
 // start spawns the child and returns once it runs (or failed to start). The child is owned by a
-// goroutine that b.wg tracks; that goroutine holds its OS thread locked from fork to reap, because
-// Linux delivers the parent-death signal when the *thread* that forked exits, and the Go runtime
-// terminates a thread when a goroutine locked to it exits without unlocking. Keeping our goroutine
-// locked to the forking thread means no other goroutine can ever run on it, so that thread lives
-// exactly as long as the child, or until the whole activator dies (even by SIGKILL), which is when
-// SIGKILL must reach the child.
+// goroutine that b.wg tracks, from spawn to reap. Linux delivers the parent-death signal when the
+// *thread* that forked exits, so the child is forked from a thread locked to a goroutine that outlives
+// it: its owner's own (held until the reap), or beyond maxDedicated children one of the shared
+// forking threads, which end only with the activator (fork.go). Either way that thread lives until
+// the child is gone or the whole activator dies (even by SIGKILL), which is when SIGKILL must reach
+// the child. Its exit is awaited through its pidfd, so no thread blocks waiting for it.
 //
 // With a tenant cgroup g, the child is cloned straight into it (clone3 with CLONE_INTO_CGROUP), so
 // not even its first instruction runs outside, and no fork of it can escape before it is moved.
@@ -164,9 +164,11 @@ type spec struct {
 //
 // The caller holds b.mu and has checked that b is not closed.
 func (b *Backend) startLocked(sp spec, g *cgroup.Group, standby bool) (*proc, error) {
+	pidfd := -1
 	attr := &syscall.SysProcAttr{
 		Setpgid:   true, // its own group, so stop signals reach its children too
 		Pdeathsig: syscall.SIGKILL,
+		PidFD:     &pidfd, // its exit is awaited in the netpoller (awaitExit); -1 where the kernel has none
 	}
 	if g != nil {
 		// A bare descriptor: an *os.File would try the netpoller first, a few syscalls more on the
@@ -213,7 +215,7 @@ func (b *Backend) startLocked(sp spec, g *cgroup.Group, standby bool) (*proc, er
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		b.own(p, cmd, started, outR, errR)
+		b.own(p, cmd, &pidfd, started, outR, errR)
 	}()
 	err = <-started
 	outW.Close()
@@ -247,14 +249,25 @@ func pipe(readNonblock bool) (r, w *os.File, err error) {
 	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
 
-// own starts cmd on a locked OS thread, reports the start on started, then drains the child's output
-// (and reports what the log's rate limit left out), reaps it and ends its Life.
-func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR *os.File) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread() // only after the child is reaped: see startLocked
-	p.tid = unix.Gettid()
-	cmd, err := b.startInto(cmd, p.group)
+// own starts cmd from a thread locked for it (fork.go), reports the start on started, then drains the
+// child's output (and reports what the log's rate limit left out), reaps it and ends its Life. pidfd
+// is where the start stores the child's pidfd, which own closes.
+func (b *Backend) own(p *proc, cmd *osexec.Cmd, pidfd *int, started chan<- error, outR, errR *os.File) {
+	var err error
+	if dedicated.Add(1) <= maxDedicated.Load() { // a thread of its own (fork.go)
+		defer dedicated.Add(-1)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // only after the child is reaped
+		p.tid = unix.Gettid()
+		cmd, err = b.startInto(cmd, p.group)
+	} else {
+		dedicated.Add(-1)
+		p.tid = onForkingThread(func() { cmd, err = b.startInto(cmd, p.group) })
+	}
 	if err != nil {
+		if *pidfd >= 0 {
+			unix.Close(*pidfd)
+		}
 		outR.Close()
 		errR.Close()
 		started <- startFault(err)
@@ -273,13 +286,7 @@ func (b *Backend) own(p *proc, cmd *osexec.Cmd, started chan<- error, outR, errR
 
 	// Observe the exit without reaping, so the pid (the process group's id) cannot be reused while
 	// stragglers in the group are killed.
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
+	awaitExit(p.pid, *pidfd)
 	p.mu.Lock()
 	stopping := p.stopping
 	p.mu.Unlock()

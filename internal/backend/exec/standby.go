@@ -21,9 +21,9 @@ import (
 // same idea).
 //
 // What it costs: while the route sleeps, one waiting process (a dash: 1.7 MiB RSS, 0.1 MiB of it its
-// own) in the tenant's cgroup, counted against its pids_max and memory_max, and the OS thread its
-// owner goroutine keeps locked for the parent-death signal (see startLocked), as a running tenant has;
-// at most maxStandbys in one activator.
+// own) in the tenant's cgroup, counted against its pids_max and memory_max; at most maxStandbys in one
+// activator. Like a running tenant, it holds a thread of the activator's only among the first
+// maxDedicated children (fork.go).
 //
 // What it changes nothing about: the foreign-listener check runs at the wake, as without a standby;
 // the secrets scrubbed from the environment are those of the wake (a standby started before a reload
@@ -37,10 +37,10 @@ type standby struct {
 	at   string   // when it was started, for the wake's note: "at the last sleep", "with the route"
 }
 
-// maxStandbys bounds the standbys waiting at once in one activator. Each holds an OS thread locked
-// for its parent-death signal, as a running tenant does, and the Go runtime aborts the whole process
-// beyond 10,000 threads (runtime/debug.SetMaxThreads): ten thousand sleeping routes with standby must
-// not take the activator down. A sleep beyond the bound starts no standby and says so.
+// maxStandbys bounds the standbys waiting at once in one activator. Each is a process kept for a
+// sleeping route, in the kernel's process table and memory (page tables, a stack, its share of the
+// host's pid_max) however little RSS it has of its own: a config of 100,000 routes with standby must
+// not keep 100,000 idle processes. A sleep beyond the bound starts no standby and says so.
 const maxStandbys = 1000
 
 // errStandbyDropped ends the Life of a standby that a wake did not use.
@@ -56,7 +56,7 @@ func (b *Backend) prepareStandby(ctx context.Context, at string) {
 		return // a wake since the sleep has a child running already
 	}
 	if !b.countStandby(1) {
-		b.logger().Warn("no standby; the next wake spawns", "err", fmt.Sprintf("%d standbys wait already, the most one activator keeps (each holds an OS thread)", maxStandbys))
+		b.logger().Warn("no standby; the next wake spawns", "err", fmt.Sprintf("%d standbys wait already, the most one activator keeps (each is a process kept while its route sleeps)", maxStandbys))
 		return
 	}
 	r, w, err := pipe(false) // the gate: the shim's read blocks until the wake writes
@@ -175,7 +175,7 @@ func (p *Provider) Notes(_ context.Context, r *registry.Route) []string {
 	if binSh() != "" && s.Argv[0] == s.Path {
 		holder = "a /bin/sh (the activator's shim where the environment has names a shell does not pass on)"
 	}
-	return []string{"standby: while the route sleeps, " + holder + " waits in the tenant's next cgroup, one process and one OS thread; a wake lets it exec the tenant"}
+	return []string{"standby: while the route sleeps, " + holder + " waits in the tenant's next cgroup, one process; a wake lets it exec the tenant"}
 }
 
 var _ tenant.Noter = (*Provider)(nil)
