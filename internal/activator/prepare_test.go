@@ -176,3 +176,56 @@ func TestPrepareAtShutdown(t *testing.T) {
 		}
 	})
 }
+
+// adoptingPreparer is a preparingBackend with the Adopter ability whose Adopt finds nothing running,
+// once unblock is closed; it notes a Prepare that began before an Adopt had returned.
+type adoptingPreparer struct {
+	preparingBackend
+	unblock <-chan struct{}
+	adopted atomic.Bool
+	early   atomic.Bool
+}
+
+func (b *adoptingPreparer) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
+	select {
+	case <-b.unblock:
+	case <-ctx.Done():
+	}
+	b.adopted.Store(true)
+	return nil, false, nil
+}
+
+func (b *adoptingPreparer) Prepare(ctx context.Context) {
+	if !b.adopted.Load() {
+		b.early.Store(true)
+	}
+	b.preparingBackend.Prepare(ctx)
+}
+
+// A backend prepares only once the Adopt begun as it opened has ended: the adopt may find the tenant
+// running, or clear away what an earlier activator left (the kvm backing kills a standby QEMU it finds),
+// which a preparation begun alongside would race.
+func TestPrepareAfterAdopt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var running, most atomic.Int32
+		release, unblock := make(chan struct{}), make(chan struct{})
+		close(release)
+		b := &adoptingPreparer{preparingBackend: preparingBackend{running: &running, most: &most, release: release}, unblock: unblock}
+		s := newPrepareServer(routeProvider{"app": b})
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got := b.prepares.Load(); got != 0 {
+			t.Fatalf("prepared %d times while the Adopt runs, want 0", got)
+		}
+		close(unblock)
+		synctest.Wait()
+		if got := b.prepares.Load(); got != 1 || b.early.Load() {
+			t.Fatalf("prepared %d times after the Adopt (one before it ended: %v), want once, after", got, b.early.Load())
+		}
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

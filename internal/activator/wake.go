@@ -121,9 +121,11 @@ func (in *instance) start() {
 	in.beginWakeLocked(triggerAdopt)
 }
 
-// prepare lets the backend get ready for the instance's first wake (tenant.Preparer: the exec
-// backing's standby), in a goroutine of its own, once every predecessor of the route has retired: their
-// tenant may still hold what the preparation needs, such as the upstream's port. It takes one of
+// prepare lets the backend get ready for the instance's first wake (tenant.Preparer: the exec and kvm
+// backings' standbys), in a goroutine of its own, once every predecessor of the route has retired (their
+// tenant may still hold what the preparation needs, such as the upstream's port) and the wake under
+// way as the instance started has ended (the adopt, which may find the tenant running or clear away
+// what an earlier activator left; or a dependent's wake). It takes one of
 // slots (the Server's prepares) while it runs, so that a start-up with a thousand standby routes spawns
 // them a few at a time, not all at once beside the first requests. It gives up when the activator
 // shuts down or the instance retires first.
@@ -132,9 +134,21 @@ func (in *instance) prepare(slots chan struct{}) {
 	if !ok || !p.NeedsPrepare() {
 		return
 	}
+	in.mu.Lock()
+	first := in.wake // the adopt start began, if any
+	in.mu.Unlock()
 	in.wg.Add(1)
 	go func() {
 		defer in.wg.Done()
+		if first != nil {
+			select {
+			case <-first.done:
+			case <-in.root.Done():
+				return
+			case <-in.retired:
+				return
+			}
+		}
 		for _, prev := range in.after {
 			select {
 			case <-prev:

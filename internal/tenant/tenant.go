@@ -67,14 +67,15 @@ type Adopter interface {
 }
 
 // Preparer is implemented by backends that can get ready for a first Wake ahead of it, off its path
-// (the exec backing's standby). The activator calls Prepare once per backend it opens (at start-up,
-// and for a route a reload adds or changes, once the route's old backend has been closed), in a
-// goroutine of its own; a request may wake the route first, and an Adopt may run alongside. Prepare
-// must not wake the tenant, must be safe to call concurrently with Adopt, Wake, Sleep and Close (and
-// do nothing after Close, or once a child runs), and logs its own failures: a
-// backend that could not prepare wakes as it would have without. NeedsPrepare says, without I/O,
-// whether this backend has anything to prepare: the activator starts nothing for one that has not
-// (a goroutine each for 100,000 idle routes was 18 MiB of RSS).
+// (the exec and kvm backings' standbys). The activator calls Prepare once per backend it opens (at
+// start-up, and for a route a reload adds or changes, once the route's old backend has been closed),
+// in a goroutine of its own, after the Adopt (or a dependent's Wake) that began as the backend opened
+// has ended; a request may wake the route before or while Prepare runs. Prepare must not wake the
+// tenant, must be safe to call concurrently with Adopt, Wake, Sleep and Close (and do nothing after
+// Close, or once a tenant runs), and logs its own failures: a backend that could not prepare wakes as
+// it would have without. NeedsPrepare says, without I/O, whether this backend has anything to
+// prepare: the activator starts nothing for one that has not (a goroutine each for 100,000 idle
+// routes was 18 MiB of RSS).
 type Preparer interface {
 	NeedsPrepare() bool
 	Prepare(ctx context.Context)

@@ -150,7 +150,7 @@ func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
 		if s.Network.Mode == NetUser {
 			cost += ", holding the forwarded port"
 		}
-		notes = append(notes, "standby: a QEMU waits with -incoming defer while the guest sleeps ("+cost+"); a wake loads the snapshot into it")
+		notes = append(notes, "standby: a QEMU waits with -incoming defer while the guest sleeps ("+cost+"), started at each snapshot sleep and, for a snapshot left on disk, at start-up; a wake loads the snapshot into it")
 	}
 	return notes
 }
@@ -178,15 +178,17 @@ type Backend struct {
 	closed  bool
 
 	retiring chan struct{} // closed once the QEMU the last snapshot sleep quit is gone (retire); guarded by op
+	begun    bool          // an Adopt or a Wake has run, so what an earlier activator left is settled; guarded by op
 
 	gen      sync.Mutex // guards savedGen and the RAM file's sidecar (ramfile.go)
 	savedGen string     // the generation of the last save while it may still be resumed; "" once a QEMU maps the RAM file again
 }
 
 var (
-	_ tenant.Backend = (*Backend)(nil)
-	_ tenant.Adopter = (*Backend)(nil)
-	_ tenant.Closer  = (*Backend)(nil)
+	_ tenant.Backend  = (*Backend)(nil)
+	_ tenant.Adopter  = (*Backend)(nil)
+	_ tenant.Closer   = (*Backend)(nil)
+	_ tenant.Preparer = (*Backend)(nil)
 )
 
 // Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued, under
@@ -198,6 +200,7 @@ var (
 func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
+	b.begun = true
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("kvm wake: %w", err)
 	}
@@ -603,6 +606,7 @@ func (b *Backend) poweroff(ctx context.Context, inst *instance) error {
 func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	b.op.Lock()
 	defer b.op.Unlock()
+	b.begun = true
 	pid, err := readPid(b.p.pid)
 	if err != nil || !isOurQEMU(pid, b.p.sock) {
 		if _, serr := os.Stat(b.p.sock); serr == nil || err == nil {

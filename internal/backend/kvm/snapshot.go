@@ -179,7 +179,7 @@ func (b *Backend) retire(inst *instance, saved savedState) {
 		if !saved.shared {
 			b.dropRAM() // a RAM file the guest had (adopted from file mode) is in the copy now
 			if b.s.Standby && !b.ram.file {
-				b.startStandby(false)
+				b.startStandby(context.Background(), false)
 			}
 			return
 		}
@@ -189,7 +189,7 @@ func (b *Backend) retire(inst *instance, saved savedState) {
 			return
 		}
 		if b.s.Standby {
-			b.startStandby(true)
+			b.startStandby(context.Background(), true)
 		}
 	}()
 }

@@ -18,11 +18,11 @@ import (
 // A standby that is gone, does not hold the route's RAM file, or does not fit the snapshot found is
 // killed, and the wake goes on as without one.
 
-// startStandby starts the standby QEMU for the save that retire has just finished (shared: the save is
-// the device state, bound to the RAM file), unless the backend is closed. A QEMU that does not start
-// is logged and left out: the next wake starts its own. Called from retire's goroutine, after QEMU
-// quit.
-func (b *Backend) startStandby(shared bool) {
+// startStandby starts the standby QEMU for the save on disk (shared: the save is the device state,
+// bound to the RAM file), unless the backend is closed, within the budgets of a QEMU start and ctx. A
+// QEMU that does not start is logged and left out: the next wake starts its own. Called from
+// retire's goroutine, after QEMU quit, and from Prepare, under op.
+func (b *Backend) startStandby(ctx context.Context, shared bool) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -38,7 +38,7 @@ func (b *Backend) startStandby(shared bool) {
 		}
 		l.ram = f
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.s.Budgets.QEMUStart.D()+b.s.Budgets.QMP.D())
+	ctx, cancel := context.WithTimeout(ctx, b.s.Budgets.QEMUStart.D()+b.s.Budgets.QMP.D())
 	defer cancel()
 	inst, err := b.start(ctx, tenant.Discard, l)
 	if err != nil {
@@ -56,6 +56,47 @@ func (b *Backend) startStandby(shared bool) {
 		return
 	}
 	b.log.Info("standby qemu waiting for the next wake", "qemu_pid", inst.pid, "ram_file", inst.ramFile)
+}
+
+// NeedsPrepare reports whether the route has a standby to start before its first wake (tenant.Preparer):
+// standby: true, which only snapshot mode has.
+func (b *Backend) NeedsPrepare() bool { return b.s.Standby && b.s.Sleep == SleepSnapshot }
+
+// Prepare starts the standby QEMU for the route's first wake under this activator (tenant.Preparer),
+// when a snapshot an earlier activator left is on disk and no guest runs: what this activator's own
+// sleep would have left waiting. It does nothing before an Adopt or a Wake has settled what an earlier
+// activator left (a QEMU of this route still running, or its standby, which Adopt kills), after one
+// found a guest or started a QEMU, once a sleep has started its own standby, or after Close. A
+// snapshot it cannot tell is whole is still the wake's to check: the standby waits, and a wake whose
+// checks refuse the snapshot drops it and boots, as after a sleep.
+func (b *Backend) Prepare(ctx context.Context) {
+	if !b.NeedsPrepare() {
+		return
+	}
+	b.op.Lock()
+	defer b.op.Unlock()
+	b.mu.Lock()
+	busy := b.closed || b.inst != nil || b.life != nil || b.standby != nil
+	b.mu.Unlock()
+	if busy || !b.begun || b.retiring != nil {
+		return
+	}
+	if b.ram.file {
+		if !exists(b.devPath()) || !exists(b.ramPath()) {
+			return // no device state to load, or none bound to a RAM file: a wake boots
+		}
+		b.startStandby(ctx, true)
+		return
+	}
+	if file, other := b.snapFile(); exists(file) || exists(other) {
+		b.startStandby(ctx, false)
+	}
+}
+
+// exists reports whether path names something (a file the backing keeps in its own directories).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // takeStandby returns the standby QEMU (nil when there is none) and forgets it: the caller uses it or

@@ -161,3 +161,95 @@ func TestNotesStandby(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyPrepare: a route with standby whose guest an earlier activator snapshotted gets its
+// standby QEMU before the first wake under the next one (Prepare, after the Adopt that found nothing
+// running), and that wake restores into it. Prepare starts nothing before an Adopt, with a guest
+// awake, or without a snapshot; the standby a crashed activator left is the next Adopt's to kill.
+func TestStandbyPrepare(t *testing.T) {
+	g := needGuest(t)
+	for _, c := range []struct{ name, extra string }{
+		{"file", "standby: true"},
+		{"copy", "standby: true\nsnapshot_ram: copy"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			r := route(t, g, SleepSnapshot, c.extra)
+			b1 := open(t, r)
+			b1.Prepare(ctx) // a first start: no Adopt yet, and no snapshot either
+			if b1.standby != nil || qemuPid(b1.p) != 0 {
+				t.Fatal("Prepare before any Adopt started a QEMU")
+			}
+			wake(t, b1, r.Upstream, tenant.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			b1.Prepare(ctx)
+			if b1.standby != nil {
+				t.Fatal("Prepare with the guest awake started a standby")
+			}
+			sleepB(t, b1)
+			standbyPid(t, b1)
+			if err := b1.Close(ctx); err != nil { // the snapshot stays; the standby does not
+				t.Fatalf("Close: %v", err)
+			}
+
+			// The next activator.
+			b2 := open(t, r)
+			if _, awake, err := b2.Adopt(ctx); awake || err != nil {
+				t.Fatalf("Adopt after a snapshot sleep: awake %v, %v; want asleep", awake, err)
+			}
+			b2.Prepare(ctx)
+			sbPid := standbyPid(t, b2)
+			rec := &recorder{}
+			wake(t, b2, r.Upstream, rec)
+			if phases, notes := rec.get(); !slices.Equal(phases, []string{PhaseRestore, PhaseRunning}) {
+				t.Errorf("first wake after Prepare: phases %q (notes %q), want %q", phases, notes, []string{PhaseRestore, PhaseRunning})
+			}
+			if pid := qemuPid(b2.p); pid != sbPid {
+				t.Errorf("guest runs in qemu %d, want the prepared standby %d", pid, sbPid)
+			}
+			if boot := get(t, r.Upstream, "/boot_id"); boot != boot1 {
+				t.Fatalf("boot id changed across the restore into the prepared standby: %s -> %s", boot1, boot)
+			}
+
+			// A standby left by an activator that crashed: the next Adopt kills it, and Prepare
+			// starts a new one.
+			sleepB(t, b2)
+			left := standbyPid(t, b2)
+			b2.mu.Lock()
+			b2.standby.detach() // as if the activator died: the QEMU runs on, nobody holds it
+			b2.standby = nil
+			b2.mu.Unlock()
+			b3 := open(t, r)
+			if _, awake, err := b3.Adopt(ctx); awake || err != nil {
+				t.Fatalf("Adopt of the left standby: awake %v, %v; want asleep", awake, err)
+			}
+			if alive(left) {
+				t.Fatalf("the left standby %d still runs after the next Adopt", left)
+			}
+			b3.Prepare(ctx)
+			if pid := standbyPid(t, b3); pid == left {
+				t.Fatalf("standby %d is the left one", pid)
+			}
+			if err := b2.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+
+			// Without a snapshot, Prepare starts nothing.
+			if err := b3.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			if err := b3.removeSnapshots(); err != nil {
+				t.Fatal(err)
+			}
+			b4 := open(t, r)
+			if _, awake, err := b4.Adopt(ctx); awake || err != nil {
+				t.Fatalf("Adopt: awake %v, %v", awake, err)
+			}
+			b4.Prepare(ctx)
+			if b4.standby != nil || qemuPid(b4.p) != 0 {
+				t.Fatal("Prepare without a snapshot started a QEMU")
+			}
+		})
+	}
+}
