@@ -29,9 +29,9 @@ import (
 // tenant with it, down.
 
 // maxDedicated bounds the children forked on a thread of their own at once: 256 (tests lower it).
-// Each costs the activator an OS thread for the child's life (12–17 KiB of its RSS each, measured with
-// 500 tenants, and the kernel's stack), and saves a cold wake two hand-overs between threads, which cost 0.07–0.37 ms of its
-// overhead in six paired runs (docs/benchmarks.md, session 14).
+// Each costs the activator an OS thread for the child's life (12–17 KiB of its RSS each, measured
+// with 500 tenants, and the kernel's stack), and saves a cold wake two hand-overs between threads,
+// which cost 0.07–0.37 ms of its overhead in six paired runs (docs/benchmarks.md, session 14).
 var maxDedicated atomic.Int64
 
 func init() { maxDedicated.Store(256) }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -43,6 +44,24 @@ func standbyPid(t *testing.T, b *Backend) int {
 	return sb.pid
 }
 
+// wakeIntoStandby wakes b, whose standby QEMU waits, and checks that the guest was restored into that
+// QEMU (no qemu_start phase) and is the boot boot1 names.
+func wakeIntoStandby(t *testing.T, b *Backend, r *registry.Route, boot1 string) {
+	t.Helper()
+	sbPid := standbyPid(t, b)
+	rec := &recorder{}
+	wake(t, b, r.Upstream, rec)
+	if phases, notes := rec.get(); !slices.Equal(phases, []string{PhaseRestore, PhaseRunning}) {
+		t.Errorf("wake from the standby: phases %q (notes %q), want %q", phases, notes, []string{PhaseRestore, PhaseRunning})
+	}
+	if pid := qemuPid(b.p); pid != sbPid {
+		t.Errorf("guest runs in qemu %d, want the standby %d", pid, sbPid)
+	}
+	if boot := get(t, r.Upstream, "/boot_id"); boot != boot1 {
+		t.Fatalf("boot id changed across the restore into the standby: %s -> %s", boot1, boot)
+	}
+}
+
 // TestStandby: with standby, a snapshot sleep leaves a QEMU waiting for the migration, and the next
 // wake restores into it (no qemu_start phase, the same boot). A standby that died, or a snapshot that
 // is gone, puts the wake back on its usual path; Close leaves no QEMU behind.
@@ -63,18 +82,7 @@ func TestStandby(t *testing.T) {
 
 			// Restored into the standby.
 			sleepB(t, b)
-			sbPid := standbyPid(t, b)
-			rec := &recorder{}
-			wake(t, b, r.Upstream, rec)
-			if phases, notes := rec.get(); !slices.Equal(phases, []string{PhaseRestore, PhaseRunning}) {
-				t.Errorf("wake from the standby: phases %q (notes %q), want %q", phases, notes, []string{PhaseRestore, PhaseRunning})
-			}
-			if pid := qemuPid(b.p); pid != sbPid {
-				t.Errorf("guest runs in qemu %d, want the standby %d", pid, sbPid)
-			}
-			if boot := get(t, r.Upstream, "/boot_id"); boot != boot1 {
-				t.Fatalf("boot id changed across the standby restore: %s -> %s", boot1, boot)
-			}
+			wakeIntoStandby(t, b, r, boot1)
 			if c.ram == RAMFile {
 				checkRAMInUse(t, b)
 			}
@@ -82,7 +90,7 @@ func TestStandby(t *testing.T) {
 			// The standby died while the guest slept: the wake starts a QEMU of its own.
 			sleepB(t, b)
 			killPid(standbyPid(t, b))
-			rec = &recorder{}
+			rec := &recorder{}
 			wake(t, b, r.Upstream, rec)
 			if phases, notes := rec.get(); !slices.Equal(phases, []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseRunning}) {
 				t.Errorf("wake after the standby died: phases %q (notes %q), want a restore into a new QEMU", phases, notes)
@@ -108,7 +116,7 @@ func TestStandby(t *testing.T) {
 
 			// Close kills the standby.
 			sleepB(t, b)
-			sbPid = standbyPid(t, b)
+			sbPid := standbyPid(t, b)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := b.Close(ctx); err != nil {
@@ -199,18 +207,7 @@ func TestStandbyPrepare(t *testing.T) {
 				t.Fatalf("Adopt after a snapshot sleep: awake %v, %v; want asleep", awake, err)
 			}
 			b2.Prepare(ctx)
-			sbPid := standbyPid(t, b2)
-			rec := &recorder{}
-			wake(t, b2, r.Upstream, rec)
-			if phases, notes := rec.get(); !slices.Equal(phases, []string{PhaseRestore, PhaseRunning}) {
-				t.Errorf("first wake after Prepare: phases %q (notes %q), want %q", phases, notes, []string{PhaseRestore, PhaseRunning})
-			}
-			if pid := qemuPid(b2.p); pid != sbPid {
-				t.Errorf("guest runs in qemu %d, want the prepared standby %d", pid, sbPid)
-			}
-			if boot := get(t, r.Upstream, "/boot_id"); boot != boot1 {
-				t.Fatalf("boot id changed across the restore into the prepared standby: %s -> %s", boot1, boot)
-			}
+			wakeIntoStandby(t, b2, r, boot1)
 
 			// A standby left by an activator that crashed: the next Adopt kills it, and Prepare
 			// starts a new one.
