@@ -137,26 +137,15 @@ func (in *instance) prepare(slots chan struct{}) {
 	in.mu.Lock()
 	first := in.wake // the adopt start began, if any
 	in.mu.Unlock()
+	before := in.after
+	if first != nil {
+		before = append([]<-chan struct{}{first.done}, in.after...)
+	}
 	in.wg.Add(1)
 	go func() {
 		defer in.wg.Done()
-		if first != nil {
-			select {
-			case <-first.done:
-			case <-in.root.Done():
-				return
-			case <-in.retired:
-				return
-			}
-		}
-		for _, prev := range in.after {
-			select {
-			case <-prev:
-			case <-in.root.Done():
-				return
-			case <-in.retired:
-				return
-			}
+		if !awaitAll(before, in.root.Done(), in.retired) {
+			return
 		}
 		select {
 		case slots <- struct{}{}:
@@ -168,6 +157,22 @@ func (in *instance) prepare(slots chan struct{}) {
 		defer func() { <-slots }()
 		p.Prepare(in.root)
 	}()
+}
+
+// awaitAll waits until every channel of chs is closed, in order, and reports true; or until stop or
+// stop2 (nil: none) is closed first, and reports false. It is how a wake and a preparation wait for the
+// route's predecessors to retire.
+func awaitAll(chs []<-chan struct{}, stop, stop2 <-chan struct{}) bool {
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		case <-stop:
+			return false
+		case <-stop2:
+			return false
+		}
+	}
+	return true
 }
 
 // beginWakeLocked moves to Waking and starts the wake goroutine.
@@ -211,12 +216,7 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
 	rec.budgets(in.route.WakeBudget, 0)
-	for _, prev := range in.after {
-		select {
-		case <-prev:
-		case <-ctx.Done():
-		}
-	}
+	awaitAll(in.after, ctx.Done(), nil) // past the budget, the wake goes on to fail on ctx
 	out := wakeOutcome{awake: true}
 	started := false // a tenant runs that a failure must stop
 	if trig == triggerAdopt {
