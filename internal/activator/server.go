@@ -103,6 +103,12 @@ func New(opts Options) *Server {
 	return s
 }
 
+// namedChanges is how many changed routes, and how many removed ones, one Apply logs by name; beyond
+// that it logs their numbers once. A reload that edits every one of 100,000 routes logged a line per
+// route, which journald's rate limit (10,000 lines in 30 s by default) answers by dropping what the
+// activator logs next: the wakes that follow the reload.
+const namedChanges = 20
+
 // Apply makes cfg the running configuration. Unchanged routes keep their instance (and their awake
 // tenant). A changed route gets a new instance whose first wake waits until the old one has retired;
 // the old one finishes its in-flight and held requests, sleeps, and closes. Removed routes retire the
@@ -144,16 +150,22 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		next[r.Name] = in
 		opened = append(opened, in)
 	}
+	changes, removals := 0, 0
 	for name, old := range s.instances {
 		if next[name] != old {
 			s.retiring = append(s.retiring, old)
 			old.retire() // it deletes the route's metric series once it has retired, unless next[name] holds them
 			if next[name] == nil {
-				s.log.Info("route removed", "route", name)
-			} else {
+				if removals++; removals <= namedChanges {
+					s.log.Info("route removed", "route", name)
+				}
+			} else if changes++; changes <= namedChanges {
 				s.log.Info("route changed", "route", name)
 			}
 		}
+	}
+	if changes > namedChanges || removals > namedChanges {
+		s.log.Info("more routes changed or removed than are named one by one", "changed", changes, "removed", removals, "named_at_most", namedChanges)
 	}
 	s.instances = next
 	for _, r := range cfg.Routes {

@@ -1,0 +1,75 @@
+package activator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// TestApplyNamesFewChanges: a reload that changes or removes many routes names the first
+// namedChanges of each kind and then logs their numbers once, instead of a line per route (a reload
+// of 100,000 edited routes wrote 100,000 lines, and journald's rate limit then drops what follows).
+func TestApplyNamesFewChanges(t *testing.T) {
+	var logs bytes.Buffer
+	s := New(Options{
+		Opener:  fakeProvider{&fakeBackend{}},
+		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+	})
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	const n = 3 * namedChanges
+	routes := make([]*registry.Route, n)
+	for i := range routes {
+		routes[i] = testRoute(fmt.Sprintf("r%d", i))
+	}
+	if err := s.Apply(&registry.Config{Routes: routes}); err != nil {
+		t.Fatal(err)
+	}
+	// A few changed and removed: each named, no summary.
+	few := make([]*registry.Route, 0, n)
+	for i, r := range routes {
+		switch {
+		case i < 3:
+			c := *r
+			c.Idle = 2 * time.Minute
+			few = append(few, &c)
+		case i < 5: // removed
+		default:
+			few = append(few, r)
+		}
+	}
+	logs.Reset()
+	if err := s.Apply(&registry.Config{Routes: few}); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if c, r := strings.Count(out, `msg="route changed"`), strings.Count(out, `msg="route removed"`); c != 3 || r != 2 || strings.Contains(out, "more routes") {
+		t.Fatalf("a reload changing 3 and removing 2 routes logged %d changed, %d removed lines:\n%s", c, r, out)
+	}
+	// Every remaining route changed but ten, and those removed.
+	var most []*registry.Route
+	for _, r := range few[:len(few)-10] {
+		c := *r
+		c.Idle = 3 * time.Minute
+		most = append(most, &c)
+	}
+	logs.Reset()
+	if err := s.Apply(&registry.Config{Routes: most}); err != nil {
+		t.Fatal(err)
+	}
+	out = logs.String()
+	wantChanged := len(most)
+	if c, r := strings.Count(out, `msg="route changed"`), strings.Count(out, `msg="route removed"`); c != namedChanges || r != 10 {
+		t.Fatalf("a reload changing %d routes and removing 10 logged %d changed and %d removed lines, want %d and 10:\n%s", wantChanged, c, r, namedChanges, out)
+	}
+	want := fmt.Sprintf(`msg="more routes changed or removed than are named one by one" changed=%d removed=10 named_at_most=%d`, wantChanged, namedChanges)
+	if !strings.Contains(out, want) {
+		t.Fatalf("no summary line %q in:\n%s", want, out)
+	}
+}
