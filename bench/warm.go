@@ -128,6 +128,13 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 			}
 		}
 		add("activator p99 ÷ direct p99", ratios(p99[a], p99[roundKey{"direct", c}]))
+		// The peers' own p99 ÷ direct, as a reference for the activator's target: what a proxy in
+		// front of this app costs in latency on this machine.
+		for _, pd := range peerDefs {
+			if have[pd.name] {
+				add(pd.name+" p99 ÷ direct p99 (reference)", ratios(p99[roundKey{pd.name, c}], p99[roundKey{"direct", c}]))
+			}
+		}
 		// The pinned targets' row: unpinned stands in when this machine cannot pin.
 		standIn := mode.name == "pinned" || !e.opts.pinned
 		if have["caddy"] && c == 16 && standIn {
