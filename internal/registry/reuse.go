@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -20,8 +22,10 @@ import (
 // file (the header) and the entries whose text is new, and takes the others' Routes as they were,
 // once their host checks pass again. An entry's decode depends on nothing in the header but the
 // activator's own addresses (listen, admin, listen_tls: no upstream may be one of them), so the memo
-// holds for as long as those stay the same. Whatever the cut cannot vouch for falls back to a whole
-// load: see splitEntries, loadChanged and newMemo.
+// holds for as long as those stay the same. The entries to parse (all of them at a first load) are
+// parsed in runs of consecutive ones on every CPU, so a load of 100,000 new entries is not held to
+// one CPU by one parse of the whole file. Whatever the cut cannot vouch for falls back to a whole
+// load: see splitEntries, loadSplit and newMemo.
 
 // HostChecker is implemented by backing settings whose decoder consults the host (a directory
 // exists, an executable is found in PATH, an image file is a regular file). CheckHost returns nil when
@@ -78,20 +82,25 @@ func (rl *Reloader) LoadFile(path string) (*Config, error) {
 // Load loads data as Load does, reusing what it can of the last good load.
 func (rl *Reloader) Load(data []byte) (*Config, error) {
 	sp := splitEntries(data)
-	if cfg, ok := rl.loadChanged(sp); ok {
+	cfg, err := rl.loadSplit(sp, rl.memo)
+	if errors.Is(err, errOwnChanged) { // every entry is decoded again, against the new addresses
+		cfg, err = rl.loadSplit(sp, nil)
+	}
+	if err == nil {
 		return cfg, nil
 	}
 	doc, err := parse(data)
 	if err != nil {
 		return nil, err
 	}
-	cfg, ents, own, err := loadDoc(&doc, rl.backings, nil)
+	cfg, ents, _, err := loadDoc(&doc, rl.backings, nil)
 	if err != nil {
 		return nil, err // the memo stays: it is still right for its own addresses and entries
 	}
-	if rl.memo, rl.decoded = newMemo(sp, &doc, ents, own, true, rl.memo), len(ents); rl.memo != nil {
-		cfg.Routes, cfg.Instances = routesOf(ents) // newMemo may have taken the last load's Routes
-	}
+	// A whole load leaves no memo. Its entries were not parsed from their own text, so the cut's
+	// hashes cannot vouch for them: an entry whose flow collection went on at column 0 was cut short
+	// there, and a later file that ended at the cut would have reused it where Load rejects that file.
+	rl.memo, rl.decoded = nil, len(ents)
 	return cfg, nil
 }
 
@@ -107,19 +116,22 @@ type memo struct {
 
 type sum [16]byte // the first half of a SHA-256: the entries are the operator's, not an attacker's
 
-// loadChanged loads sp against the memo: the header and the new entries are parsed, the others taken
-// from the memo. It reports false, and leaves the work to a whole load, when there is no memo, the own
-// addresses changed, anything parsed here has an anchor or an alias (which can reach across entries),
-// an entry's text does not parse as one item of a list on its own, more than about a quarter of the
-// entries changed (one parse of the whole file is cheaper then), or the load finds any problem.
-func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
-	m := rl.memo
-	if m == nil || sp == nil {
-		return nil, false
+// loadSplit loads sp entry by entry: the header and the entries not in the memo (every entry, without
+// one) are parsed, the others taken from the memo. The entries to parse go in runs of consecutive
+// ones, each run's text parsed as one list, on up to GOMAXPROCS goroutines: a reload that changes
+// every entry of 100,000 (or the first load) parses on every CPU, where one parse of the whole file
+// runs on one. m is the memo to take unchanged entries from (nil: none, every entry is decoded). It
+// fails, and leaves the work to a whole load, when anything parsed here has an anchor or an alias
+// (which can reach across entries), a run's text does not parse as exactly its entries (errNoCut), or
+// the load finds any problem (a whole load then names them, with the file's lines); with
+// errOwnChanged when the own addresses are not m's.
+func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
+	if sp == nil {
+		return nil, errNoCut
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(sp.header, &doc); err != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode || hasAnchors(&doc) {
-		return nil, false
+		return nil, errNoCut
 	}
 	root := doc.Content[0]
 	reuse := map[bool][]*Route{}
@@ -127,62 +139,115 @@ func (rl *Reloader) loadChanged(sp *entrySplit) (*Config, bool) {
 	// One placeholder serves every reused entry: its node is read only for the line of a problem, and
 	// any problem sends the load to a whole one.
 	placeholder := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-	hosts := &HostCache{}
-	// Entries parsed one by one cost more than in one parse of the file once most have changed.
-	budget := 0
-	for _, list := range sp.lists {
-		budget += len(list.chunks)
-	}
-	budget = budget/4 + 16
-	for _, list := range sp.lists {
+	var runs []parseRun
+	for li, list := range sp.lists {
 		val := mappingValue(root, list.key)
 		if val == nil || val.Kind != yaml.ScalarNode || val.ShortTag() != "!!null" {
-			return nil, false
+			return nil, errNoCut
 		}
 		instance := list.key == "instances"
-		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: list.chunks[0].line, Column: list.col + 1, Content: make([]*yaml.Node, 0, len(list.chunks))}
+		*val = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: list.chunks[0].line, Column: list.col + 1, Content: make([]*yaml.Node, len(list.chunks))}
 		rs := make([]*Route, len(list.chunks))
 		for i, ch := range list.chunks {
-			if r := m.entries[ch.sum]; r != nil && r.Instance == instance && reusable(r) {
-				rs[i] = r
-				seq.Content = append(seq.Content, placeholder)
-				continue
+			if m != nil {
+				if r := m.entries[ch.sum]; r != nil && r.Instance == instance && reusable(r) {
+					rs[i] = r
+					val.Content[i] = placeholder
+					continue
+				}
 			}
-			if decoded++; decoded > budget {
-				return nil, false
+			decoded++
+			if n := len(runs); n > 0 && runs[n-1].list == li && runs[n-1].end == i && i-runs[n-1].start < parseRunMax {
+				runs[n-1].end++
+			} else {
+				runs = append(runs, parseRun{list: li, start: i, end: i + 1, into: val.Content})
 			}
-			item := parseChunk(sp.data, ch)
-			if item == nil {
-				return nil, false
-			}
-			seq.Content = append(seq.Content, item)
 		}
-		*val = *seq
 		reuse[instance] = rs
 	}
-	cfg, ents, own, err := loadDoc(&doc, rl.backings, &reuseSet{routes: reuse, hosts: hosts, own: m.own})
-	if err != nil {
-		return nil, false
+	if !parseRuns(sp, runs) {
+		return nil, errNoCut
 	}
-	rl.memo, rl.decoded = newMemo(sp, &doc, ents, own, false, nil), decoded
-	return cfg, true
+	var set *reuseSet // without a memo, a load of every entry: nothing to reuse, no own addresses to match
+	if m != nil {
+		set = &reuseSet{routes: reuse, hosts: &HostCache{}, own: m.own}
+	}
+	cfg, ents, own, err := loadDoc(&doc, rl.backings, set)
+	if err != nil {
+		return nil, err // errOwnChanged, or problems: a whole load names them
+	}
+	if m != nil { // the reused entries are the memo's Routes already
+		rl.memo, rl.decoded = newMemo(sp, ents, own, nil), decoded
+		return cfg, nil
+	}
+	rl.memo, rl.decoded = newMemo(sp, ents, own, rl.memo), decoded
+	cfg.Routes, cfg.Instances = routesOf(ents) // newMemo may have taken the last memo's Routes
+	return cfg, nil
 }
 
-// parseChunk parses one entry's text on its own and moves its nodes to the file's line numbers (the
-// text is not padded with the lines before it: that made a reload that changes every entry quadratic
-// in the file's length). It returns the entry's node, or nil when the text is not one item of a list
-// or has an anchor or an alias.
-func parseChunk(data []byte, ch chunk) *yaml.Node {
+// errNoCut ends a load by the cut that the cut cannot serve (see loadSplit): a whole load follows.
+var errNoCut = errors.New("the file's cut does not serve this load")
+
+// parseRun is entries start to end (exclusive) of sp.lists[list], to be parsed together into
+// into[start:end].
+type parseRun struct {
+	list, start, end int
+	into             []*yaml.Node
+}
+
+// parseRunMax bounds a run, so that the runs of a file whose every entry is new share out over the
+// CPUs; a parse's own setup is small beside 512 entries.
+const parseRunMax = 512
+
+// parseRuns parses each run's text (its entries' lines, consecutive in the file) on its own, on up to
+// GOMAXPROCS goroutines, and places each entry's node, moved to the file's line numbers (the text is
+// not padded with the lines before it: that made a reload that changes every entry quadratic in the
+// file's length). It reports false when a run's text is not a list of exactly its entries, each
+// starting on one of its own lines, or has an anchor or an alias: the cut (splitEntries) was wrong
+// there, or the text is one a whole load must judge.
+func parseRuns(sp *entrySplit, runs []parseRun) bool {
+	var next atomic.Int64
+	var failed atomic.Bool
+	work := func() {
+		for !failed.Load() {
+			k := int(next.Add(1)) - 1
+			if k >= len(runs) {
+				return
+			}
+			if !parseOne(sp, runs[k]) {
+				failed.Store(true)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(runs)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	return !failed.Load()
+}
+
+// parseOne parses one run for parseRuns.
+func parseOne(sp *entrySplit, run parseRun) bool {
+	chunks := sp.lists[run.list].chunks[run.start:run.end]
 	var d yaml.Node
-	if err := yaml.Unmarshal(data[ch.start:ch.end], &d); err != nil || len(d.Content) != 1 {
-		return nil
+	if err := yaml.Unmarshal(sp.data[chunks[0].start:chunks[len(chunks)-1].end], &d); err != nil || len(d.Content) != 1 {
+		return false
 	}
 	seq := d.Content[0]
-	if seq.Kind != yaml.SequenceNode || len(seq.Content) != 1 || hasAnchors(seq) {
-		return nil
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) != len(chunks) || hasAnchors(seq) {
+		return false
 	}
-	shiftLines(seq.Content[0], ch.line-1)
-	return seq.Content[0]
+	by := chunks[0].line - 1
+	for i, item := range seq.Content {
+		shiftLines(item, by)
+		if ch := chunks[i]; item.Line < ch.line || item.Line >= ch.next {
+			return false
+		}
+		run.into[run.start+i] = item
+	}
+	return true
 }
 
 // shiftLines adds by to the line of every node under n.
@@ -194,18 +259,11 @@ func shiftLines(n *yaml.Node, by int) {
 }
 
 // newMemo records a good load's entries by their text's hash: ents are the load's entries (all
-// usable), doc the document they came from, own the addresses they were checked against. With verify
-// set (a whole load), the cut of the file must agree with the parse, entry by entry, and the document must have no anchor or alias; it returns nil
-// when it does not. A load of changed entries built doc from the cut itself. An entry whose text prev
-// has, and whose Route came out the Same again (a whole load after a change of the own addresses), takes
-// prev's Route: that is the one the server keeps, and the memo must not hold a copy beside it.
-func newMemo(sp *entrySplit, doc *yaml.Node, ents []entry, own []ownAddr, verify bool, prev *memo) *memo {
-	if sp == nil || len(doc.Content) != 1 {
-		return nil
-	}
-	if verify && (!sp.matches(doc.Content[0]) || hasAnchors(doc)) {
-		return nil
-	}
+// usable, each parsed from its own chunk's text), own the addresses they were checked against. An
+// entry whose text prev has, and whose Route came out the Same again (a load after a change of the own
+// addresses), takes prev's Route: that is the one the server keeps, and the memo must not hold a copy
+// beside it.
+func newMemo(sp *entrySplit, ents []entry, own []ownAddr, prev *memo) *memo {
 	m := &memo{own: own, entries: make(map[sum]*Route, len(ents))}
 	for i := range ents {
 		e := &ents[i]
@@ -375,33 +433,19 @@ func (sp *entrySplit) list(key string) *entryList {
 	return nil
 }
 
-// matches reports whether the cut agrees with the parsed top-level mapping root: each cut list is a
-// sequence there with as many items, each starting on one of its chunk's lines.
-func (sp *entrySplit) matches(root *yaml.Node) bool {
-	if root.Kind != yaml.MappingNode {
-		return false
-	}
-	for _, list := range sp.lists {
-		seq := mappingValue(root, list.key)
-		if seq == nil || seq.Kind != yaml.SequenceNode || len(seq.Content) != len(list.chunks) {
-			return false
-		}
-		for i, item := range seq.Content {
-			if ch := list.chunks[i]; item.Line < ch.line || item.Line >= ch.next {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 // splitEntries cuts data at the items of its top-level routes: and instances: lists, written in block
 // style: a key at column 0 with nothing after it but a comment, and its items each starting with a
 // dash at one column. An item runs to the next line, not blank and not a comment, at that column or
-// left of it. The cut is by lines alone, so it is checked: a whole load's parse must agree with it
-// (matches), and an entry parsed on its own must be exactly one item. A file with a directive or a
+// left of it. The cut is by lines alone, so it is checked: the entries' text, parsed in runs of
+// consecutive entries, must give exactly those entries, each starting on one of its own lines
+// (parseRuns). An entry cut short (a flow collection or a quoted scalar that goes on at the list's
+// column or left of it) does not parse, and a cut inside one gives more entries than the parse. A
+// file with a line break other than LF and CRLF (otherBreaks), a directive or a
 // second document is not cut (nil); a list in flow style, or indented otherwise, is left in the header.
 func splitEntries(data []byte) *entrySplit {
+	if otherBreaks(data) {
+		return nil
+	}
 	sp := &entrySplit{data: data}
 	var cur *entryList // the list being cut, or nil
 	open := false      // an entry of cur is being cut: its last chunk
@@ -480,6 +524,23 @@ func splitEntries(data []byte) *entrySplit {
 	sp.header = append(sp.header, data[from:]...)
 	sp.lists = kept
 	return sp
+}
+
+// otherBreaks reports whether data has a line break the cut does not see: yaml.v3 (after libyaml)
+// also breaks lines at a CR alone and at NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR, where the cut
+// breaks only at LF (a CR before it is part of the line).
+func otherBreaks(data []byte) bool {
+	for rest := data; ; {
+		i := bytes.IndexByte(rest, '\r')
+		if i < 0 {
+			break
+		}
+		if i+1 == len(rest) || rest[i+1] != '\n' {
+			return true
+		}
+		rest = rest[i+2:]
+	}
+	return bytes.Contains(data, []byte("\u0085")) || bytes.Contains(data, []byte("\u2028")) || bytes.Contains(data, []byte("\u2029"))
 }
 
 // isListKey reports whether line (at column 0) is key followed by a colon and nothing but spaces or a

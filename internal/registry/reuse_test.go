@@ -53,6 +53,21 @@ func reloadAgrees(t *testing.T, rl *registry.Reloader, next string) int {
 	return rl.Decoded()
 }
 
+// loadThenEdit loads base with a new Reloader, which must decode all n of its entries, and then next,
+// each outcome checked against Load's; unless decoded is -1, next must have decoded that many. It
+// returns the Reloader.
+func loadThenEdit(t *testing.T, base, next string, n, decoded int) *registry.Reloader {
+	t.Helper()
+	rl := registry.NewReloader(reusing)
+	if d := reloadAgrees(t, rl, base); d != n {
+		t.Fatalf("the first load decoded %d entries, want all %d", d, n)
+	}
+	if d := reloadAgrees(t, rl, next); decoded >= 0 && d != decoded {
+		t.Errorf("decoded %d entries, want %d", d, decoded)
+	}
+	return rl
+}
+
 // reuseBase is a config with n routes, each requiring the instance db, and that instance.
 func reuseBase(n int) string {
 	var b strings.Builder
@@ -108,20 +123,60 @@ func TestReloaderAgreesWithLoad(t *testing.T) {
 		{"a bad value in a block scalar's place", strings.Replace(base, "  - name: r1\n", "  - name: r1\n    waiting_page: |\n      - not an item\n", 1), -1},
 		{"a second document", base + "---\nroutes: []\n", -1},
 		{"a directive", "%YAML 1.1\n---\n" + base, -1},
+		{"a CR alone breaks a line", strings.Replace(base, "      argv: [/usr/bin/app, \"2\"]\n", "      argv: [/usr/bin/app, \"2\"]\r0\n", 1), -1},
+		{"a LINE SEPARATOR breaks a line", strings.Replace(base, "      argv: [/usr/bin/app, \"2\"]\n", "      argv: [/usr/bin/app, \"2\"]\u2028  - name: x\n", 1), -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rl := registry.NewReloader(reusing)
-			if d := reloadAgrees(t, rl, base); d != 6 {
-				t.Fatalf("the first load decoded %d entries, want all 6", d)
-			}
-			if d := reloadAgrees(t, rl, tc.next); tc.decoded >= 0 && d != tc.decoded {
-				t.Errorf("decoded %d entries, want %d", d, tc.decoded)
-			}
+			rl := loadThenEdit(t, base, tc.next, 6, tc.decoded)
 			// And back: after any outcome the Reloader still agrees with Load.
 			reloadAgrees(t, rl, base)
 			reloadAgrees(t, rl, tc.next)
 		})
 	}
+}
+
+// TestReloaderParsesInRuns: with more entries than one run takes, the entries to parse go in several
+// runs, on several goroutines; every outcome must still be Load's, and a problem in one run must be
+// reported as Load reports it, with the file's line.
+func TestReloaderParsesInRuns(t *testing.T) {
+	base := reuseBase(1300)
+	everyThird := base
+	for i := 0; i < 1300; i += 3 {
+		everyThird = strings.Replace(everyThird, fmt.Sprintf("127.0.0.1:%d\n", 9000+i), fmt.Sprintf("127.0.0.1:%d\n", 19000+i), 1)
+	}
+	for _, tc := range []struct {
+		name    string
+		next    string
+		decoded int // -1: any (a whole load, or problems)
+	}{
+		{"every route edited", strings.ReplaceAll(base, "/usr/bin/app", "/usr/bin/app2"), 1300},
+		{"every third route edited", everyThird, 434},
+		{"a syntax error in the third run", strings.Replace(base, "hosts: [r1100.test]", "hosts: [r1100.test", 1), -1},
+		{"a bad key in the second run", strings.Replace(base, "    hosts: [r700.test]\n", "    hosts: [r700.test]\n    idel: 1m\n", 1), -1},
+		{"a duplicate host across runs", strings.Replace(base, "[r1200.test]", "[r3.test]", 1), -1},
+		{"an alias across runs", strings.Replace(strings.Replace(base, "hosts: [r10.test]", "hosts: &h [r10.test]", 1), "    hosts: [r1000.test]\n", "    path_prefix: /x\n    hosts: *h\n", 1), -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loadThenEdit(t, base, tc.next, 1301, tc.decoded)
+			// A first load of the edit, with no memo, parses every entry in runs.
+			reloadAgrees(t, registry.NewReloader(reusing), tc.next)
+		})
+	}
+}
+
+// TestReloaderEntryCutShort: the last entry's flow mapping goes on at column 0, where the cut ends
+// the list, so the cut leaves that entry short. The next file is the first without that line: the
+// entry's text is then exactly the short one, and the file does not parse. Reusing the entry from a
+// memo of the first load reported that file as good (FuzzReloader found it).
+func TestReloaderEntryCutShort(t *testing.T) {
+	first := reuseBase(2) + "  - name: cache\n    backing: exec\n    upstream: 127.0.0.1:6379\n    exec: {argv: [/usr/bin/cache,\n]}\n"
+	next := strings.TrimSuffix(first, "]}\n")
+	rl := registry.NewReloader(reusing)
+	reloadAgrees(t, rl, first)
+	if _, err := registry.Load([]byte(next), reusing); err == nil {
+		t.Fatal("Load takes the file without its closing line; the test needs one it rejects")
+	}
+	reloadAgrees(t, rl, next)
 }
 
 // TestReloaderCorpus loads every pair of the golden inputs, one after the other, with one Reloader.
@@ -243,7 +298,7 @@ func TestReloaderDecodesSettingsWithoutHostChecks(t *testing.T) {
 	}
 }
 
-// FuzzReloader loads one input and then another with one Reloader: the second outcome must be Load's.
+// FuzzReloader loads one input and then another with one Reloader: each outcome must be Load's.
 func FuzzReloader(f *testing.F) {
 	base := reuseBase(3)
 	f.Add([]byte(base), []byte(strings.Replace(base, "9001", "9101", 1)))
@@ -254,7 +309,7 @@ func FuzzReloader(f *testing.F) {
 			return // rendering large configs twice per input starves the fuzzer; the cut is per line
 		}
 		rl := registry.NewReloader(reusing)
-		_, _ = rl.Load(a)
+		reloadAgrees(t, rl, string(a)) // a first load is cut and parsed in runs too
 		reloadAgrees(t, rl, string(b))
 	})
 }
