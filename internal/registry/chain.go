@@ -109,31 +109,45 @@ const loadChunk = 256
 // (a Reloader's, at the entry's index) is not decoded: its host checks run again, with hosts.
 func loadRoutes(nodes []yaml.Node, instance bool, backings map[string]SettingsDecoder, own []ownAddr, reuse []*Route, hosts *HostCache) []loaded {
 	out := make([]loaded, len(nodes))
+	inParallel(len(nodes), loadChunk, func(lo, hi int) bool {
+		for i := lo; i < hi; i++ {
+			if i < len(reuse) && reuse[i] != nil {
+				out[i].e, out[i].problems = reusedEntry(reuse[i], &nodes[i], i, hosts)
+				continue
+			}
+			var l errs
+			out[i].e = loadRoute(&l, &nodes[i], i, instance, backings, own)
+			out[i].problems = l.list
+		}
+		return true
+	})
+	return out
+}
+
+// inParallel calls do over [0, n) in batches of at most batch indexes (lo to hi, exclusive), handed
+// out in order to up to GOMAXPROCS goroutines, the caller's among them, until every batch is done or
+// a call reports false; it reports whether none did. It returns once every call has.
+func inParallel(n, batch int, do func(lo, hi int) bool) bool {
 	var next atomic.Int64
+	var failed atomic.Bool
 	work := func() {
-		for {
-			start := int(next.Add(loadChunk)) - loadChunk
-			if start >= len(nodes) {
+		for !failed.Load() {
+			lo := int(next.Add(int64(batch))) - batch
+			if lo >= n {
 				return
 			}
-			for i := start; i < min(start+loadChunk, len(nodes)); i++ {
-				if i < len(reuse) && reuse[i] != nil {
-					out[i].e, out[i].problems = reusedEntry(reuse[i], &nodes[i], i, hosts)
-					continue
-				}
-				var l errs
-				out[i].e = loadRoute(&l, &nodes[i], i, instance, backings, own)
-				out[i].problems = l.list
+			if !do(lo, min(lo+batch, n)) {
+				failed.Store(true)
 			}
 		}
 	}
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), (len(nodes)+loadChunk-1)/loadChunk) - 1 {
+	for range min(runtime.GOMAXPROCS(0), (n+batch-1)/batch) - 1 {
 		wg.Go(work)
 	}
 	work()
 	wg.Wait()
-	return out
+	return !failed.Load()
 }
 
 // checkUnique reports e's name when an earlier route or instance has it already, and each of a route's

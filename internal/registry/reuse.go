@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -206,26 +204,7 @@ const parseRunMax = 512
 // starting on one of its own lines, or has an anchor or an alias: the cut (splitEntries) was wrong
 // there, or the text is one a whole load must judge.
 func parseRuns(sp *entrySplit, runs []parseRun) bool {
-	var next atomic.Int64
-	var failed atomic.Bool
-	work := func() {
-		for !failed.Load() {
-			k := int(next.Add(1)) - 1
-			if k >= len(runs) {
-				return
-			}
-			if !parseOne(sp, runs[k]) {
-				failed.Store(true)
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(runs)) - 1 {
-		wg.Go(work)
-	}
-	work()
-	wg.Wait()
-	return !failed.Load()
+	return inParallel(len(runs), 1, func(k, _ int) bool { return parseOne(sp, runs[k]) })
 }
 
 // parseOne parses one run for parseRuns.
