@@ -8,10 +8,10 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // entry is one route or instance as loaded, problems and all: what the checks across entries see, so
@@ -124,29 +124,22 @@ func loadRoutes(nodes []yaml.Node, instance bool, backings map[string]SettingsDe
 	return out
 }
 
-// inParallel calls do over [0, n) in batches of at most batch indexes (lo to hi, exclusive), handed
-// out in order to up to GOMAXPROCS goroutines, the caller's among them, until every batch is done or
-// a call reports false; it reports whether none did. It returns once every call has.
+// inParallel calls do over [0, n) in batches of at most batch indexes (lo to hi, exclusive), in
+// order, on up to GOMAXPROCS goroutines at once, until every batch is done or a call reports false
+// (no batch starts after that); it reports whether none did, once every call has returned.
 func inParallel(n, batch int, do func(lo, hi int) bool) bool {
-	var next atomic.Int64
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
 	var failed atomic.Bool
-	work := func() {
-		for !failed.Load() {
-			lo := int(next.Add(int64(batch))) - batch
-			if lo >= n {
-				return
-			}
+	for lo := 0; lo < n && !failed.Load(); lo += batch {
+		g.Go(func() error {
 			if !do(lo, min(lo+batch, n)) {
 				failed.Store(true)
 			}
-		}
+			return nil
+		})
 	}
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), (n+batch-1)/batch) - 1 {
-		wg.Go(work)
-	}
-	work()
-	wg.Wait()
+	_ = g.Wait()
 	return !failed.Load()
 }
 
