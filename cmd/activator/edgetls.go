@@ -51,17 +51,26 @@ func newACME(cfg *registry.Config, log *slog.Logger) (acmeHooks, error) {
 
 var _ tlsedge.Source = (*acme.Manager)(nil)
 
-// proxyListener wraps a raw edge listener, below TLS and the activator's framing record, in the PROXY
-// protocol (internal/trust) when the config asks for it on that listener (on): trusted peers must send
-// the header, others may not. trusted is read per connection (Server.TrustedProxy), so a reload's
-// trusted_proxies apply to the next connection; whether a listener expects the header at all is fixed
-// at start-up.
-func proxyListener(ln net.Listener, on bool, trusted func(netip.Addr) bool) net.Listener {
-	if !on {
-		return ln
-	}
-	return trust.Wrap(ln, trusted)
+// proxyPolicy is where the edge's listeners read the PROXY protocol's settings from, per accepted
+// connection: the running config's (activator.Server), so a reload's apply to the next connection.
+type proxyPolicy interface {
+	TrustedProxy(peer netip.Addr) bool
+	ProxyProtocol() registry.ProxyProtocol
 }
+
+// proxyListener wraps a raw edge listener, below TLS and the activator's framing record, in the PROXY
+// protocol (internal/trust): while the running config asks for it on that listener (on reads which
+// flag of proxy_protocol), trusted peers must send the header and others may not; while it does not,
+// connections are served as they are. Both are read for each connection as it is accepted, so a
+// reload that turns proxy_protocol on or off, or changes trusted_proxies, applies to the connections
+// accepted after it; one accepted before keeps what it was accepted with.
+func proxyListener(ln net.Listener, p proxyPolicy, on func(registry.ProxyProtocol) bool) net.Listener {
+	return trust.Wrap(ln, func() bool { return on(p.ProxyProtocol()) }, p.TrustedProxy)
+}
+
+// onListen and onListenTLS pick proxy_protocol's flag for the plain and the TLS listener.
+func onListen(pp registry.ProxyProtocol) bool    { return pp.Listen }
+func onListenTLS(pp registry.ProxyProtocol) bool { return pp.ListenTLS }
 
 // tlsSide is the edge's TLS side in one serve, set up when listen_tls is: its certificates and
 // redirects (edge), the ACME hooks, and the listener that runs its handshakes.
@@ -125,14 +134,14 @@ func newTLSSide(cfg *registry.Config, log *slog.Logger) (*tlsSide, tlsedge.Setti
 
 // bind puts the TLS side on its raw listener (bound for listen_tls, or passed in by systemd): it builds
 // the edge for the listener's port and returns the listener that runs the handshakes.
-func (t *tlsSide) bind(raw net.Listener, s tlsedge.Settings, cfg *registry.Config, trusted func(netip.Addr) bool) *tlsedge.Listener {
+func (t *tlsSide) bind(raw net.Listener, s tlsedge.Settings, cfg *registry.Config, pp proxyPolicy) *tlsedge.Listener {
 	port := 443
 	if a, ok := raw.Addr().(*net.TCPAddr); ok {
 		port = a.Port
 	}
 	t.edge = tlsedge.New(s, tlsedge.Options{Source: t.acme.source, Challenge: t.acme.challenge, HTTPSPort: port})
 	lim := tlsedge.Limits{Timeout: cfg.Edge.TLSHandshakeTimeout, Max: cfg.Edge.MaxTLSHandshakes}
-	return tlsedge.NewListener(proxyListener(raw, cfg.ProxyProtocol.ListenTLS, trusted), t.edge.TLSConfig(), lim, t.log)
+	return tlsedge.NewListener(proxyListener(raw, pp, onListenTLS), t.edge.TLSConfig(), lim, t.log)
 }
 
 // runACME runs the ACME manager until ctx ends; it returns at once without one.

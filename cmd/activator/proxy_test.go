@@ -7,6 +7,7 @@ package main
 // binary re-executed as a recorder that answers each request with the forwarding fields it got.
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -139,19 +140,21 @@ func startHAProxy(t *testing.T, bin, config string, lns ...*net.TCPListener) {
 }
 
 // clientFrom is an HTTP client on its own loopback address, ip, that dials addr whatever the URL says (a
-// frontend of HAProxy's, or the activator itself), trusting ca over HTTPS, where it speaks HTTP/2
-// when the server offers it.
+// frontend of HAProxy's, or the activator itself), trusting ca over HTTPS (nil: plain HTTP only),
+// where it speaks HTTP/2 when the server offers it.
 func clientFrom(t *testing.T, ip, addr string, ca *tlstest.CA) *http.Client {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
 	tr := &http.Transport{
-		Protocols:       &p,
-		TLSClientConfig: &tls.Config{RootCAs: ca.Pool()},
+		Protocols: &p,
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
 			return d.DialContext(ctx, network, addr)
 		},
+	}
+	if ca != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: ca.Pool()}
 	}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: patience}
@@ -381,4 +384,64 @@ backend activator
 		wantFields(t, method+" from a direct client forging fields", got, edgeOwn(clientIP, "http"))
 	}
 	s.wantOneRequestWake(t, recorderRoute.Name)
+}
+
+// TestReloadTurnsProxyProtocolOn: proxy_protocol follows reloads, for the connections accepted after
+// each. Off, the trusted proxy's connection without a header is served with the proxy's address;
+// turned on by a reload, the next one without a header is closed unanswered and one with a header is
+// served as the client it names, while a kept-alive connection accepted before goes on being served
+// as it was; turned off again, the proxy is served without a header once more.
+func TestReloadTurnsProxyProtocolOn(t *testing.T) {
+	t.Parallel()
+	proxyIP, clientIP := loopbackIP(t), loopbackIP(t)
+	trusted := fmt.Sprintf("trusted_proxies: [%s]\n", proxyIP)
+	routes := configYAML(t, recorderRoute)
+	s := startServed(t, trusted+routes)
+	req := "GET / HTTP/1.1\r\nHost: " + recorderRoute.host() + "\r\n\r\n"
+
+	direct := func(what string) {
+		t.Helper()
+		c := clientFrom(t, proxyIP, s.edge, nil)
+		wantFields(t, what, askRecorder(t, c, http.MethodGet, "http://"+recorderRoute.host()+"/", nil), edgeOwn(proxyIP, "http"))
+	}
+	direct("off: the trusted proxy without a header")
+	kept := dialOpening(t, "a kept-alive connection", proxyIP, s.edge, []byte(req))
+	keptR := bufio.NewReader(kept)
+	answered := func(what string) {
+		t.Helper()
+		resp, err := http.ReadResponse(keptR, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d, want 200", what, resp.StatusCode)
+		}
+	}
+	answered("off: the kept-alive connection's first request")
+
+	s.rewrite(trusted+"proxy_protocol: {listen: true}\n"+routes, 1)
+	refused(t, "on: the trusted proxy without a header", proxyIP, s.edge, []byte(req))
+	viaHeader := &http.Client{Timeout: patience, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(proxyIP)}}
+			c, err := d.DialContext(ctx, network, s.edge)
+			if err != nil {
+				return nil, err
+			}
+			local, edge := c.LocalAddr().(*net.TCPAddr), c.RemoteAddr().(*net.TCPAddr)
+			_, err = fmt.Fprintf(c, "PROXY TCP4 %s %s %d %d\r\n", clientIP, edge.IP, local.Port, edge.Port)
+			return c, err
+		},
+	}}
+	t.Cleanup(viaHeader.CloseIdleConnections)
+	wantFields(t, "on: a request behind a v1 header", askRecorder(t, viaHeader, http.MethodGet, "http://"+recorderRoute.host()+"/", nil), edgeOwn(clientIP, "http"))
+	if _, err := io.WriteString(kept, req); err != nil {
+		t.Fatal(err)
+	}
+	answered("on: the connection accepted while off, its next request")
+
+	s.rewrite(trusted+routes, 2)
+	direct("off again: the trusted proxy without a header")
 }

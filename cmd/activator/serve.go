@@ -162,7 +162,7 @@ func serve(o serveOptions) int {
 		return 1
 	}
 	releaseLoadGarbage()
-	handler, ln := edgeParts(cfg, srv, srv.TrustedProxy, edgeLn, tlsLn, tlsEdge, tlsSet)
+	handler, ln := edgeParts(cfg, srv, edgeLn, tlsLn, tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
@@ -303,12 +303,12 @@ func edgeProtocols() *http.Protocols {
 // edgeParts are the edge http.Server's handler and listener. The listener is the plain one (with the
 // PROXY hook, then the activator's framing record, which must see plaintext), joined with the TLS
 // listener when t is set; the handler is srv, with t's challenges and redirects in front.
-func edgeParts(cfg *registry.Config, srv http.Handler, trusted func(netip.Addr) bool, plain, rawTLS net.Listener, t *tlsSide, s tlsedge.Settings) (http.Handler, net.Listener) {
-	ln := activator.Listener(proxyListener(plain, cfg.ProxyProtocol.Listen, trusted))
+func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Listener, t *tlsSide, s tlsedge.Settings) (http.Handler, net.Listener) {
+	ln := activator.Listener(proxyListener(plain, srv, onListen))
 	if t == nil {
 		return srv, ln
 	}
-	tlsLn := t.bind(rawTLS, s, cfg, trusted)
+	tlsLn := t.bind(rawTLS, s, cfg, srv)
 	return t.edge.Handler(srv), joinListeners(ln, tlsLn)
 }
 

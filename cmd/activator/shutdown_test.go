@@ -46,6 +46,7 @@ type served struct {
 	cmd    *exec.Cmd
 	edge   string // host:port
 	admin  string // host:port
+	path   string // the config file
 	logs   *jsonLog
 	exited chan struct{} // closed once the process has been waited for; exitErr is set before
 	// exitErr is cmd.Wait's result.
@@ -79,7 +80,7 @@ func startServedAt(t testing.TB, edge, admin, config string) *served {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &served{t: t, cmd: cmd, edge: edge, admin: admin, logs: newJSONLog(), exited: make(chan struct{})}
+	s := &served{t: t, cmd: cmd, edge: edge, admin: admin, path: path, logs: newJSONLog(), exited: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +104,22 @@ func startServedAt(t testing.TB, edge, admin, config string) *served {
 	})
 	s.logs.waitFor(t, s.exited, "activator listening")
 	return s
+}
+
+// rewrite replaces the config file with config (listen and admin added, as startServedAt adds them)
+// by a rename, as config managers do, and returns once the activator has logged "config reloaded"
+// for the nth time: the file watch reloads it.
+func (s *served) rewrite(config string, n int) {
+	s.t.Helper()
+	config = fmt.Sprintf("listen: %q\nadmin: %q\n", s.edge, s.admin) + config
+	tmp := s.path + ".new"
+	if err := os.WriteFile(tmp, []byte(config), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitLogged("config reloaded", n)
 }
 
 // sigterm sends SIGTERM and returns when it was sent.

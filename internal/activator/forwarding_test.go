@@ -58,7 +58,7 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 		srv := httptest.NewUnstartedServer(e.s)
 		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 		if l.proxy {
-			srv.Listener = trust.Wrap(srv.Listener, e.s.TrustedProxy)
+			srv.Listener = trust.Wrap(srv.Listener, func() bool { return true }, e.s.TrustedProxy)
 		}
 		if l.tls {
 			srv.StartTLS()

@@ -379,6 +379,11 @@ func answerReserve(left time.Duration) time.Duration { return max(0, min(time.Se
 // reads the routing table, so it follows reloads; it is safe for concurrent use.
 func (s *Server) TrustedProxy(peer netip.Addr) bool { return s.table.Load().trusts(peer) }
 
+// ProxyProtocol reports which edge listeners the running config has expect a PROXY header
+// (proxy_protocol): what the listeners ask as they accept each connection (trust.Wrap), so a reload
+// turns it on or off for the connections accepted after it. It is safe for concurrent use.
+func (s *Server) ProxyProtocol() registry.ProxyProtocol { return s.table.Load().proxy }
+
 // ServeHTTP is the edge: route, hold, proxy.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if w, r = s.hygiene(w, r); r == nil {

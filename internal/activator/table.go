@@ -15,8 +15,10 @@ type table struct {
 	// edge is the config's edge limits, swapped with the routes: the request that loaded the table
 	// reads them without another atomic load, and a reload's new values apply to the next request.
 	edge registry.EdgeLimits
-	// trusted is the config's trusted_proxies, swapped with the routes likewise (Server.TrustedProxy).
+	// trusted is the config's trusted_proxies, swapped with the routes likewise (Server.TrustedProxy),
+	// and proxy its proxy_protocol (Server.ProxyProtocol).
 	trusted []netip.Prefix
+	proxy   registry.ProxyProtocol
 }
 
 // routed is one route as the edge uses it.
@@ -28,7 +30,7 @@ type routed struct {
 
 func buildTable(cfg *registry.Config, instances map[string]*instance) *table {
 	// Sized up front: growing a map of 100,000 hosts rehashes it a dozen times on every reload.
-	t := &table{exact: make(map[string][]*routed, len(cfg.Routes)), wildcard: map[string][]*routed{}, edge: cfg.Edge, trusted: cfg.TrustedProxies,
+	t := &table{exact: make(map[string][]*routed, len(cfg.Routes)), wildcard: map[string][]*routed{}, edge: cfg.Edge, trusted: cfg.TrustedProxies, proxy: cfg.ProxyProtocol,
 		order: make([]*instance, 0, len(cfg.Routes)+len(cfg.Instances))}
 	for _, r := range cfg.Routes {
 		in := instances[r.Name]

@@ -23,6 +23,10 @@
 // The header is read on the connection's first Read (or RemoteAddr, LocalAddr), in the goroutine
 // that serves it, not in Accept: a silent peer holds up only its own connection, for at most
 // HeaderTimeout, and never the accept loop.
+//
+// Whether a listener expects the header at all is asked per accepted connection too, so a reload can
+// turn the PROXY protocol on or off without rebinding: a connection accepted while it is off is the
+// raw one, served as it is whoever sends it, for its whole life.
 package trust
 
 import (
@@ -43,23 +47,27 @@ const HeaderTimeout = 5 * time.Second
 // errNotTCP refuses a PROXY header whose addresses are not TCP over IPv4 or IPv6.
 var errNotTCP = errors.New("trust: the PROXY header names other than TCP over IPv4 or IPv6")
 
-// Wrap returns ln with the PROXY protocol: a connection from a peer that trusted (the peer's IP, no
-// zone, IPv4 unmapped) reports must open with a PROXY header, and has the header's source as its
-// RemoteAddr; a connection from any other peer may not send one (see the package doc). trusted is
-// asked once per accepted connection, in Accept, so it may follow reloads; it must be fast and safe
-// for concurrent use. A peer without an IP address (a Unix socket's) is not trusted.
+// Wrap returns ln with the PROXY protocol while on reports true: a connection from a peer that
+// trusted (the peer's IP, no zone, IPv4 unmapped) reports must open with a PROXY header, and has the
+// header's source as its RemoteAddr; a connection from any other peer may not send one (see the
+// package doc). While on reports false, Accept returns ln's connections as they are. on and trusted
+// are asked once per accepted connection, in Accept, so they may follow reloads; they must be fast
+// and safe for concurrent use. A peer without an IP address (a Unix socket's) is not trusted.
 //
 // Closing the returned listener closes ln. Wrap the raw listener, below TLS and anything else that
 // reads the connection's bytes: the header precedes them.
-func Wrap(ln net.Listener, trusted func(peer netip.Addr) bool) net.Listener {
-	return wrap(ln, trusted, HeaderTimeout)
+func Wrap(ln net.Listener, on func() bool, trusted func(peer netip.Addr) bool) net.Listener {
+	return wrap(ln, on, trusted, HeaderTimeout)
 }
 
 // wrap is Wrap with the header's timeout (tests shorten it).
-func wrap(ln net.Listener, trusted func(peer netip.Addr) bool, timeout time.Duration) net.Listener {
+func wrap(ln net.Listener, on func() bool, trusted func(peer netip.Addr) bool, timeout time.Duration) net.Listener {
 	return &proxyproto.Listener{
 		Listener: ln,
 		ConnPolicy: func(o proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) {
+			if !on() {
+				return proxyproto.SKIP, nil // the raw connection, unwrapped (go-proxyproto's Listener)
+			}
 			if a, ok := peerIP(o.Upstream); ok && trusted(a) {
 				return proxyproto.REQUIRE, nil
 			}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,14 +24,20 @@ const untrustedSource = "127.0.0.2"
 
 func trustLoopback(peer netip.Addr) bool { return peer == netip.MustParseAddr("127.0.0.1") }
 
-// listen returns a wrapped listener on 127.0.0.1 that waits timeout for a header.
+// listen returns a wrapped listener on 127.0.0.1 that waits timeout for a header, the PROXY protocol
+// on.
 func listen(t *testing.T, timeout time.Duration) net.Listener {
+	return listenOn(t, func() bool { return true }, timeout)
+}
+
+// listenOn is listen with the PROXY protocol on while on says so.
+func listenOn(t *testing.T, on func() bool, timeout time.Duration) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	wl := wrap(ln, trustLoopback, timeout)
+	wl := wrap(ln, on, trustLoopback, timeout)
 	t.Cleanup(func() { wl.Close() })
 	return wl
 }
@@ -125,6 +132,41 @@ func TestWrap(t *testing.T) {
 				t.Errorf("RemoteAddr %s, want %s", sc.RemoteAddr(), want)
 			}
 		})
+	}
+}
+
+// TestWrapFollowsOn: whether a connection must open with a header is decided as it is accepted. While
+// the PROXY protocol is off, a trusted peer's connection is served as it is: no header needed, and
+// one it sends is the connection's first bytes, not its address. Turned on, the next connection
+// from the same peer must send one; the connection accepted before stays raw for its whole life.
+func TestWrapFollowsOn(t *testing.T) {
+	var on atomic.Bool
+	ln := listenOn(t, on.Load, HeaderTimeout)
+	v1 := "PROXY TCP4 203.0.113.9 192.0.2.1 4711 80\r\n"
+
+	before := dial(t, ln, "")
+	if _, err := io.WriteString(before, v1+"hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	raw := accept(t, ln)
+	r := bufio.NewReader(raw)
+	if line, err := r.ReadString('\n'); err != nil || line != v1 {
+		t.Fatalf("off: first read %q, %v; want the header's own bytes", line, err)
+	}
+	if ip := raw.RemoteAddr().(*net.TCPAddr).IP.String(); ip != "127.0.0.1" {
+		t.Errorf("off: RemoteAddr %s, want the socket's peer", raw.RemoteAddr())
+	}
+
+	on.Store(true)
+	after := dial(t, ln, "")
+	if _, err := io.WriteString(after, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(accept(t, ln)).ReadString('\n'); !errors.Is(err, proxyproto.ErrNoProxyProtocol) {
+		t.Fatalf("on: a trusted peer without a header read %v, want %v", err, proxyproto.ErrNoProxyProtocol)
+	}
+	if line, err := r.ReadString('\n'); err != nil || line != "hello\n" {
+		t.Fatalf("on: the connection accepted while off read %q, %v; want its own bytes still", line, err)
 	}
 }
 
