@@ -380,6 +380,13 @@ func (r *recorder) add(rec logRec) {
 	r.changed = make(chan struct{})
 }
 
+// snapshot is a copy of every record so far, in order.
+func (r *recorder) snapshot() []logRec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.recs)
+}
+
 // matching returns the records with msg whose attribute key equals val (key "" matches all).
 func (r *recorder) matching(msg, key, val string) []logRec {
 	r.mu.Lock()

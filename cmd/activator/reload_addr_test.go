@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/activator/activator/internal/registry"
@@ -72,4 +74,65 @@ func loadConfig(t testing.TB, bk *backings, config string) *registry.Config {
 		t.Fatalf("config rejected: %v\n%s", err, config)
 	}
 	return cfg
+}
+
+// TestReloadReportsStartOnlyKeys: the keys read only at start-up besides the addresses (cgroup_root,
+// the edge server's own limits, and with a TLS listener its handshake limits and tls.acme) are
+// warned about by name, with both values, when a reload changes them; the reload applies the rest.
+// A TLS limit is not compared once listen_tls itself is gone: that warning says it all.
+func TestReloadReportsStartOnlyKeys(t *testing.T) {
+	routes := configYAML(t, appRoute{Name: "keys"})
+	tlsAt := "listen_tls: 127.0.0.1:18443\ntls:\n  certificates:\n    - {cert_file: /etc/keys.crt, key_file: /etc/keys.key}\n"
+	top := func(edge, more string) string {
+		return "listen: 127.0.0.1:18080\nadmin: 127.0.0.1:19090\n" + more + "edge:\n" + edge + routes
+	}
+	const edge0 = "  header_timeout: 5s\n  keepalive_timeout: 30s\n  max_header_bytes: 16KiB\n  tls_handshake_timeout: 3s\n"
+	started := top(edge0, "cgroup_root: off\n"+tlsAt)
+	h := newHarness(t, started)
+	path := filepath.Join(t.TempDir(), "activator.yaml")
+	reload := newReload(t.Context(), h.log, serveOptions{configPath: path}, h.bk, h.srv, loadConfig(t, h.bk, started))
+	restart := "; restart the activator to apply it"
+	steps := []struct {
+		name   string
+		config string
+		want   []string // the warnings this reload adds, in startOnly's order
+	}{
+		{"edge server limits", top("  header_timeout: 5s\n  keepalive_timeout: 1m\n  max_header_bytes: 64KiB\n  tls_handshake_timeout: 3s\n", "cgroup_root: off\n"+tlsAt), []string{
+			"edge.keepalive_timeout changed from 30s to 1m0s" + restart,
+			"edge.max_header_bytes changed from 16384 bytes to 65536 bytes" + restart,
+		}},
+		{"cgroup root, header timeout and the TLS side", top("  header_timeout: 7s\n  keepalive_timeout: 30s\n  max_header_bytes: 16KiB\n  tls_handshake_timeout: 4s\n",
+			tlsAt+"  acme: {email: ops@example.com}\n"), []string{
+			"cgroup_root changed from off to automatic" + restart,
+			"edge.header_timeout changed from 5s to 7s" + restart,
+			"edge.tls_handshake_timeout changed from 3s to 4s" + restart,
+			`tls.acme changed from off to {email: "ops@example.com", ca: "` + registry.DefaultACMECA + `", storage: "", ca_root: ""}` + restart,
+		}},
+		{"all back", started, nil},
+		{"listen_tls gone, its limit too", top("  header_timeout: 5s\n  keepalive_timeout: 30s\n  max_header_bytes: 16KiB\n  tls_handshake_timeout: 9s\n", "cgroup_root: off\n"), []string{
+			"listen_tls address changed from 127.0.0.1:18443 to none" + restart,
+		}},
+	}
+	for i, st := range steps {
+		if err := os.WriteFile(path, []byte(st.config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		from := len(h.rec.snapshot())
+		reload("SIGHUP")
+		if n := len(h.rec.matching("config reloaded", "", "")); n != i+1 {
+			t.Fatalf("%s: %d reloads applied, want %d (a start-only key must not stop the rest)", st.name, n, i+1)
+		}
+		var got []string
+		for _, r := range h.rec.snapshot()[from:] {
+			if strings.HasSuffix(r.msg, restart) {
+				got = append(got, r.msg)
+				if r.level != slog.LevelWarn || r.attrs["key"] == "" {
+					t.Errorf("%s: %q logged at %v with key %q, want WARN naming the key", st.name, r.msg, r.level, r.attrs["key"])
+				}
+			}
+		}
+		if !slices.Equal(got, st.want) {
+			t.Errorf("%s: warnings\n%q\nwant\n%q", st.name, got, st.want)
+		}
+	}
 }

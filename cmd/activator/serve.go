@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -455,13 +454,14 @@ func watchFiles(l *reloadLoop, w *fsnotify.Watcher, fw fileWatcher, log *slog.Lo
 }
 
 // newReload returns one reload: it reads the config file, and applies the new config or, when it is
-// bad, logs all its problems and keeps the old one in force. running is the config serve started with,
-// whose listen and admin addresses are bound: a reload that changes them applies the rest and warns
-// that the listeners stay where they are. Reloads run one at a time (reloadLoop).
+// bad, logs all its problems and keeps the old one in force. running is the config serve started with:
+// a reload that changes a key read only at start-up (startOnly: the listeners' addresses, the edge
+// server's own limits, ...) applies the rest and warns that the key keeps its value until a restart.
+// Reloads run one at a time (reloadLoop).
 func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config) func(trigger string) {
-	// Only the bound addresses: holding running itself would keep its every route alive for the
+	// Only the start-up keys' values: holding running itself would keep its every route alive for the
 	// process's life once a reload has replaced them.
-	bound := struct{ listen, admin, listenTLS string }{running.Listen, running.Admin, running.ListenTLS}
+	started := startOnly(running, o)
 	return func(trigger string) {
 		cfg, err := o.load(bk.loader)
 		if err != nil {
@@ -477,17 +477,8 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 			return
 		}
 		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes), "instances", len(cfg.Instances), "decoded", bk.loader.Decoded())
+		warnStartOnly(log, started, startOnly(cfg, o))
 		liveCheck(ctx, log, bk.provider, tenants(cfg), srv.SetCheckError)
-		for _, a := range []struct{ key, bound, next, override string }{
-			{"listen", bound.listen, cfg.Listen, o.listen},
-			{"admin", bound.admin, cfg.Admin, o.admin},
-			{"listen_tls", bound.listenTLS, cfg.ListenTLS, ""},
-		} {
-			if a.override == "" && a.next != a.bound {
-				log.Warn(fmt.Sprintf("%s address changed from %s to %s; restart the activator to apply it", a.key, cmp.Or(a.bound, "none"), cmp.Or(a.next, "none")),
-					"key", a.key, "in_force", a.bound, "configured", a.next)
-			}
-		}
 		// After the host checks, whose garbage goes back to the OS with the load's; cfg itself is
 		// garbage by now but for the routes that changed.
 		releaseLoadGarbage()

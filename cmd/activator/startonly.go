@@ -1,0 +1,71 @@
+package main
+
+// The keys a reload cannot change: read once, when serve starts.
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/activator/activator/internal/registry"
+)
+
+// startValue is one key read only at start-up, with its value in a config as the warning shows it.
+type startValue struct {
+	key   string // the config key, as the docs name it
+	what  string // how the warning names it: the key, or "listen address" for an address
+	value string
+}
+
+// startOnly lists the keys of cfg that a running activator reads only at start-up, whatever a reload
+// says: the listeners' addresses (bound once), cgroup_root (taken before anything spawns), the edge
+// http.Server's own limits (header_timeout, keepalive_timeout, max_header_bytes), and, when cfg has
+// a TLS listener, its handshake limits and tls.acme. A flag that overrides listen or admin leaves
+// that key out: the config's value never applies.
+//
+// Every other key follows reloads. Why these do not: a bound listener cannot move without a window
+// where connections are refused; net/http reads its Server's limits without a lock, so they cannot
+// change under it; the cgroup root is locked for the process's life; the ACME manager keeps its
+// account and storage.
+func startOnly(cfg *registry.Config, o serveOptions) []startValue {
+	var out []startValue
+	add := func(key, what, value string) { out = append(out, startValue{key, what, value}) }
+	if o.listen == "" {
+		add("listen", "listen address", cmp.Or(cfg.Listen, "none"))
+	}
+	if o.admin == "" {
+		add("admin", "admin address", cmp.Or(cfg.Admin, "none"))
+	}
+	add("listen_tls", "listen_tls address", cmp.Or(cfg.ListenTLS, "none"))
+	add("cgroup_root", "cgroup_root", cmp.Or(cfg.CgroupRoot, "automatic"))
+	e := cfg.Edge
+	add("edge.header_timeout", "edge.header_timeout", e.HeaderTimeout.String())
+	add("edge.keepalive_timeout", "edge.keepalive_timeout", e.KeepAliveTimeout.String())
+	add("edge.max_header_bytes", "edge.max_header_bytes", strconv.FormatInt(e.MaxHeaderBytes, 10)+" bytes")
+	if cfg.ListenTLS != "" {
+		add("edge.tls_handshake_timeout", "edge.tls_handshake_timeout", e.TLSHandshakeTimeout.String())
+		add("edge.max_tls_handshakes", "edge.max_tls_handshakes", strconv.Itoa(e.MaxTLSHandshakes))
+		acme := "off"
+		if a := cfg.TLS.ACME; a != nil {
+			acme = fmt.Sprintf("{email: %q, ca: %q, storage: %q, ca_root: %q}", a.Email, a.CA, a.Storage, a.CARoot)
+		}
+		add("tls.acme", "tls.acme", acme)
+	}
+	return out
+}
+
+// warnStartOnly logs a warning for each key of started (startOnly of the config serve started with)
+// whose value in next (startOnly of a reloaded config) differs: the reload applied the rest, and
+// this key keeps its value until a restart. A key only one of them lists (the TLS limits, when
+// listen_tls itself changed) is not compared: the listen_tls warning says it all.
+func warnStartOnly(log *slog.Logger, started, next []startValue) {
+	for _, n := range next {
+		for _, s := range started {
+			if s.key == n.key && s.value != n.value {
+				log.Warn(fmt.Sprintf("%s changed from %s to %s; restart the activator to apply it", s.what, s.value, n.value),
+					"key", s.key, "in_force", s.value, "configured", n.value)
+			}
+		}
+	}
+}
