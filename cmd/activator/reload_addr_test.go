@@ -136,3 +136,43 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadReportsAdminSocket: with the admin API on a unix socket (here from the -admin flag, so
+// the admin key itself is not compared), admin_socket's mode and group are set when the socket is
+// bound, and a reload that changes them is warned about; with a TCP admin address they mean nothing
+// and are not.
+func TestReloadReportsAdminSocket(t *testing.T) {
+	routes := configYAML(t, appRoute{Name: "sock"})
+	started := "listen: 127.0.0.1:18080\nadmin: 127.0.0.1:19090\n" + routes
+	restart := "; restart the activator to apply it"
+	for _, c := range []struct {
+		name, admin string
+		want        []string
+	}{
+		{"unix socket", "unix:/run/activator/admin.sock", []string{
+			`admin_socket changed from {mode: 0600, group: the activator's} to {mode: 0660, group: "0"}` + restart,
+		}},
+		{"TCP", "127.0.0.1:19091", nil},
+	} {
+		h := newHarness(t, started)
+		path := filepath.Join(t.TempDir(), "activator.yaml")
+		reload := newReload(t.Context(), h.log, serveOptions{configPath: path, admin: c.admin}, h.bk, h.srv, loadConfig(t, h.bk, started))
+		if err := os.WriteFile(path, []byte("admin_socket: {mode: \"0660\", group: \"0\"}\n"+started), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		from := len(h.rec.snapshot())
+		reload("SIGHUP")
+		if n := len(h.rec.matching("config reloaded", "", "")); n != 1 {
+			t.Fatalf("%s: %d reloads applied, want 1", c.name, n)
+		}
+		var got []string
+		for _, r := range h.rec.snapshot()[from:] {
+			if strings.HasSuffix(r.msg, restart) {
+				got = append(got, r.msg)
+			}
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: warnings\n%q\nwant\n%q", c.name, got, c.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/activator/activator/internal/registry"
 )
@@ -19,7 +20,8 @@ type startValue struct {
 }
 
 // startOnly lists the keys of cfg that a running activator reads only at start-up, whatever a reload
-// says: the listeners' addresses (bound once), cgroup_root (taken before anything spawns), the edge
+// says: the listeners' addresses (bound once), with a unix admin socket its admin_socket (the file's
+// mode and group, set when it is bound), cgroup_root (taken before anything spawns), the edge
 // http.Server's own limits (header_timeout, keepalive_timeout, max_header_bytes), and, when cfg has
 // a TLS listener, its handshake limits and tls.acme. A flag that overrides listen or admin leaves
 // that key out: the config's value never applies.
@@ -38,6 +40,13 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		add("admin", "admin address", cmp.Or(cfg.Admin, "none"))
 	}
 	add("listen_tls", "listen_tls address", cmp.Or(cfg.ListenTLS, "none"))
+	if strings.HasPrefix(cmp.Or(o.admin, cfg.Admin), "unix:") { // the socket file's mode and group, set once it is bound
+		sock, group := cfg.AdminAccess.Socket, "the activator's"
+		if sock.Group != "" {
+			group = strconv.Quote(sock.Group)
+		}
+		add("admin_socket", "admin_socket", fmt.Sprintf("{mode: %04o, group: %s}", uint32(sock.Mode.Perm()), group))
+	}
 	add("cgroup_root", "cgroup_root", cmp.Or(cfg.CgroupRoot, "automatic"))
 	e := cfg.Edge
 	add("edge.header_timeout", "edge.header_timeout", e.HeaderTimeout.String())
