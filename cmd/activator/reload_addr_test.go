@@ -91,7 +91,7 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 	h := newHarness(t, started)
 	path := filepath.Join(t.TempDir(), "activator.yaml")
 	reload := newReload(t.Context(), h.log, serveOptions{configPath: path}, h.bk, h.srv, loadConfig(t, h.bk, started))
-	restart := "; restart the activator to apply it"
+	const restart = restartSuffix
 	steps := []struct {
 		name   string
 		config string
@@ -122,16 +122,7 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 		if n := len(h.rec.matching("config reloaded", "", "")); n != i+1 {
 			t.Fatalf("%s: %d reloads applied, want %d (a start-only key must not stop the rest)", st.name, n, i+1)
 		}
-		var got []string
-		for _, r := range h.rec.snapshot()[from:] {
-			if strings.HasSuffix(r.msg, restart) {
-				got = append(got, r.msg)
-				if r.level != slog.LevelWarn || r.attrs["key"] == "" {
-					t.Errorf("%s: %q logged at %v with key %q, want WARN naming the key", st.name, r.msg, r.level, r.attrs["key"])
-				}
-			}
-		}
-		if !slices.Equal(got, st.want) {
+		if got := restartWarnings(t, h.rec, from); !slices.Equal(got, st.want) {
 			t.Errorf("%s: warnings\n%q\nwant\n%q", st.name, got, st.want)
 		}
 	}
@@ -144,7 +135,7 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 func TestReloadReportsAdminSocket(t *testing.T) {
 	routes := configYAML(t, appRoute{Name: "sock"})
 	started := "listen: 127.0.0.1:18080\nadmin: 127.0.0.1:19090\n" + routes
-	restart := "; restart the activator to apply it"
+	const restart = restartSuffix
 	for _, c := range []struct {
 		name, admin string
 		want        []string
@@ -165,14 +156,27 @@ func TestReloadReportsAdminSocket(t *testing.T) {
 		if n := len(h.rec.matching("config reloaded", "", "")); n != 1 {
 			t.Fatalf("%s: %d reloads applied, want 1", c.name, n)
 		}
-		var got []string
-		for _, r := range h.rec.snapshot()[from:] {
-			if strings.HasSuffix(r.msg, restart) {
-				got = append(got, r.msg)
-			}
-		}
-		if !slices.Equal(got, c.want) {
+		if got := restartWarnings(t, h.rec, from); !slices.Equal(got, c.want) {
 			t.Errorf("%s: warnings\n%q\nwant\n%q", c.name, got, c.want)
 		}
 	}
+}
+
+// restartSuffix ends each start-only key's warning (warnStartOnly).
+const restartSuffix = "; restart the activator to apply it"
+
+// restartWarnings are the start-only warnings rec logged from its record from on, each checked to be
+// a WARN naming its key.
+func restartWarnings(t *testing.T, rec *recorder, from int) []string {
+	t.Helper()
+	var got []string
+	for _, r := range rec.snapshot()[from:] {
+		if strings.HasSuffix(r.msg, restartSuffix) {
+			got = append(got, r.msg)
+			if r.level != slog.LevelWarn || r.attrs["key"] == "" {
+				t.Errorf("%q logged at %v with key %q, want WARN naming the key", r.msg, r.level, r.attrs["key"])
+			}
+		}
+	}
+	return got
 }
