@@ -52,7 +52,7 @@ func newACME(cfg *registry.Config, log *slog.Logger) (acmeHooks, error) {
 var _ tlsedge.Source = (*acme.Manager)(nil)
 
 // proxyPolicy is where the edge's listeners read the PROXY protocol's settings from, per accepted
-// connection: the running config's (activator.Server), so a reload's apply to the next connection.
+// connection: the running config's (activator.Server), so a reload's values apply to the next connection.
 type proxyPolicy interface {
 	TrustedProxy(peer netip.Addr) bool
 	ProxyProtocol() registry.ProxyProtocol

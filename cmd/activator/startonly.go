@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 
 	"github.com/activator/activator/internal/registry"
 )
@@ -40,7 +39,7 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		add("admin", "admin address", cmp.Or(cfg.Admin, "none"))
 	}
 	add("listen_tls", "listen_tls address", cmp.Or(cfg.ListenTLS, "none"))
-	if strings.HasPrefix(cmp.Or(o.admin, cfg.Admin), "unix:") { // the socket file's mode and group, set once it is bound
+	if a, err := registry.ParseAdminAddr(cmp.Or(o.admin, cfg.Admin)); err == nil && a.Network == "unix" { // the socket file's mode and group, set once it is bound
 		sock, group := cfg.AdminAccess.Socket, "the activator's"
 		if sock.Group != "" {
 			group = strconv.Quote(sock.Group)
