@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -179,4 +182,103 @@ func restartWarnings(t *testing.T, rec *recorder, from int) []string {
 		}
 	}
 	return got
+}
+
+// TestReloadUnderSocketActivation: a listener systemd passed in stays whatever the config says, and a
+// restart keeps it too, so a reload that changes its key (listen, admin, and with systemd's admin
+// socket admin_socket) says so and points at the socket unit instead of a restart; a key whose
+// listener the activator bound itself is still a restart's.
+func TestReloadUnderSocketActivation(t *testing.T) {
+	routes := configYAML(t, appRoute{Name: "sock"})
+	top := func(listen, admin, more string) string {
+		return fmt.Sprintf("listen: %q\nadmin: %q\n%s", listen, admin, more) + routes
+	}
+	started := top("127.0.0.1:18080", "unix:/run/activator/admin.sock", "")
+	h := newHarness(t, started)
+	path := filepath.Join(t.TempDir(), "activator.yaml")
+	o := serveOptions{configPath: path, activated: map[string]bool{"edge": true, "edge-tls": false, "admin": true}}
+	reload := newReload(t.Context(), h.log, o, h.bk, h.srv, loadConfig(t, h.bk, started))
+	if err := os.WriteFile(path, []byte(top("0.0.0.0:18081", "unix:/run/other.sock",
+		"listen_tls: 127.0.0.1:18443\ntls:\n  certificates:\n    - {cert_file: /etc/k.crt, key_file: /etc/k.key}\nadmin_socket: {mode: \"0660\"}\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from := len(h.rec.snapshot())
+	reload("SIGHUP")
+	if n := len(h.rec.matching("config reloaded", "", "")); n != 1 {
+		t.Fatalf("%d reloads applied, want 1", n)
+	}
+	const systemds = ", but this listener is systemd's (socket activation, FileDescriptorName="
+	want := []string{
+		"listen address changed from 127.0.0.1:18080 to 0.0.0.0:18081" + systemds + "edge), which a restart keeps; change ListenStream= in its .socket unit to move it",
+		"admin address changed from unix:/run/activator/admin.sock to unix:/run/other.sock" + systemds + "admin), which a restart keeps; change ListenStream= in its .socket unit to move it",
+		"listen_tls address changed from none to 127.0.0.1:18443" + restartSuffix,
+		"admin_socket changed from {mode: 0600, group: the activator's} to {mode: 0660, group: the activator's}" + systemds + "admin), which a restart keeps; set SocketMode= and SocketGroup= in its .socket unit instead",
+	}
+	var got []string
+	for _, r := range h.rec.snapshot()[from:] {
+		if r.level != slog.LevelWarn || r.attrs["key"] == "" {
+			continue
+		}
+		got = append(got, r.msg)
+		if strings.Contains(r.msg, systemds) && (r.attrs["socket"] == "" || r.attrs["previous"] == "" || r.attrs["in_force"] != "") {
+			t.Errorf("%q: attrs %v, want socket and previous (no in_force: the socket's address is)", r.msg, r.attrs)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestSocketActivatedEdgeKeepsItsListener: given an edge socket the way systemd passes one
+// (LISTEN_FDS, LISTEN_FDNAMES=edge, LISTEN_PID set by a shell that then execs the activator), the
+// activator serves on it and does not bind its config's listen; a reload that changes listen warns
+// that the listener is systemd's, not that a restart would move it.
+func TestSocketActivatedEdgeKeepsItsListener(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", freeLoopbackAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	configured := freeLoopbackAddr(t) // what the activator would bind without systemd
+	routes := configYAML(t, appRoute{Name: "activated"})
+	s := startServedAt(t, configured, freeLoopbackAddr(t), routes, func(cmd *exec.Cmd) {
+		// LISTEN_PID must be the activator's own pid: the shell's, which exec keeps.
+		cmd.Args = append([]string{"sh", "-c", `LISTEN_PID=$$ exec "$0" "$@"`}, cmd.Args...)
+		cmd.Path = "/bin/sh"
+		cmd.ExtraFiles = []*os.File{f}
+		cmd.Env = append(cmd.Env, "LISTEN_FDS=1", "LISTEN_FDNAMES=edge")
+	})
+	if l := s.logs.matching("activator listening"); len(l) != 1 || l[0]["socket_activated"] != "edge" || l[0]["edge"] != ln.Addr().String() {
+		t.Errorf("start-up record %v, want edge=%s and socket_activated=edge", l, ln.Addr())
+	}
+	c := &http.Client{Timeout: patience}
+	resp, err := c.Get("http://" + ln.Addr().String() + "/")
+	if err != nil {
+		t.Fatalf("the socket passed in: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound { // no route for the host: the edge's own answer
+		t.Errorf("the socket passed in answered %d, want the edge's 404 for an unknown host", resp.StatusCode)
+	}
+	if conn, err := net.Dial("tcp", configured); err == nil {
+		conn.Close()
+		t.Errorf("the config's listen %s is bound too: systemd's socket must replace it", configured)
+	}
+
+	moved := freeLoopbackAddr(t)
+	s.edge = moved // rewrite writes s.edge as listen
+	s.rewrite(routes, 1)
+	want := fmt.Sprintf("listen address changed from %s to %s, but this listener is systemd's (socket activation, FileDescriptorName=edge), which a restart keeps; change ListenStream= in its .socket unit to move it", configured, moved)
+	if w := s.logs.matching(want); len(w) != 1 || w[0]["level"] != "WARN" || w[0]["socket"] != "edge" {
+		t.Errorf("after the reload: %v, want one WARN %q with socket=edge", w, want)
+	}
+	for _, r := range s.logs.matching("listen address changed from " + configured + " to " + moved + restartSuffix) {
+		t.Errorf("warned %q: a restart keeps systemd's socket", r["msg"])
+	}
 }

@@ -42,7 +42,10 @@ type serveOptions struct {
 	configData []byte // used when configPath is ""
 	listen     string // overrides the config's listen
 	admin      string // overrides the config's admin
-	logger     *slog.Logger
+	// activated names the listeners systemd passed in (socket activation: "edge", "edge-tls",
+	// "admin"), set once they are bound; a restart keeps these, whatever the config says.
+	activated map[string]bool
+	logger    *slog.Logger
 	// pprof mounts net/http/pprof on the admin listener (off by default: profiles expose internals).
 	pprof bool
 	// onReady runs once both listeners are bound (demo prints its banner there).
@@ -144,7 +147,8 @@ func serve(o serveOptions) int {
 	})
 	// The listeners bind first, so the ports open (and READY is sent) without waiting for any
 	// backing; the routes' host checks run after READY, concurrently (liveCheck).
-	edgeLn, tlsLn, adminLn, err := listeners(cfg, o)
+	edgeLn, tlsLn, adminLn, activated, err := listeners(cfg, o)
+	o.activated = activated
 	if err != nil {
 		log.Error("cannot listen", "err", err)
 		_ = srv.Shutdown(context.Background())
@@ -197,7 +201,7 @@ func serve(o serveOptions) int {
 	applied.grace.Store(int64(cfg.ShutdownGrace))
 	ap := tlsEdge.applier(adminApplier{applied, access})
 	g.Go(func() error { return reloader(gctx, log, o, bk, ap, cfg) })
-	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, cfg)...)
+	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, activated, cfg)...)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -311,24 +315,36 @@ func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Li
 	return t.edge.Handler(srv), joinListeners(ln, tlsLn)
 }
 
-// listeningAttrs are the "activator listening" record's attributes.
-func listeningAttrs(edge, edgeTLS, admin net.Listener, cfg *registry.Config) []any {
+// listeningAttrs are the "activator listening" record's attributes; socket_activated names the
+// listeners systemd passed in, when it passed any (their addresses are the socket units', whatever
+// the config says).
+func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]bool, cfg *registry.Config) []any {
 	attrs := []any{"edge", edge.Addr().String()}
 	if edgeTLS != nil {
 		attrs = append(attrs, "edge_tls", edgeTLS.Addr().String())
 	}
-	return append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+	attrs = append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+	var names []string
+	for _, n := range []string{"edge", "edge-tls", "admin"} {
+		if activated[n] {
+			names = append(names, n)
+		}
+	}
+	if len(names) > 0 {
+		attrs = append(attrs, "socket_activated", strings.Join(names, ","))
+	}
+	return attrs
 }
 
 // listeners returns the edge's plain and TLS listeners and the admin listener: passed in by systemd
 // socket activation (FileDescriptorName=edge, edge-tls and admin, see units/activator.socket and
 // units/activator-admin.socket) when present, bound here otherwise. edgeTLS is nil without listen_tls
 // (a descriptor named edge-tls is then closed). The admin address is host:port or unix:/path
-// (listenAdmin).
-func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.Listener, err error) {
+// (listenAdmin). activated names those that systemd passed in and that are used.
+func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.Listener, activated map[string]bool, err error) {
 	named, err := activation.ListenersWithNames()
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("systemd socket activation: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("systemd socket activation: %w", err)
 	}
 	first := func(name string) net.Listener {
 		if l := named[name]; len(l) > 0 {
@@ -341,6 +357,7 @@ func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.L
 		edgeTLS.Close()
 		edgeTLS = nil
 	}
+	activated = map[string]bool{"edge": edge != nil, "edge-tls": edgeTLS != nil, "admin": admin != nil}
 	edgeAddr, adminAddr := cfg.Listen, cfg.Admin
 	if o.listen != "" {
 		edgeAddr = o.listen
@@ -358,22 +375,22 @@ func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.L
 	if edge == nil {
 		if edge, err = net.Listen("tcp", edgeAddr); err != nil {
 			closeAll()
-			return nil, nil, nil, fmt.Errorf("edge: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("edge: %w", err)
 		}
 	}
 	if edgeTLS == nil && cfg.ListenTLS != "" {
 		if edgeTLS, err = net.Listen("tcp", cfg.ListenTLS); err != nil {
 			closeAll()
-			return nil, nil, nil, fmt.Errorf("listen_tls: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("listen_tls: %w", err)
 		}
 	}
 	if admin == nil {
 		if admin, err = listenAdmin(adminAddr, cfg.AdminAccess.Socket); err != nil {
 			closeAll()
-			return nil, nil, nil, fmt.Errorf("admin: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("admin: %w", err)
 		}
 	}
-	return edge, edgeTLS, admin, nil
+	return edge, edgeTLS, admin, activated, nil
 }
 
 // watchdog pings systemd's watchdog at half its interval while the activator runs (no-op otherwise).

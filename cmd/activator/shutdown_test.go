@@ -61,8 +61,9 @@ func startServed(t testing.TB, config string) *served {
 	return startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), config)
 }
 
-// startServedAt is startServed with the edge and admin addresses given (admin may be unix:/path).
-func startServedAt(t testing.TB, edge, admin, config string) *served {
+// startServedAt is startServed with the edge and admin addresses given (admin may be unix:/path),
+// and each tweak applied to the command before it starts.
+func startServedAt(t testing.TB, edge, admin, config string, tweaks ...func(*exec.Cmd)) *served {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -79,6 +80,9 @@ func startServedAt(t testing.TB, edge, admin, config string) *served {
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, tw := range tweaks {
+		tw(cmd)
 	}
 	s := &served{t: t, cmd: cmd, edge: edge, admin: admin, path: path, logs: newJSONLog(), exited: make(chan struct{})}
 	if err := cmd.Start(); err != nil {

@@ -16,6 +16,10 @@ type startValue struct {
 	key   string // the config key, as the docs name it
 	what  string // how the warning names it: the key, or "listen address" for an address
 	value string
+	// socket is, when the key's listener came from systemd (socket activation), its
+	// FileDescriptorName: the config's value then does not apply even after a restart, and
+	// the warning says where the value does come from.
+	socket string
 }
 
 // startOnly lists the keys of cfg that a running activator reads only at start-up, whatever a reload
@@ -23,7 +27,9 @@ type startValue struct {
 // mode and group, set when it is bound), cgroup_root (taken before anything spawns), the edge
 // http.Server's own limits (header_timeout, keepalive_timeout, max_header_bytes), and, when cfg has
 // a TLS listener, its handshake limits and tls.acme. A flag that overrides listen or admin leaves
-// that key out: the config's value never applies.
+// that key out: the config's value never applies. A listener systemd passed in (o.activated) keeps
+// its key, marked with the socket's name: a restart keeps that listener too, so its warning points
+// at the socket unit instead of a restart.
 //
 // Every other key follows reloads. Why these do not: a bound listener cannot move without a window
 // where connections are refused; net/http reads its Server's limits without a lock, so they cannot
@@ -31,20 +37,34 @@ type startValue struct {
 // account and storage.
 func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 	var out []startValue
-	add := func(key, what, value string) { out = append(out, startValue{key, what, value}) }
+	add := func(key, what, value string) { out = append(out, startValue{key: key, what: what, value: value}) }
+	// from marks the last key added as the listener systemd passed in under name, if it did.
+	from := func(name string) {
+		if o.activated[name] {
+			out[len(out)-1].socket = name
+		}
+	}
 	if o.listen == "" {
 		add("listen", "listen address", cmp.Or(cfg.Listen, "none"))
+		from("edge")
 	}
 	if o.admin == "" {
 		add("admin", "admin address", cmp.Or(cfg.Admin, "none"))
+		from("admin")
 	}
 	add("listen_tls", "listen_tls address", cmp.Or(cfg.ListenTLS, "none"))
-	if a, err := registry.ParseAdminAddr(cmp.Or(o.admin, cfg.Admin)); err == nil && a.Network == "unix" { // the socket file's mode and group, set once it is bound
+	if cfg.ListenTLS != "" { // without listen_tls a restart closes systemd's edge-tls socket: that one does apply
+		from("edge-tls")
+	}
+	// The socket file's mode and group, set once it is bound; systemd's admin socket has the socket
+	// unit's.
+	if a, err := registry.ParseAdminAddr(cmp.Or(o.admin, cfg.Admin)); err == nil && a.Network == "unix" || o.activated["admin"] {
 		sock, group := cfg.AdminAccess.Socket, "the activator's"
 		if sock.Group != "" {
 			group = strconv.Quote(sock.Group)
 		}
 		add("admin_socket", "admin_socket", fmt.Sprintf("{mode: %04o, group: %s}", uint32(sock.Mode.Perm()), group))
+		from("admin")
 	}
 	add("cgroup_root", "cgroup_root", cmp.Or(cfg.CgroupRoot, "automatic"))
 	e := cfg.Edge
@@ -65,15 +85,32 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 
 // warnStartOnly logs a warning for each key of started (startOnly of the config serve started with)
 // whose value in next (startOnly of a reloaded config) differs: the reload applied the rest, and
-// this key keeps its value until a restart. A key only one of them lists (the TLS limits, when
-// listen_tls itself changed) is not compared: the listen_tls warning says it all.
+// this key keeps its value until a restart, or, for a listener systemd passed in, for as long as
+// the socket unit says. A key only one of them lists (the TLS limits, when listen_tls itself changed)
+// is not compared: the listen_tls warning says it all.
 func warnStartOnly(log *slog.Logger, started, next []startValue) {
 	for _, n := range next {
 		for _, s := range started {
-			if s.key == n.key && s.value != n.value {
-				log.Warn(fmt.Sprintf("%s changed from %s to %s; restart the activator to apply it", s.what, s.value, n.value),
-					"key", s.key, "in_force", s.value, "configured", n.value)
+			if s.key != n.key || s.value == n.value {
+				continue
 			}
+			if s.socket != "" && n.socket != "" {
+				// Neither value is in force: the socket's is.
+				log.Warn(fmt.Sprintf("%s changed from %s to %s, but this listener is systemd's (socket activation, FileDescriptorName=%s), which a restart keeps; %s",
+					s.what, s.value, n.value, s.socket, socketUnitHint(s.key)),
+					"key", s.key, "previous", s.value, "configured", n.value, "socket", s.socket)
+				continue
+			}
+			log.Warn(fmt.Sprintf("%s changed from %s to %s; restart the activator to apply it", s.what, s.value, n.value),
+				"key", s.key, "in_force", s.value, "configured", n.value)
 		}
 	}
+}
+
+// socketUnitHint says what to change in the socket unit instead of key.
+func socketUnitHint(key string) string {
+	if key == "admin_socket" {
+		return "set SocketMode= and SocketGroup= in its .socket unit instead"
+	}
+	return "change ListenStream= in its .socket unit to move it"
 }
