@@ -238,6 +238,30 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	return s, nil
 }
 
+var _ registry.HostChecker = (*Settings)(nil)
+
+// CheckHost implements registry.HostChecker: what Decode found on the host still holds (the password
+// file reads and is not empty, the password variable is set, the CA file holds a certificate), so a
+// reload may keep these settings without decoding their text again. Each file is read once per load
+// (c), however many nodes share it; the cache keeps no password, only whether it was there.
+func (s *Settings) CheckHost(c *registry.HostCache) error {
+	if s.Username != "" {
+		key := "redfish.password_file\x00" + s.PasswordFile
+		if s.PasswordFile == "" {
+			key = "redfish.password_env\x00" + s.PasswordEnv
+		}
+		if _, err := c.Do(key, func() (string, error) { _, err := s.password(); return "", err }); err != nil {
+			return err
+		}
+	}
+	if p := s.TLS.CAFile; p != "" {
+		if _, err := c.Do("redfish.ca_file\x00"+p, func() (string, error) { _, err := loadCAs(p); return "", err }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // readPasswordFile returns the file's content without its trailing newline. Errors name the file, never
 // its content.
 func readPasswordFile(path string) (string, error) {

@@ -1,8 +1,11 @@
 package redfish
 
 import (
+	"encoding/pem"
 	"errors"
 	"flag"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,5 +146,74 @@ func TestDecodeDerivedBudgets(t *testing.T) {
 	s = decode(t, r, "endpoint: https://bmc\nusername: u\npassword_file: "+pw+"\n")
 	if s.ShutdownGrace.D() != 4*time.Minute || s.PowerOffBudget != 0 {
 		t.Fatalf("without force_off: grace %v, power_off %v; want 4m and 0", s.ShutdownGrace.D(), s.PowerOffBudget.D())
+	}
+}
+
+// CheckHost passes while what Decode read on the host still holds, and fails once the password file
+// is empty, the password variable unset or the CA file gone; a Reloader then decodes an unchanged
+// redfish route again only when it must.
+func TestCheckHost(t *testing.T) {
+	dir := t.TempDir()
+	pw, ca := filepath.Join(dir, "pw"), filepath.Join(dir, "ca.pem")
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	srv.Close()
+	for _, f := range []struct{ path, body string }{
+		{pw, "secret\n"},
+		{ca, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))},
+	} {
+		if err := os.WriteFile(f.path, []byte(f.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("ACTIVATOR_TEST_CHECKHOST_PW", "secret")
+	byFile := decode(t, testRoute(), "endpoint: https://bmc\nusername: u\npassword_file: "+pw+"\ntls:\n  ca_file: "+ca+"\n")
+	byEnv := decode(t, testRoute(), "endpoint: https://bmc\nusername: u\npassword_env: ACTIVATOR_TEST_CHECKHOST_PW\n")
+	for _, s := range []*Settings{byFile, byEnv} {
+		if err := s.CheckHost(&registry.HostCache{}); err != nil {
+			t.Fatalf("unchanged host: %v", err)
+		}
+	}
+	// A reload of two routes (file and variable) after an edit of one decodes that one alone.
+	config := func(idle string) string {
+		return "listen: 127.0.0.1:8080\nadmin: 127.0.0.1:8081\nroutes:\n" +
+			"  - name: a\n    hosts: [a.test]\n    backing: redfish\n    upstream: 10.0.0.1:80\n    idle: " + idle + "\n" +
+			"    redfish: {endpoint: \"https://bmc-a\", username: u, password_file: \"" + pw + "\", tls: {ca_file: \"" + ca + "\"}}\n" +
+			"  - name: b\n    hosts: [b.test]\n    backing: redfish\n    upstream: 10.0.0.2:80\n" +
+			"    redfish: {endpoint: \"https://bmc-b\", username: u, password_env: ACTIVATOR_TEST_CHECKHOST_PW}\n"
+	}
+	rl := registry.NewReloader(map[string]registry.SettingsDecoder{"redfish": Decode})
+	for i, c := range []struct {
+		idle    string
+		decoded int
+	}{{"5m", 2}, {"6m", 1}} {
+		if _, err := rl.Load([]byte(config(c.idle))); err != nil {
+			t.Fatalf("load %d: %v", i+1, err)
+		}
+		if d := rl.Decoded(); d != c.decoded {
+			t.Errorf("load %d decoded %d routes, want %d", i+1, d, c.decoded)
+		}
+	}
+
+	if err := os.WriteFile(pw, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := byFile.CheckHost(&registry.HostCache{}); err == nil {
+		t.Error("password file emptied: CheckHost passed")
+	}
+	if _, err := rl.Load([]byte(config("7m"))); err == nil || !strings.Contains(err.Error(), "password_file") {
+		t.Errorf("reload with the password file emptied: %v, want the route's password_file problem", err)
+	}
+	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(ca); err != nil {
+		t.Fatal(err)
+	}
+	if err := byFile.CheckHost(&registry.HostCache{}); err == nil {
+		t.Error("CA file removed: CheckHost passed")
+	}
+	t.Setenv("ACTIVATOR_TEST_CHECKHOST_PW", "")
+	if err := byEnv.CheckHost(&registry.HostCache{}); err == nil {
+		t.Error("password variable emptied: CheckHost passed")
 	}
 }
