@@ -118,6 +118,8 @@ func TestReloaderAgreesWithLoad(t *testing.T) {
 		{"CRLF line ends", strings.ReplaceAll(base, "\n", "\r\n"), 6},
 		{"no newline at the end", strings.TrimSuffix(base, "\n"), 1},
 		{"routes in flow style", strings.Replace(strings.Replace(base, "routes:\n", "routes: [\n", 1), "instances:", "]\ninstances:", 1), -1},
+		{"a bad top-level value after the lists", base + "shutdown_grace: soon\n", -1},
+		{"a bad top-level value after the lists, and a bad route", strings.Replace(base, "127.0.0.1:9002", "127.0.0.1:99999", 1) + "shutdown_grace: soon\n", -1},
 		{"a syntax error in one route", strings.Replace(base, "hosts: [r3.test]", "hosts: [r3.test", 1), -1},
 		{"a block scalar", strings.Replace(base, "      argv: [/usr/bin/app, \"1\"]\n", "      argv: [/usr/bin/app, \"1\"]\n      env:\n        NOTE: |\n          - not an item\n\n          # not a comment\n", 1), 1},
 		{"a bad value in a block scalar's place", strings.Replace(base, "  - name: r1\n", "  - name: r1\n    waiting_page: |\n      - not an item\n", 1), -1},
