@@ -360,7 +360,8 @@ func (b *Backend) bindSaved(dev devSidecar) error {
 // syncSaved makes the save of generation rs durable: the RAM file's dirty pages, the device state and
 // its sidecar reach the disk, then the RAM file's sidecar is rewritten with synced set, which lets a
 // restore after a host restart trust the RAM file. A wake or boot that begins meanwhile clears
-// savedGen, and then nothing is rewritten. Close joins it.
+// savedGen, and then nothing is rewritten; nor is a sidecar that is no longer the one bindSaved wrote.
+// Close joins it.
 func (b *Backend) syncSaved(rs ramSidecar) {
 	defer b.wg.Done()
 	started := time.Now()
@@ -373,8 +374,15 @@ func (b *Backend) syncSaved(rs ramSidecar) {
 	if b.savedGen != rs.Generation {
 		return
 	}
-	rs.Synced = true
+	// The sidecar as bindSaved wrote it, or nothing: one removed or rewritten meanwhile (by hand, or
+	// damage) unbinds the RAM file, and rewriting it would bind it again.
 	side := b.ramPath() + genExt
+	var cur ramSidecar
+	if err := readSidecar(side, &cur); err != nil || cur != rs {
+		b.log.Warn("snapshot not marked durable: the RAM file's sidecar changed after the save, so the next wake refuses the snapshot", "sidecar", side, "err", err)
+		return
+	}
+	rs.Synced = true
 	err := writeSidecar(side, rs)
 	if err == nil {
 		err = syncPaths(side, b.s.SnapshotDir)

@@ -3,6 +3,7 @@ package kvm
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -264,4 +265,61 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSyncSavedLeavesAChangedSidecar: making a save durable runs after the sleep has returned, and
+// must not bring back a RAM file's sidecar that was removed or rewritten meanwhile: its rewrite with
+// synced set would bind the RAM file to the device state again, and a damaged snapshot would be
+// resumed (TestStandbyRefusesUnboundRAM failed so when its damage came before the fsyncs ended).
+// No QEMU: the files are written here.
+func TestSyncSavedLeavesAChangedSidecar(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		damage func(t *testing.T, side string)
+		want   func(t *testing.T, side string)
+	}{
+		{"removed", func(t *testing.T, side string) { must(t, os.Remove(side)) }, func(t *testing.T, side string) {
+			if _, err := os.Stat(side); !os.IsNotExist(err) {
+				t.Errorf("the removed sidecar is back (%v)", err)
+			}
+		}},
+		{"another generation", func(t *testing.T, side string) {
+			must(t, writeSidecar(side, ramSidecar{Generation: "other", Bytes: 4096}))
+		}, func(t *testing.T, side string) {
+			var rs ramSidecar
+			must(t, readSidecar(side, &rs))
+			if rs.Generation != "other" || rs.Synced {
+				t.Errorf("sidecar %+v, want generation other, unsynced", rs)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, rs := savedFiles(t)
+			c.damage(t, b.ramPath()+genExt)
+			b.wg.Add(1)
+			b.syncSaved(rs)
+			c.want(t, b.ramPath()+genExt)
+		})
+	}
+	// Unchanged, it is marked synced.
+	b, rs := savedFiles(t)
+	b.wg.Add(1)
+	b.syncSaved(rs)
+	var got ramSidecar
+	if err := readSidecar(b.ramPath()+genExt, &got); err != nil || !got.Synced || got.Generation != rs.Generation {
+		t.Errorf("unchanged sidecar after the sync: %+v (%v), want it synced", got, err)
+	}
+}
+
+// savedFiles is a Backend whose snapshot directory holds a save just bound (bindSaved) and not yet
+// made durable: a RAM file and a device state, their sidecars of one generation, rs.
+func savedFiles(t *testing.T) (*Backend, ramSidecar) {
+	b := &Backend{s: &Settings{SnapshotDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
+	must(t, os.WriteFile(b.ramPath(), make([]byte, 4096), 0o600))
+	must(t, os.WriteFile(b.devPath(), []byte("device state"), 0o600))
+	rs := ramSidecar{Generation: newGeneration(), Bytes: 4096}
+	must(t, writeSidecar(b.ramPath()+genExt, rs))
+	must(t, writeSidecar(b.devPath()+genExt, devSidecar{Generation: rs.Generation}))
+	b.savedGen = rs.Generation
+	return b, rs
 }
