@@ -503,7 +503,9 @@ func TestReloadRejectsBadConfig(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
-	go func() { stopped <- reloader(ctx, h.log, serveOptions{configPath: path}, h.bk, h.srv, running) }()
+	o := serveOptions{configPath: path}
+	triggers := watchReloads(h.log, o)
+	go func() { stopped <- reloader(ctx, h.log, o, h.bk, h.srv, running, triggers) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-stopped; err != nil {
@@ -516,20 +518,9 @@ func TestReloadRejectsBadConfig(t *testing.T) {
 		t.Fatalf("before the reload: %d %q", before.code, before.body)
 	}
 
-	// The reloader may not watch yet when the first write lands: rewrite the bad file until it reacts.
-	bad := strings.Replace(good, "    idle: 10m\n", "    idle: 10m\n    idel: 5m\n", 1) + "  - name: Bad Name\n"
-	deadline := time.NewTimer(patience)
-	defer deadline.Stop()
-	for len(h.rec.matching("config reload rejected; the old config stays in force", "", "")) == 0 {
-		writeAtomic(bad)
-		wait := time.NewTimer(500 * time.Millisecond)
-		select {
-		case <-wait.C:
-		case <-deadline.C:
-			t.Fatalf("the reloader did not react to a bad config within %v", patience)
-		}
-		wait.Stop()
-	}
+	// The watch is in place before the reloader runs (watchReloads): one write is seen.
+	writeAtomic(strings.Replace(good, "    idle: 10m\n", "    idle: 10m\n    idel: 5m\n", 1) + "  - name: Bad Name\n")
+	h.rec.waitFor(t, 1, "config reload rejected; the old config stays in force", "", "")
 	problems := h.rec.matching("config problem", "", "")
 	var all []string
 	for _, p := range problems {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/activator/activator/internal/registry"
@@ -235,7 +236,7 @@ func TestReloadUnderSocketActivation(t *testing.T) {
 // that the listener is systemd's, not that a restart would move it.
 func TestSocketActivatedEdgeKeepsItsListener(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", freeLoopbackAddr(t))
+	ln, err := net.Listen("tcp", loopbackIP(t)+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,10 +276,38 @@ func TestSocketActivatedEdgeKeepsItsListener(t *testing.T) {
 	s.edge = moved // rewrite writes s.edge as listen
 	s.rewrite(routes, 1)
 	want := fmt.Sprintf("listen address changed from %s to %s, but this listener is systemd's (socket activation, FileDescriptorName=edge), which a restart keeps; change ListenStream= in its .socket unit to move it", configured, moved)
-	if w := s.logs.matching(want); len(w) != 1 || w[0]["level"] != "WARN" || w[0]["socket"] != "edge" {
+	// The warnings follow "config reloaded".
+	if w := s.waitLogged(want, 1); len(w) != 1 || w[0]["level"] != "WARN" || w[0]["socket"] != "edge" {
 		t.Errorf("after the reload: %v, want one WARN %q with socket=edge", w, want)
 	}
 	for _, r := range s.logs.matching("listen address changed from " + configured + " to " + moved + restartSuffix) {
 		t.Errorf("warned %q: a restart keeps systemd's socket", r["msg"])
+	}
+}
+
+// TestReloadTriggersFromTheFirstMoment: from "activator listening" (and READY) on, a SIGHUP reloads
+// and a change of the file is seen. Both used to be set up by the reloader's goroutine, which could
+// start after READY: a `systemctl reload` right after the start then killed the activator (SIGHUP's
+// default action), and a config manager's first write was missed. GOMAXPROCS=1 leaves that
+// goroutine waiting longest; each of a few starts is triggered at once.
+func TestReloadTriggersFromTheFirstMoment(t *testing.T) {
+	t.Parallel()
+	routes := configYAML(t, appRoute{Name: "first"})
+	onePro := func(cmd *exec.Cmd) { cmd.Env = append(cmd.Env, "GOMAXPROCS=1") }
+	for i := range 5 {
+		s := startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), routes, onePro)
+		if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-s.exited:
+			t.Fatalf("start %d: a SIGHUP right after \"activator listening\" ended the activator: %v", i+1, s.exitErr)
+		default:
+		}
+		if r := s.waitLogged("config reloaded", 1); r[0]["trigger"] != "SIGHUP" {
+			t.Fatalf("start %d: first reload %v, want the SIGHUP's", i+1, r[0])
+		}
+		s = startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), routes, onePro)
+		s.rewrite(routes+appRoute{Name: "second"}.yaml(t), 1) // fails after patience when the write was missed
 	}
 }

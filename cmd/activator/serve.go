@@ -200,7 +200,8 @@ func serve(o serveOptions) int {
 	applied := &graceTracker{srv: srv}
 	applied.grace.Store(int64(cfg.ShutdownGrace))
 	ap := tlsEdge.applier(adminApplier{applied, access})
-	g.Go(func() error { return reloader(gctx, log, o, bk, ap, cfg) })
+	triggers := watchReloads(log, o) // before "activator listening" and READY: see reloadTriggers
+	g.Go(func() error { return reloader(gctx, log, o, bk, ap, cfg, triggers) })
 	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, activated, cfg)...)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
@@ -411,32 +412,61 @@ func watchdog(ctx context.Context) error {
 	}
 }
 
-// reloader reloads on SIGHUP and when the config file changes (see reloadLoop for how bursts of
-// triggers coalesce; newReload for what one reload does). running is the config serve started with.
-func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config) error {
+// reloadTriggers are what the reloader waits on: SIGHUP, and a watch of the config file's directory.
+// serve sets them up before it says it is listening (the log line, READY), so that a `systemctl
+// reload` or a config manager's write right after the start is seen: set up by the reloader's own
+// goroutine, which may run later, a SIGHUP could still have its default action (the process ends)
+// and a write could go unseen.
+type reloadTriggers struct {
+	hup    chan os.Signal
+	w      *fsnotify.Watcher     // nil when the file cannot be watched
+	events <-chan fsnotify.Event // nil then
+}
+
+// watchReloads sets up the triggers for o's config file: nil without one (the demo's embedded
+// config), when SIGHUP keeps its default action. A file that cannot be watched is logged; SIGHUP
+// still reloads it.
+func watchReloads(log *slog.Logger, o serveOptions) *reloadTriggers {
 	if o.configPath == "" {
-		<-ctx.Done()
 		return nil
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-
-	var events <-chan fsnotify.Event
+	tr := &reloadTriggers{hup: make(chan os.Signal, 1)}
+	signal.Notify(tr.hup, syscall.SIGHUP)
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Warn("config file watching disabled", "err", err)
-	} else {
-		defer w.Close()
-		// Watch the directory: editors and config managers replace the file by rename.
-		if err := w.Add(filepath.Dir(o.configPath)); err != nil {
-			log.Warn("config file watching disabled", "err", err)
-		} else {
-			events = w.Events
-		}
+		return tr
 	}
+	// Watch the directory: editors and config managers replace the file by rename.
+	if err := w.Add(filepath.Dir(o.configPath)); err != nil {
+		log.Warn("config file watching disabled", "err", err)
+		w.Close()
+		return tr
+	}
+	tr.w, tr.events = w, w.Events
+	return tr
+}
+
+// close stops the triggers.
+func (tr *reloadTriggers) close() {
+	signal.Stop(tr.hup)
+	if tr.w != nil {
+		tr.w.Close()
+	}
+}
+
+// reloader reloads on tr's triggers, SIGHUP and changes of the config file (see reloadLoop for how
+// bursts of them coalesce; newReload for what one reload does), and closes tr when ctx ends; with tr
+// nil it only waits for that. running is the config serve started with.
+func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config, tr *reloadTriggers) error {
+	if tr == nil {
+		<-ctx.Done()
+		return nil
+	}
+	defer tr.close()
+	w, events := tr.w, tr.events
 	l := &reloadLoop{
-		hup:    hup,
+		hup:    tr.hup,
 		events: events,
 		file:   filepath.Base(o.configPath),
 		settle: func() <-chan time.Time { return time.After(settleTime) },
