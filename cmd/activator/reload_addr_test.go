@@ -186,9 +186,10 @@ func restartWarnings(t *testing.T, rec *recorder, from int) []string {
 }
 
 // TestReloadUnderSocketActivation: a listener systemd passed in stays whatever the config says, and a
-// restart keeps it too, so a reload that changes its key (listen, admin, and with systemd's admin
-// socket admin_socket) says so and points at the socket unit instead of a restart; a key whose
-// listener the activator bound itself is still a restart's.
+// restart keeps it too, so a reload that changes its key (listen, admin, and with systemd's unix
+// admin socket admin_socket) says so and points at the socket unit instead of a restart; a key whose
+// listener the activator bound itself is still a restart's; with systemd's TCP admin socket,
+// admin_socket is not compared at all.
 func TestReloadUnderSocketActivation(t *testing.T) {
 	routes := configYAML(t, appRoute{Name: "sock"})
 	top := func(listen, admin, more string) string {
@@ -197,7 +198,7 @@ func TestReloadUnderSocketActivation(t *testing.T) {
 	started := top("127.0.0.1:18080", "unix:/run/activator/admin.sock", "")
 	h := newHarness(t, started)
 	path := filepath.Join(t.TempDir(), "activator.yaml")
-	o := serveOptions{configPath: path, activated: map[string]bool{"edge": true, "edge-tls": false, "admin": true}}
+	o := serveOptions{configPath: path, activated: map[string]string{"edge": "tcp", "admin": "unix"}}
 	reload := newReload(t.Context(), h.log, o, h.bk, h.srv, loadConfig(t, h.bk, started))
 	if err := os.WriteFile(path, []byte(top("0.0.0.0:18081", "unix:/run/other.sock",
 		"listen_tls: 127.0.0.1:18443\ntls:\n  certificates:\n    - {cert_file: /etc/k.crt, key_file: /etc/k.key}\nadmin_socket: {mode: \"0660\"}\n")), 0o600); err != nil {
@@ -227,6 +228,20 @@ func TestReloadUnderSocketActivation(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("warnings\n%q\nwant\n%q", got, want)
+	}
+
+	// systemd's admin socket is TCP: admin_socket means nothing, though the config's admin is unix.
+	o.activated["admin"] = "tcp"
+	reload = newReload(t.Context(), h.log, o, h.bk, h.srv, loadConfig(t, h.bk, started))
+	if err := os.WriteFile(path, []byte(top("127.0.0.1:18080", "unix:/run/activator/admin.sock", "admin_socket: {mode: \"0660\"}\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from = len(h.rec.snapshot())
+	reload("SIGHUP")
+	for _, r := range h.rec.snapshot()[from:] {
+		if r.level == slog.LevelWarn && r.attrs["key"] != "" {
+			t.Errorf("with systemd's TCP admin socket: warned %q", r.msg)
+		}
 	}
 }
 

@@ -42,9 +42,10 @@ type serveOptions struct {
 	configData []byte // used when configPath is ""
 	listen     string // overrides the config's listen
 	admin      string // overrides the config's admin
-	// activated names the listeners systemd passed in (socket activation: "edge", "edge-tls",
-	// "admin"), set once they are bound; a restart keeps these, whatever the config says.
-	activated map[string]bool
+	// activated maps each listener systemd passed in (socket activation: "edge", "edge-tls",
+	// "admin") to its network ("tcp", "unix"), set once they are bound; a restart keeps these,
+	// whatever the config says.
+	activated map[string]string
 	logger    *slog.Logger
 	// pprof mounts net/http/pprof on the admin listener (off by default: profiles expose internals).
 	pprof bool
@@ -319,7 +320,7 @@ func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Li
 // listeningAttrs are the "activator listening" record's attributes; socket_activated names the
 // listeners systemd passed in, when it passed any (their addresses are the socket units', whatever
 // the config says).
-func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]bool, cfg *registry.Config) []any {
+func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]string, cfg *registry.Config) []any {
 	attrs := []any{"edge", edge.Addr().String()}
 	if edgeTLS != nil {
 		attrs = append(attrs, "edge_tls", edgeTLS.Addr().String())
@@ -327,7 +328,7 @@ func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]bool
 	attrs = append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
 	var names []string
 	for _, n := range []string{"edge", "edge-tls", "admin"} {
-		if activated[n] {
+		if activated[n] != "" {
 			names = append(names, n)
 		}
 	}
@@ -341,8 +342,8 @@ func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]bool
 // socket activation (FileDescriptorName=edge, edge-tls and admin, see units/activator.socket and
 // units/activator-admin.socket) when present, bound here otherwise. edgeTLS is nil without listen_tls
 // (a descriptor named edge-tls is then closed). The admin address is host:port or unix:/path
-// (listenAdmin). activated names those that systemd passed in and that are used.
-func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.Listener, activated map[string]bool, err error) {
+// (listenAdmin). activated maps those that systemd passed in and that are used to their network.
+func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.Listener, activated map[string]string, err error) {
 	named, err := activation.ListenersWithNames()
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("systemd socket activation: %w", err)
@@ -358,7 +359,12 @@ func listeners(cfg *registry.Config, o serveOptions) (edge, edgeTLS, admin net.L
 		edgeTLS.Close()
 		edgeTLS = nil
 	}
-	activated = map[string]bool{"edge": edge != nil, "edge-tls": edgeTLS != nil, "admin": admin != nil}
+	activated = map[string]string{}
+	for name, l := range map[string]net.Listener{"edge": edge, "edge-tls": edgeTLS, "admin": admin} {
+		if l != nil {
+			activated[name] = l.Addr().Network()
+		}
+	}
 	edgeAddr, adminAddr := cfg.Listen, cfg.Admin
 	if o.listen != "" {
 		edgeAddr = o.listen

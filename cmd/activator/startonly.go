@@ -40,7 +40,7 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 	add := func(key, what, value string) { out = append(out, startValue{key: key, what: what, value: value}) }
 	// from marks the last key added as the listener systemd passed in under name, if it did.
 	from := func(name string) {
-		if o.activated[name] {
+		if o.activated[name] != "" {
 			out[len(out)-1].socket = name
 		}
 	}
@@ -57,8 +57,13 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		from("edge-tls")
 	}
 	// The socket file's mode and group, set once it is bound; systemd's admin socket has the socket
-	// unit's.
-	if a, err := registry.ParseAdminAddr(cmp.Or(o.admin, cfg.Admin)); err == nil && a.Network == "unix" || o.activated["admin"] {
+	// unit's (and a TCP one from systemd has none, whatever the config's admin says).
+	unixAdmin := o.activated["admin"] == "unix"
+	if o.activated["admin"] == "" {
+		a, err := registry.ParseAdminAddr(cmp.Or(o.admin, cfg.Admin))
+		unixAdmin = err == nil && a.Network == "unix"
+	}
+	if unixAdmin {
 		sock, group := cfg.AdminAccess.Socket, "the activator's"
 		if sock.Group != "" {
 			group = strconv.Quote(sock.Group)
