@@ -137,15 +137,10 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		bad("password_file", "give password_file or password_env, not both")
 	case s.Username != "" && s.PasswordFile == "" && s.PasswordEnv == "":
 		bad("password_file", "missing: give password_file or password_env for user %q", s.Username)
-	case s.PasswordFile != "":
-		if p, err := readPasswordFile(s.PasswordFile); err != nil {
-			bad("password_file", "%v", err)
-		} else if p == "" {
-			bad("password_file", "%s is empty", s.PasswordFile)
-		}
-	case s.PasswordEnv != "":
-		if os.Getenv(s.PasswordEnv) == "" {
-			bad("password_env", "environment variable %s is not set or empty", s.PasswordEnv)
+	case s.Username != "": // the password's source is on this host: the check CheckHost runs again
+		if _, err := s.password(); err != nil {
+			key, _ := s.passwordSource()
+			bad(key, "%v", err)
 		}
 	}
 
@@ -246,11 +241,8 @@ var _ registry.HostChecker = (*Settings)(nil)
 // (c), however many nodes share it; the cache keeps no password, only whether it was there.
 func (s *Settings) CheckHost(c *registry.HostCache) error {
 	if s.Username != "" {
-		key := "redfish.password_file\x00" + s.PasswordFile
-		if s.PasswordFile == "" {
-			key = "redfish.password_env\x00" + s.PasswordEnv
-		}
-		if _, err := c.Do(key, func() (string, error) { _, err := s.password(); return "", err }); err != nil {
+		key, source := s.passwordSource()
+		if _, err := c.Do("redfish."+key+"\x00"+source, func() (string, error) { _, err := s.password(); return "", err }); err != nil {
 			return err
 		}
 	}
@@ -270,6 +262,15 @@ func readPasswordFile(path string) (string, error) {
 		return "", fmt.Errorf("read password file: %w", err)
 	}
 	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// passwordSource is where a user's password comes from: the key that says so and its value (the file,
+// or the variable's name).
+func (s *Settings) passwordSource() (key, value string) {
+	if s.PasswordFile != "" {
+		return "password_file", s.PasswordFile
+	}
+	return "password_env", s.PasswordEnv
 }
 
 // password returns the configured password ("" without a username).
