@@ -28,6 +28,12 @@ func pipeline(t *testing.T, h *harness, raw string, want int) (answers []rawAnsw
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pipelineOn(t, c, raw, want)
+}
+
+// pipelineOn is pipeline on a connection already made (a TLS one, say), which it closes.
+func pipelineOn(t *testing.T, c net.Conn, raw string, want int) (answers []rawAnswer, closed bool) {
+	t.Helper()
 	defer c.Close()
 	if err := c.SetDeadline(time.Now().Add(patience)); err != nil {
 		t.Fatal(err)

@@ -307,14 +307,16 @@ func edgeProtocols() *http.Protocols {
 
 // edgeParts are the edge http.Server's handler and listener. The listener is the plain one (with the
 // PROXY hook, then the activator's framing record, which must see plaintext), joined with the TLS
-// listener when t is set; the handler is srv, with t's challenges and redirects in front.
+// listener when t is set (the record outside it, where its HTTP/1 connections are plaintext); the
+// handler is srv, with t's challenges and redirects in front, and activator.WithTLS in front of those,
+// which gives the TLS listener's HTTP/1 requests the r.TLS net/http cannot see through the record.
 func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Listener, t *tlsSide, s tlsedge.Settings) (http.Handler, net.Listener) {
 	ln := activator.Listener(proxyListener(plain, srv, onListen))
 	if t == nil {
 		return srv, ln
 	}
 	tlsLn := t.bind(rawTLS, s, cfg, srv)
-	return t.edge.Handler(srv), joinListeners(ln, tlsLn)
+	return activator.WithTLS(t.edge.Handler(srv)), joinListeners(ln, activator.Listener(tlsLn))
 }
 
 // listeningAttrs are the "activator listening" record's attributes; socket_activated names the

@@ -24,6 +24,7 @@ import (
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tlsedge/tlstest"
+	"github.com/coder/websocket"
 )
 
 // tlsTop is the top of a config with listen_tls at addr serving files, and the extra top-level YAML.
@@ -354,4 +355,89 @@ func TestTLSCheck(t *testing.T) {
 			t.Errorf("%s with a missing file: exit %d, output:\n%s\nwant 1 and %q", cmd, code, out, wantProblem)
 		}
 	}
+}
+
+// TestTLSHTTP1Framing: HTTP/1 over TLS is framed and told it is TLS as plain HTTP/1 is, by ALPN
+// http/1.1 and by a hello without ALPN: a chunked request keeps its connection for the request
+// pipelined after it, and so does an HTTP/1.0 request asking for keep-alive; a request with both
+// Content-Length and Transfer-Encoding is answered with "Connection: close" and its connection closed
+// (RFC 9112 §6.1). A WebSocket upgrades and echoes over it. The tenant is told https
+// (X-Forwarded-Proto, Forwarded), and redirect_http does not send a request that came over TLS to
+// https again.
+func TestTLSHTTP1Framing(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	app := appRoute{Name: "tlsframing"}
+	files := ca.Write(t, t.TempDir(), "f", tlstest.Leaf{Label: "F", Names: []string{app.host(), recorderRoute.host()}})
+	tlsAddr := freeLoopbackAddr(t)
+	startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "redirect_http: true\n")+configYAML(t, app, recorderRoute))
+
+	host := app.host()
+	const (
+		clte    = "POST /echo HTTP/1.1\r\nHost: %s\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+		chunked = "POST /echo HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+		http10  = "GET / HTTP/1.0\r\nHost: %s\r\nConnection: keep-alive\r\n\r\n"
+		next    = "GET / HTTP/1.1\r\nHost: %s\r\n\r\n"
+	)
+	req := func(format string) string { return fmt.Sprintf(format, host) }
+	for _, alpn := range [][]string{{"http/1.1"}, nil} {
+		dial := func(t *testing.T) net.Conn {
+			c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: host, NextProtos: alpn})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		t.Run(fmt.Sprintf("ALPN %q", alpn), func(t *testing.T) {
+			answers, closed := pipelineOn(t, dial(t), req(chunked)+req(next), 2)
+			if len(answers) != 2 || closed {
+				t.Fatalf("chunked then a pipelined GET: %d answers (%+v), closed %v; want both answered on one connection", len(answers), answers, closed)
+			}
+			if answers[0].body != "hello" || answers[0].close || answers[1].code != http.StatusOK {
+				t.Errorf("chunked, then GET: %+v", answers)
+			}
+
+			answers, closed = pipelineOn(t, dial(t), req(http10)+req(next), 2)
+			if len(answers) != 2 || closed || answers[0].code != http.StatusOK || answers[1].code != http.StatusOK {
+				t.Errorf("HTTP/1.0 with keep-alive, then a GET: %d answers (%+v), closed %v; want both answered 200 on one connection", len(answers), answers, closed)
+			}
+
+			answers, closed = pipelineOn(t, dial(t), req(clte)+req(next), 2)
+			if len(answers) != 1 || !closed {
+				t.Fatalf("CL+TE then a pipelined GET: %d answers (%+v), closed %v; want the first answered, then the connection closed", len(answers), answers, closed)
+			}
+			if a := answers[0]; a.code != http.StatusOK || a.body != "hello" || !a.close {
+				t.Errorf("CL+TE answer: %d %q, Connection: close %v; want 200 %q with Connection: close", a.code, a.body, a.close, "hello")
+			}
+		})
+	}
+
+	t.Run("WebSocket over HTTP/1.1", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
+		defer cancel()
+		c, _, err := websocket.Dial(ctx, "wss://"+host+"/ws", &websocket.DialOptions{HTTPClient: httpsClient(t, ca, tlsAddr, false, nil)})
+		if err != nil {
+			t.Fatalf("wss dial through the edge: %v", err)
+		}
+		defer c.CloseNow()
+		for _, msg := range []string{"hello", "again"} {
+			if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+				t.Fatalf("echo %q, %v; want %q", got, err, msg)
+			}
+		}
+		if err := c.Close(websocket.StatusNormalClosure, "bye"); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+
+	t.Run("the tenant is told https", func(t *testing.T) {
+		c := httpsClient(t, ca, tlsAddr, false, nil)
+		for _, method := range []string{http.MethodGet, http.MethodPost} {
+			got := askRecorder(t, c, method, "https://"+recorderRoute.host()+"/", forgedFields)
+			wantFields(t, method+" over HTTP/1.1 over TLS", got, edgeOwn("127.0.0.1", "https"))
+		}
+	})
 }

@@ -7,6 +7,7 @@ package activator
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -241,11 +242,41 @@ func (w *closingWriter) Flush() {
 
 func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// Listener wraps the edge's listener: each connection it accepts records whether its bytes have
-// carried a header field named Content-Length or Transfer-Encoding, for framingSuspect. Serve it with
-// ConnContext as the http.Server's ConnContext. It must see the bytes net/http parses: for a TLS edge
-// it would have to sit inside the TLS layer, which this one does not do.
+// Listener wraps one of the edge's listeners: each connection it accepts records whether its bytes
+// have carried a header field named Content-Length or Transfer-Encoding, for framingSuspect. Serve it
+// with ConnContext as the http.Server's ConnContext. The record must see the bytes net/http parses, so
+// a TLS listener goes inside it (one that returns *tls.Conn with the handshake done, as
+// tlsedge.Listener does): a connection that negotiated HTTP/2 is returned as it is, as net/http needs
+// it (HTTP/2 frames its own bodies), and any other is recorded like a plain one. net/http then serves
+// such a connection as plain HTTP/1, and its requests lack r.TLS until WithTLS, in front of every
+// handler of the server, puts it back.
 func Listener(ln net.Listener) net.Listener { return framingListener{ln} }
+
+// WithTLS gives a request that came over TLS through Listener its r.TLS, which net/http sets only for
+// a connection it sees as a *tls.Conn: the same state, which net/http would have shared by every
+// request of the connection too. Put it in front of everything that reads r.TLS (the redirects of
+// redirect_http, X-Forwarded-Proto, parking); other requests pass through untouched.
+func WithTLS(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			if fc, ok := r.Context().Value(framingKey{}).(*framingConn); ok && fc.tls != nil {
+				// Set where net/http would have set it, before any handler saw r: not a change to a
+				// request a handler was given.
+				r.TLS = fc.tls
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// overTLS reports whether r came over TLS, whether or not WithTLS has run.
+func overTLS(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	fc, ok := r.Context().Value(framingKey{}).(*framingConn)
+	return ok && fc.tls != nil
+}
 
 // ConnContext is the edge http.Server's ConnContext, and the resume server's (EnableParking): it gives
 // the requests of a connection accepted by Listener that connection's record, and those of a resumed
@@ -270,6 +301,13 @@ func (l framingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tc, ok := c.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		if st.NegotiatedProtocol == "h2" {
+			return c, nil
+		}
+		return &framingConn{Conn: c, tls: &st}, nil
+	}
 	return &framingConn{Conn: c}, nil
 }
 
@@ -287,7 +325,8 @@ const (
 // request may arrive during this one.
 type framingConn struct {
 	net.Conn
-	seen atomic.Uint32 // sawContentLength | sawTransferEncoding; read by the connection's requests
+	tls  *tls.ConnectionState // the TLS connection's state when Conn is a *tls.Conn (see WithTLS); nil for plain
+	seen atomic.Uint32        // sawContentLength | sawTransferEncoding; read by the connection's requests
 
 	mu    sync.Mutex // guards the matcher below; net/http reads from one goroutine at a time anyway
 	field string     // the field name being matched, when matched > 0

@@ -75,7 +75,7 @@ const parkAbove = 64
 
 // parkable reports whether r, about to be held on rt, can be parked.
 func (s *Server) parkable(r *http.Request, rt *routed) bool {
-	return s.resume != nil && s.held.n.Load() >= s.parkAbove && r.ProtoMajor == 1 && r.TLS == nil && r.Method != http.MethodConnect &&
+	return s.resume != nil && s.held.n.Load() >= s.parkAbove && r.ProtoMajor == 1 && !overTLS(r) && r.Method != http.MethodConnect &&
 		rt.in.route.RequestBuffering && r.Header.Get("Upgrade") == "" && !rt.in.awake.Load() && !rt.in.ignores(r)
 }
 
