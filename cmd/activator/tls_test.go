@@ -361,7 +361,7 @@ func TestTLSCheck(t *testing.T) {
 // http/1.1 and by a hello without ALPN: a chunked request keeps its connection for the request
 // pipelined after it, and so does an HTTP/1.0 request asking for keep-alive; a request with both
 // Content-Length and Transfer-Encoding is answered with "Connection: close" and its connection closed
-// (RFC 9112 §6.1). A WebSocket upgrades and echoes over it. The tenant is told https
+// (RFC 9112 §6.1); HTTP/2's preface without ALPN h2 gets 400, not HTTP/2. A WebSocket upgrades and echoes over it. The tenant is told https
 // (X-Forwarded-Proto, Forwarded), and redirect_http does not send a request that came over TLS to
 // https again.
 func TestTLSHTTP1Framing(t *testing.T) {
@@ -411,6 +411,21 @@ func TestTLSHTTP1Framing(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("HTTP/2 without ALPN h2", func(t *testing.T) {
+		c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: host, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(patience))
+		if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := io.ReadAll(c); !strings.HasPrefix(string(got), "HTTP/1.1 400 ") {
+			t.Errorf("HTTP/2's preface after ALPN http/1.1: got %q, want HTTP/1.1 400 and the connection closed (only ALPN chooses HTTP/2 over TLS)", got)
+		}
+	})
 
 	t.Run("WebSocket over HTTP/1.1", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), patience)

@@ -333,7 +333,19 @@ type framingConn struct {
 	// matched is how many bytes of field the current line has matched; 0 at the start of a line, -1
 	// past a line's start that matches no field.
 	matched int
+	// prefaced is, on a TLS connection, how many of its first bytes have matched http2Preface so far;
+	// -1 once one did not (the connection is HTTP/1's).
+	prefaced int
 }
+
+// http2Preface is how HTTP/2's connection preface begins, which net/http looks for on any connection
+// it takes for a plain one and then serves as HTTP/2 (prior knowledge, for h2c). Over TLS only ALPN
+// may choose HTTP/2 (RFC 9113 §3.3), and a *tls.Conn that net/http sees as one is never served so: a
+// TLS connection behind Listener that starts with it is refused (errPrefaceOverTLS), not served as
+// HTTP/2 that was never negotiated.
+const http2Preface = "PRI * HTTP/2.0"
+
+var errPrefaceOverTLS = errors.New("HTTP/2 connection preface over TLS without ALPN h2")
 
 // The field names framingConn looks for, lower case, with their colon.
 const (
@@ -345,12 +357,32 @@ func (c *framingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		c.mu.Lock()
+		if c.tls != nil && c.prefaced >= 0 && !c.headLocked(b[:n]) {
+			c.mu.Unlock()
+			return 0, errPrefaceOverTLS
+		}
 		if seen := c.scanLocked(b[:n]); seen != 0 {
 			c.seen.Or(seen)
 		}
 		c.mu.Unlock()
 	}
 	return n, err
+}
+
+// headLocked feeds b, read next from a TLS connection, to the preface check, and reports false once
+// the connection's first bytes are http2Preface (sticky: every read after fails too).
+func (c *framingConn) headLocked(b []byte) bool {
+	for _, ch := range b {
+		if c.prefaced == len(http2Preface) {
+			return false
+		}
+		if ch != http2Preface[c.prefaced] {
+			c.prefaced = -1
+			return true
+		}
+		c.prefaced++
+	}
+	return c.prefaced < len(http2Preface)
 }
 
 // scanLocked feeds b to the matcher and returns the fields it completed. It skips from line to line

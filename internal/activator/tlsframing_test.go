@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,6 +51,7 @@ func tlsEdge(t *testing.T, h http.Handler) (string, *tls.Config) {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true) // as the edge's: h2c on its plain listener
 	srv := &http.Server{Handler: h, ConnContext: ConnContext, Protocols: &p}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -143,5 +145,62 @@ func TestNotParkedOverTLS(t *testing.T) {
 				t.Errorf("the tenant got %d requests, want 1", got.Load())
 			}
 		})
+	}
+}
+
+// TestPrefaceOverTLS: a TLS connection behind Listener that did not negotiate h2 and starts with
+// HTTP/2's preface gets net/http's 400 for a request it cannot read, and is closed, as on a *tls.Conn;
+// it is not served as HTTP/2 (net/http would serve it as prior-knowledge h2c). An HTTP/1 request that
+// starts like it, byte by byte, is served.
+func TestPrefaceOverTLS(t *testing.T) {
+	addr, cfg := tlsEdge(t, WithTLS(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Method)
+	})))
+	cfg.NextProtos = []string{"http/1.1"}
+	talk := func(t *testing.T, chunks ...string) string {
+		c, err := tls.Dial("tcp", addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(patience))
+		for _, s := range chunks {
+			if _, err := io.WriteString(c, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, _ := io.ReadAll(c)
+		return string(got)
+	}
+	if got := talk(t, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "\x00\x00\x00\x04\x00\x00\x00\x00\x00"); !strings.HasPrefix(got, "HTTP/1.1 400 ") {
+		t.Errorf("HTTP/2's preface over TLS with ALPN http/1.1: got %q, want HTTP/1.1 400", got)
+	}
+	if got := talk(t, "P", "RI * HT", "TP/2.0\r\n\r\nSM\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 400 ") {
+		t.Errorf("the preface in pieces: got %q, want HTTP/1.1 400", got)
+	}
+	got := talk(t, "P", "R", "OPFIND / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 200 ") || !strings.HasSuffix(got, "PROPFIND") {
+		t.Errorf("PROPFIND in pieces: got %q, want 200 PROPFIND", got)
+	}
+}
+
+func TestFramingConnHead(t *testing.T) {
+	for _, tc := range []struct {
+		chunks []string
+		want   []bool
+	}{
+		{[]string{"PRI * HTTP/2.0\r\n"}, []bool{false}},
+		{[]string{"PRI * HTTP/2.", "0", "\r\n"}, []bool{true, false, false}},
+		{[]string{"PRI * HTTP/2.0"}, []bool{false}},
+		{[]string{"PRI * HTTP/1.1\r\n", "PRI * HTTP/2.0"}, []bool{true, true}},
+		{[]string{"GET / HTTP/1.1\r\n"}, []bool{true}},
+		{[]string{"P", "R", "I", " * HTTP/2.0"}, []bool{true, true, true, false}},
+	} {
+		c := &framingConn{tls: &tls.ConnectionState{}}
+		for i, chunk := range tc.chunks {
+			if got := c.prefaced < 0 || c.headLocked([]byte(chunk)); got != tc.want[i] {
+				t.Errorf("%q: after chunk %d, %v, want %v", tc.chunks, i, got, tc.want[i])
+			}
+		}
 	}
 }
