@@ -4,6 +4,7 @@ package main
 // files made by a test CA, reached by real HTTPS clients.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -361,7 +362,8 @@ func TestTLSCheck(t *testing.T) {
 // http/1.1 and by a hello without ALPN: a chunked request keeps its connection for the request
 // pipelined after it, and so does an HTTP/1.0 request asking for keep-alive; a request with both
 // Content-Length and Transfer-Encoding is answered with "Connection: close" and its connection closed
-// (RFC 9112 §6.1); HTTP/2's preface without ALPN h2 gets 400, not HTTP/2. A WebSocket upgrades and echoes over it. The tenant is told https
+// (RFC 9112 §6.1); edge.max_header_bytes is exact, as on the plain listener; HTTP/2's preface without
+// ALPN h2 gets 400, not HTTP/2. A WebSocket upgrades and echoes over it. The tenant is told https
 // (X-Forwarded-Proto, Forwarded), and redirect_http does not send a request that came over TLS to
 // https again.
 func TestTLSHTTP1Framing(t *testing.T) {
@@ -411,6 +413,25 @@ func TestTLSHTTP1Framing(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("edge.max_header_bytes is exact", func(t *testing.T) {
+		const limit = 32 << 10 // the default
+		for _, size := range []int{limit, limit + 1} {
+			c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: host})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			_ = c.SetDeadline(time.Now().Add(patience))
+			want := http.StatusNotFound
+			if size > limit {
+				want = http.StatusRequestHeaderFieldsTooLarge
+			}
+			if code := exchange(t, &bufConn{Conn: c, r: bufio.NewReader(c)}, headerOfSize(t, size)); code != want {
+				t.Errorf("a %d-byte header over TLS, the default limit %d: %d, want %d", size, limit, code, want)
+			}
+		}
+	})
 
 	t.Run("HTTP/2 without ALPN h2", func(t *testing.T) {
 		c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: host, NextProtos: []string{"http/1.1"}})
