@@ -6,6 +6,8 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +17,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tlsedge/tlstest"
 )
 
 // TestHeaderLimit: edge.max_header_bytes is the effective limit of the edge's http.Server: a request
@@ -186,4 +191,73 @@ func TestBodiesSurviveColdWake(t *testing.T) {
 func sha256Of(b []byte) []byte {
 	s := sha256.Sum256(b)
 	return s[:]
+}
+
+// TestSlowClientsClosed: on both listeners, the plain one and listen_tls (its handshake done), a
+// connection that sends part of a header and then nothing is closed unanswered once
+// edge.header_timeout has passed, and wakes nothing; a kept-alive connection that goes quiet after
+// an answer is closed once edge.keepalive_timeout has passed. The test waits for the server's close,
+// bounded by patience: it never times the server.
+func TestSlowClientsClosed(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	app := appRoute{Name: "slowpoke"}
+	files := ca.Write(t, t.TempDir(), "s", tlstest.Leaf{Label: "S", Names: []string{app.host()}})
+	tlsAddr := freeLoopbackAddr(t)
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "edge:\n  header_timeout: 300ms\n  keepalive_timeout: 300ms\n")+configYAML(t, app))
+	listeners := []struct {
+		name string
+		dial func(t *testing.T) net.Conn
+	}{
+		{"plain", func(t *testing.T) net.Conn {
+			c, err := net.Dial("tcp", s.edge)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+		{"TLS", func(t *testing.T) net.Conn {
+			c, err := tls.Dial("tcp", tlsAddr, &tls.Config{RootCAs: ca.Pool(), ServerName: app.host(), NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}},
+	}
+	// closedUnanswered reads c until the server closes it and reports what it sent first.
+	closedUnanswered := func(t *testing.T, c net.Conn) []byte {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(patience))
+		got, err := io.ReadAll(c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the connection was still open after %v", patience)
+		}
+		return got
+	}
+	for _, ln := range listeners {
+		t.Run(ln.name+": a header that stops", func(t *testing.T) {
+			c := ln.dial(t)
+			defer c.Close()
+			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+app.host()+"\r\nX-Slow: "); err != nil {
+				t.Fatal(err)
+			}
+			if got := closedUnanswered(t, c); len(got) != 0 {
+				t.Errorf("closed after %q, want no answer", got)
+			}
+		})
+		t.Run(ln.name+": an idle kept-alive connection", func(t *testing.T) {
+			c := ln.dial(t)
+			defer c.Close()
+			if code := exchange(t, &bufConn{Conn: c, r: bufio.NewReader(c)}, []byte("GET / HTTP/1.1\r\nHost: nobody.test\r\n\r\n")); code != http.StatusNotFound {
+				t.Fatalf("a request for no route: %d, want 404", code)
+			}
+			if got := closedUnanswered(t, c); len(got) != 0 {
+				t.Errorf("closed after %q, want nothing more", got)
+			}
+		})
+	}
+	if st := s.status(app.Name); st.State != "asleep" || len(s.events(app.Name)) != 0 {
+		t.Errorf("after the slow clients: %s with %d events, want asleep and untouched", st.State, len(s.events(app.Name)))
+	}
 }
