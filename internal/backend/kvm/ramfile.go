@@ -382,8 +382,13 @@ func (b *Backend) syncSaved(rs ramSidecar) {
 		b.log.Warn("snapshot not marked durable: the RAM file's sidecar changed after the save, so the next wake refuses the snapshot", "sidecar", side, "err", err)
 		return
 	}
-	rs.Synced = true
-	err := writeSidecar(side, rs)
+	synced := rs
+	synced.Synced = true
+	swapped, err := swapSidecar(side, rs, synced)
+	if err == nil && !swapped {
+		b.log.Warn("snapshot not marked durable: the RAM file's sidecar changed after the save, so the next wake refuses the snapshot", "sidecar", side)
+		return
+	}
 	if err == nil {
 		err = syncPaths(side, b.s.SnapshotDir)
 	}
@@ -500,6 +505,48 @@ func writeSidecar(path string, v any) error {
 		return fmt.Errorf("write sidecar: %w", err)
 	}
 	return nil
+}
+
+// swapSidecar puts v in place of the RAM file's sidecar at path only if path holds exactly was at that
+// moment, and reports whether it did. A check before a plain rename (writeSidecar) leaves a window in
+// which a sidecar removed or rewritten by someone else is brought back, binding a RAM file that was
+// unbound (found as a flake of TestStandbyRefusesUnboundRAM). So v is written beside path and
+// exchanged with it in one step (renameat2 RENAME_EXCHANGE), which fails when path is gone; what
+// comes back is checked against was, and put back when it is not. Where the filesystem cannot
+// exchange (EINVAL), it renames as writeSidecar does: the caller's check just before is then all.
+func swapSidecar(path string, was, v ramSidecar) (bool, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false, err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return false, fmt.Errorf("write sidecar: %w", err)
+	}
+	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
+	switch {
+	case errors.Is(err, unix.ENOENT): // path was removed
+		_ = os.Remove(tmp)
+		return false, nil
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		if err := os.Rename(tmp, path); err != nil {
+			return false, fmt.Errorf("write sidecar: %w", err)
+		}
+		return true, nil
+	case err != nil:
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("write sidecar: %w", err)
+	}
+	// tmp holds what path held until the exchange.
+	var prev ramSidecar
+	if err := readSidecar(tmp, &prev); err != nil || prev != was {
+		if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE); err != nil {
+			return true, fmt.Errorf("put back the sidecar written meanwhile: %w", err)
+		}
+		_ = os.Remove(tmp)
+		return false, nil
+	}
+	return true, os.Remove(tmp)
 }
 
 func readSidecar(path string, v any) error {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/tenant"
+	"golang.org/x/sys/unix"
 )
 
 // TestSnapshotRefused: a saved device state is resumed only on the RAM file it was saved with. Each
@@ -322,4 +323,58 @@ func savedFiles(t *testing.T) (*Backend, ramSidecar) {
 	must(t, writeSidecar(b.devPath()+genExt, devSidecar{Generation: rs.Generation}))
 	b.savedGen = rs.Generation
 	return b, rs
+}
+
+// TestSwapSidecar: the RAM file's sidecar is replaced only when it still holds what the caller read:
+// one removed after that read is not brought back, and one rewritten after it is put back as it was
+// (the window syncSaved's read and its write used to leave open); no temporary file is left.
+func TestSwapSidecar(t *testing.T) {
+	probe := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(probe, "a"), nil, 0o600))
+	must(t, os.WriteFile(filepath.Join(probe, "b"), nil, 0o600))
+	if err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(probe, "a"), unix.AT_FDCWD, filepath.Join(probe, "b"), unix.RENAME_EXCHANGE); err != nil {
+		t.Skipf("the test directory's filesystem cannot exchange two names (%v): swapSidecar falls back to a rename there", err)
+	}
+	was := ramSidecar{Generation: "g1", Bytes: 4096}
+	now := was
+	now.Synced = true
+	for _, c := range []struct {
+		name   string
+		before func(t *testing.T, side string) // what is at side when the swap runs
+		want   *ramSidecar                     // what is there after; nil: nothing
+		ok     bool
+	}{
+		{"unchanged", func(t *testing.T, side string) { must(t, writeSidecar(side, was)) }, &now, true},
+		{"removed", func(t *testing.T, side string) {}, nil, false},
+		{"rewritten", func(t *testing.T, side string) {
+			must(t, writeSidecar(side, ramSidecar{Generation: "g2", Bytes: 4096}))
+		}, &ramSidecar{Generation: "g2", Bytes: 4096}, false},
+		{"not a sidecar", func(t *testing.T, side string) { must(t, os.WriteFile(side, []byte("junk"), 0o600)) }, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			side := filepath.Join(dir, ramBase+genExt)
+			c.before(t, side)
+			ok, err := swapSidecar(side, was, now)
+			if err != nil || ok != c.ok {
+				t.Fatalf("swap: %v, %v; want %v", ok, err, c.ok)
+			}
+			var got ramSidecar
+			switch err := readSidecar(side, &got); {
+			case c.want == nil && c.name == "removed":
+				if !os.IsNotExist(err) {
+					t.Errorf("the removed sidecar is back: %+v (%v)", got, err)
+				}
+			case c.want == nil:
+				if b, _ := os.ReadFile(side); string(b) != "junk" {
+					t.Errorf("the file at the sidecar's path is now %q, want it left as it was", b)
+				}
+			case err != nil || got != *c.want:
+				t.Errorf("sidecar %+v (%v), want %+v", got, err, *c.want)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) > 1 || c.name == "removed" && len(ents) != 0 {
+				t.Errorf("left in the directory: %v", ents)
+			}
+		})
+	}
 }
