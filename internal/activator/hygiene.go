@@ -259,23 +259,23 @@ func Listener(ln net.Listener) net.Listener { return framingListener{ln} }
 func WithTLS(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil {
-			if fc, ok := r.Context().Value(framingKey{}).(*framingConn); ok && fc.tls != nil {
-				// Set where net/http would have set it, before any handler saw r: not a change to a
-				// request a handler was given.
-				r.TLS = fc.tls
-			}
+			// Set where net/http would have set it, before any handler saw r: not a change to a
+			// request a handler was given.
+			r.TLS = connTLS(r)
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
 // overTLS reports whether r came over TLS, whether or not WithTLS has run.
-func overTLS(r *http.Request) bool {
-	if r.TLS != nil {
-		return true
+func overTLS(r *http.Request) bool { return r.TLS != nil || connTLS(r) != nil }
+
+// connTLS is the TLS state of the connection Listener recorded r on; nil for a plain one, or none.
+func connTLS(r *http.Request) *tls.ConnectionState {
+	if fc, ok := r.Context().Value(framingKey{}).(*framingConn); ok {
+		return fc.tls
 	}
-	fc, ok := r.Context().Value(framingKey{}).(*framingConn)
-	return ok && fc.tls != nil
+	return nil
 }
 
 // ConnContext is the edge http.Server's ConnContext, and the resume server's (EnableParking): it gives

@@ -375,13 +375,8 @@ func (b *Backend) syncSaved(rs ramSidecar) {
 		return
 	}
 	// The sidecar as bindSaved wrote it, or nothing: one removed or rewritten meanwhile (by hand, or
-	// damage) unbinds the RAM file, and rewriting it would bind it again.
+	// damage) unbinds the RAM file, and rewriting it would bind it again (swapSidecar).
 	side := b.ramPath() + genExt
-	var cur ramSidecar
-	if err := readSidecar(side, &cur); err != nil || cur != rs {
-		b.log.Warn("snapshot not marked durable: the RAM file's sidecar changed after the save, so the next wake refuses the snapshot", "sidecar", side, "err", err)
-		return
-	}
 	synced := rs
 	synced.Synced = true
 	swapped, err := swapSidecar(side, rs, synced)
@@ -494,17 +489,28 @@ func hashFile(file string) (sum string, n int64, err error) {
 // writeSidecar writes v as JSON through a temp file and a rename: a reader finds the old sidecar or
 // the new one, never a part.
 func writeSidecar(path string, v any) error {
-	b, err := json.Marshal(v)
+	tmp, err := writeSidecarTemp(path, v)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path+".tmp", append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write sidecar: %w", err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("write sidecar: %w", err)
 	}
 	return nil
+}
+
+// writeSidecarTemp writes v beside the sidecar at path, for a rename or an exchange, and returns
+// where.
+func writeSidecarTemp(path string, v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return "", fmt.Errorf("write sidecar: %w", err)
+	}
+	return tmp, nil
 }
 
 // swapSidecar puts v in place of the RAM file's sidecar at path only if path holds exactly was at that
@@ -513,15 +519,11 @@ func writeSidecar(path string, v any) error {
 // unbound (found as a flake of TestStandbyRefusesUnboundRAM). So v is written beside path and
 // exchanged with it in one step (renameat2 RENAME_EXCHANGE), which fails when path is gone; what
 // comes back is checked against was, and put back when it is not. Where the filesystem cannot
-// exchange (EINVAL), it renames as writeSidecar does: the caller's check just before is then all.
+// exchange (EINVAL), it checks path and then renames as writeSidecar does, which leaves that window.
 func swapSidecar(path string, was, v ramSidecar) (bool, error) {
-	b, err := json.Marshal(v)
+	tmp, err := writeSidecarTemp(path, v)
 	if err != nil {
 		return false, err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return false, fmt.Errorf("write sidecar: %w", err)
 	}
 	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
 	switch {
@@ -529,6 +531,11 @@ func swapSidecar(path string, was, v ramSidecar) (bool, error) {
 		_ = os.Remove(tmp)
 		return false, nil
 	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		var cur ramSidecar
+		if err := readSidecar(path, &cur); err != nil || cur != was {
+			_ = os.Remove(tmp)
+			return false, nil
+		}
 		if err := os.Rename(tmp, path); err != nil {
 			return false, fmt.Errorf("write sidecar: %w", err)
 		}
