@@ -41,7 +41,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"slices"
@@ -207,9 +206,11 @@ type Usage struct {
 func (p *Provider) Usage() []Usage {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Sorted once they are found: sorting every route's name first allocated and sorted all of them
+	// at every scrape (about 9 MB at 100,000 routes, of which only the woken have a cgroup).
 	var us []Usage
-	for _, route := range slices.Sorted(maps.Keys(p.live)) {
-		st, ok, closed := p.live[route].usage()
+	for route, b := range p.live {
+		st, ok, closed := b.usage()
 		if closed {
 			delete(p.live, route)
 			continue
@@ -218,6 +219,7 @@ func (p *Provider) Usage() []Usage {
 			us = append(us, Usage{Route: route, Stat: st})
 		}
 	}
+	slices.SortFunc(us, func(a, b Usage) int { return strings.Compare(a.Route, b.Route) })
 	return us
 }
 
