@@ -25,7 +25,6 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/activator/activator/internal/activator"
@@ -140,10 +139,11 @@ func serve(o serveOptions) int {
 			log.Warn("health pacer close", "err", err)
 		}
 	}()
+	metrics := activator.NewMetrics(reg)
 	srv := activator.New(activator.Options{
 		Opener:  bk.provider,
 		Logger:  log,
-		Metrics: activator.NewMetrics(reg),
+		Metrics: metrics,
 		Pacer:   pacer,
 	})
 	// The listeners bind first, so the ports open (and READY is sent) without waiting for any
@@ -174,7 +174,7 @@ func serve(o serveOptions) int {
 	for _, w := range adminWarnings(cfg, listenerAddr(adminLn.Addr())) {
 		log.Warn(w)
 	}
-	adminHandler := srv.AdminHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), access)
+	adminHandler := srv.AdminHandler(metrics.Handler(reg), access)
 	if o.pprof {
 		pp := http.NewServeMux()
 		pp.HandleFunc("/debug/pprof/", httppprof.Index)

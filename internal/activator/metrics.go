@@ -26,12 +26,16 @@ type Metrics struct {
 	wakeFailures  *prometheus.CounterVec
 	unknown       func(code int) // activator_requests_total{route="_unknown"}
 	routes        *routeSet
+	// routeReg holds routes alone, apart from the registry NewMetrics registers on: a text scrape
+	// writes them itself (Handler), a protobuf one gathers both registries (Gatherer).
+	routeReg *prometheus.Registry
 }
 
 // unknownRoute is the route label of requests whose Host matched no route.
 const unknownRoute = "_unknown"
 
-// NewMetrics creates the activator's metrics and registers them on reg.
+// NewMetrics creates the activator's metrics and registers them on reg, but for the route series
+// that exist from the start (routeseries.go): those are served by Handler and gathered by Gatherer.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// 1 ms to 10 min: exec wakes take milliseconds, bare-metal boots minutes.
 	wakeBuckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -53,10 +57,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "activator_wake_failures_total",
 			Help: "Failed wakes, by the phase they failed in and the fault's class (retryable, throttle, terminal).",
 		}, []string{"route", "phase", "class"}),
-		routes: newRouteSet(),
+		routes:   newRouteSet(),
+		routeReg: prometheus.NewRegistry(),
 	}
 	m.unknown = newRouteMetrics(m, unknownRoute).countFn
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures, m.routes)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures)
+	m.routeReg.MustRegister(m.routes)
 	return m
 }
 

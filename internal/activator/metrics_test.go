@@ -17,29 +17,30 @@ import (
 	"github.com/activator/activator/internal/tenant"
 )
 
-// newMetricsServer is newTestServer with a real Metrics registry, which it returns too. The registry is
-// pedantic: it checks every collected series against its description.
-func newMetricsServer(t *testing.T, b *fakeBackend, routes ...*registry.Route) (*Server, *prometheus.Registry) {
+// newMetricsServer is newTestServer with a real Metrics registry, and returns what gathers all of its
+// metrics. The registry is pedantic: it checks every collected series against its description.
+func newMetricsServer(t *testing.T, b *fakeBackend, routes ...*registry.Route) (*Server, prometheus.Gatherer) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
+	m := NewMetrics(reg)
 	s := New(Options{
 		Opener:  fakeProvider{b},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		NewGate: func(*registry.Route) Gate { return passGate{} },
-		Metrics: NewMetrics(reg),
+		Metrics: m,
 	})
 	if err := s.Apply(&registry.Config{Routes: routes}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
-	return s, reg
+	return s, m.Gatherer(reg)
 }
 
-// routeSeries gathers reg and returns route's series as `name{label="value",…}` (the route label left
+// routeSeries gathers g and returns route's series as `name{label="value",…}` (the route label left
 // out, labels sorted) → value; a histogram is its _count.
-func routeSeries(t *testing.T, reg *prometheus.Registry, route string) map[string]float64 {
+func routeSeries(t *testing.T, g prometheus.Gatherer, route string) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,17 +232,18 @@ func (o failingOpener) Open(r *registry.Route) (tenant.Backend, error) {
 // changes nothing, and leaves no series of the routes it had begun to set up.
 func TestFailedApplyLeavesNoSeries(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
+	m := NewMetrics(reg)
 	s := New(Options{
 		Opener:  failingOpener{b: &fakeBackend{}, fail: "bad"},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		NewGate: func(*registry.Route) Gate { return passGate{} },
-		Metrics: NewMetrics(reg),
+		Metrics: m,
 	})
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app"), testRoute("bad")}}); err == nil {
 		t.Fatal("Apply opened a backend that cannot be opened")
 	}
-	if got := routeSeries(t, reg, "app"); len(got) > 0 {
+	if got := routeSeries(t, m.Gatherer(reg), "app"); len(got) > 0 {
 		t.Errorf("series of a config Apply gave up on: %v", got)
 	}
 }

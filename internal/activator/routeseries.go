@@ -5,8 +5,10 @@ package activator
 // deletes it.
 
 import (
+	"bufio"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -131,8 +133,9 @@ func (m *Metrics) release(im *instanceMetrics) {
 
 // routeSet is every live route's routeMetrics, and the Collector that exports their counters and
 // gauges. Between scrapes those are plain atomics, a word per series where a client_golang child costs
-// a few hundred bytes: a route has eleven such series from the start, and a config may have 10,000
-// routes.
+// a few hundred bytes: a route has eleven such series from the start, and a config may have 100,000
+// routes. A text scrape writes them straight to the response (writeText); the Collector serves
+// the scrapes that ask for protobuf, and tests.
 type routeSet struct {
 	wakes, joined, held, state, sleeps, sleepFailures, sleepFailing *prometheus.Desc
 	// The label pairs of the fixed label values, made once and shared, read-only, by every scrape.
@@ -143,26 +146,48 @@ type routeSet struct {
 
 	mu     sync.Mutex // guards byName and every routeMetrics' holders
 	byName map[string]*routeMetrics
+
+	rowBufs sync.Pool // *[]routeRow: a text scrape's rows, for the next one
+}
+
+// routeFamily is one metric family of routeSet: its name, help, type, and the label it has besides
+// route ("" for none).
+type routeFamily struct {
+	name, help string
+	gauge      bool
+	label      string
+}
+
+// The families of routeSet, in the order a text scrape writes them.
+var (
+	famState         = routeFamily{"activator_instance_state", "1 for the state each route's instance is in; the other states have no series.", true, "state"}
+	famHeld          = routeFamily{"activator_held_requests", "Requests currently held while their route wakes.", true, ""}
+	famJoined        = routeFamily{"activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.", false, ""}
+	famSleepFailures = routeFamily{"activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.", false, ""}
+	famSleepFailing  = routeFamily{"activator_sleep_failing", "1 while the route's last sleep failed (the tenant runs on), until a sleep succeeds.", true, ""}
+	famSleeps        = routeFamily{"activator_sleeps_total", "Times a route went to sleep, by reason (idle, admin, exited, reload).", false, "reason"}
+	famWakes         = routeFamily{"activator_wakes_total", "Wakes by result.", false, "result"}
+)
+
+func (f routeFamily) desc() *prometheus.Desc {
+	labels := []string{"route"}
+	if f.label != "" {
+		labels = append(labels, f.label)
+	}
+	return prometheus.NewDesc(f.name, f.help, labels, nil)
 }
 
 func newRouteSet() *routeSet {
 	s := &routeSet{
-		wakes: prometheus.NewDesc("activator_wakes_total", "Wakes by result.",
-			[]string{"route", "result"}, nil),
-		joined: prometheus.NewDesc("activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.",
-			[]string{"route"}, nil),
-		held: prometheus.NewDesc("activator_held_requests", "Requests currently held while their route wakes.",
-			[]string{"route"}, nil),
-		state: prometheus.NewDesc("activator_instance_state", "1 for the state each route's instance is in; the other states have no series.",
-			[]string{"route", "state"}, nil),
-		sleeps: prometheus.NewDesc("activator_sleeps_total", "Times a route went to sleep, by reason (idle, admin, exited, reload).",
-			[]string{"route", "reason"}, nil),
-		sleepFailures: prometheus.NewDesc("activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.",
-			[]string{"route"}, nil),
-		sleepFailing: prometheus.NewDesc("activator_sleep_failing", "1 while the route's last sleep failed (the tenant runs on), until a sleep succeeds.",
-			[]string{"route"}, nil),
-		routeLabel: "route",
-		byName:     map[string]*routeMetrics{},
+		wakes:         famWakes.desc(),
+		joined:        famJoined.desc(),
+		held:          famHeld.desc(),
+		state:         famState.desc(),
+		sleeps:        famSleeps.desc(),
+		sleepFailures: famSleepFailures.desc(),
+		sleepFailing:  famSleepFailing.desc(),
+		routeLabel:    "route",
+		byName:        map[string]*routeMetrics{},
 	}
 	for st := range s.statePairs {
 		s.statePairs[st] = labelPair("state", State(st).String())
@@ -185,27 +210,125 @@ func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// routeRow is one route in one scrape: its series and the state of its newest instance.
+type routeRow struct {
+	rm      *routeMetrics
+	state   State
+	failing bool
+}
+
+// rows returns every route's row, sorted by route name, in buf (which it grows as needed).
+func (s *routeSet) rows(buf []routeRow) []routeRow {
+	s.mu.Lock()
+	rows := slices.Grow(buf[:0], len(s.byName))
+	for _, rm := range s.byName {
+		newest := rm.holders[len(rm.holders)-1]
+		rows = append(rows, routeRow{rm, State(newest.st.Load()), newest.sleepFailing.Load()})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(rows, func(a, b routeRow) int { return strings.Compare(a.rm.route, b.rm.route) })
+	return rows
+}
+
 // Collect implements prometheus.Collector: every route's series, with the state of its newest
 // instance.
 func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
-	type row struct {
-		rm      *routeMetrics
-		state   State
-		failing bool
-	}
-	s.mu.Lock()
-	rows := make([]row, 0, len(s.byName))
-	for _, rm := range s.byName {
-		newest := rm.holders[len(rm.holders)-1]
-		rows = append(rows, row{rm, State(newest.st.Load()), newest.sleepFailing.Load()})
-	}
-	s.mu.Unlock()
-	for _, r := range rows {
+	for _, r := range s.rows(nil) {
 		sc := s.scrape(r.rm, r.state, r.failing)
 		for i := range sc.samples {
 			ch <- &sc.samples[i]
 		}
 	}
+}
+
+// writeText writes every route's series to w in the Prometheus text format (version 0.0.4), family by
+// family, the series of each in route order: what Collect gives, without the registry's objects. At
+// 100,000 routes the registry's way (a protobuf object per series, sorted, checked, then encoded) took
+// six seconds of a CPU and left a gigabyte of garbage a scrape; this one allocates nothing per series,
+// and the rows (24 bytes a route) only when no earlier scrape's are left to reuse.
+func (s *routeSet) writeText(w *bufio.Writer) error {
+	pooled, _ := s.rowBufs.Get().(*[]routeRow)
+	if pooled == nil {
+		pooled = new([]routeRow)
+	}
+	rows := s.rows(*pooled)
+	defer func() {
+		clear(rows) // no pointers to retired routes kept alive in the pool
+		*pooled = rows[:0]
+		s.rowBufs.Put(pooled)
+	}()
+	buf := make([]byte, 0, 256)
+	family := func(f routeFamily, each func(r *routeRow)) {
+		typ := "counter"
+		if f.gauge {
+			typ = "gauge"
+		}
+		buf = append(buf[:0], "# HELP "...)
+		buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
+		buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
+		w.Write(buf)
+		for i := range rows {
+			each(&rows[i])
+		}
+	}
+	// sample writes one series: f's name, the label f names (if any) before or after route as their
+	// names sort, and v.
+	sample := func(f routeFamily, route, value string, v int64) {
+		buf = append(append(buf[:0], f.name...), '{')
+		other := func() { buf = appendLabel(buf, f.label, value) }
+		if f.label != "" && f.label < "route" {
+			other()
+			buf = append(buf, ',')
+		}
+		buf = appendLabel(buf, "route", route)
+		if f.label != "" && f.label > "route" {
+			buf = append(buf, ',')
+			other()
+		}
+		buf = append(strconv.AppendInt(append(buf, "} "...), v, 10), '\n')
+		w.Write(buf)
+	}
+	family(famState, func(r *routeRow) { sample(famState, r.rm.route, r.state.String(), 1) })
+	family(famHeld, func(r *routeRow) { sample(famHeld, r.rm.route, "", r.rm.held.Load()) })
+	family(famJoined, func(r *routeRow) { sample(famJoined, r.rm.route, "", int64(r.rm.joined.Load())) })
+	family(famSleepFailures, func(r *routeRow) { sample(famSleepFailures, r.rm.route, "", int64(r.rm.sleepFailures.Load())) })
+	family(famSleepFailing, func(r *routeRow) {
+		v := int64(0)
+		if r.failing {
+			v = 1
+		}
+		sample(famSleepFailing, r.rm.route, "", v)
+	})
+	reasons, results := sleepReasons(), wakeResults()
+	family(famSleeps, func(r *routeRow) {
+		for i := range r.rm.sleeps {
+			sample(famSleeps, r.rm.route, reasons[i], int64(r.rm.sleeps[i].Load()))
+		}
+	})
+	family(famWakes, func(r *routeRow) {
+		for i := range r.rm.wakes {
+			sample(famWakes, r.rm.route, results[i], int64(r.rm.wakes[i].Load()))
+		}
+	})
+	return w.Flush()
+}
+
+// appendLabel appends name="value", the value escaped as the text format wants (a backslash, a double
+// quote and a newline). Route names cannot hold any of them (registry's name rule); the escape is for
+// the day that rule widens.
+func appendLabel(buf []byte, name, value string) []byte {
+	buf = append(append(buf, name...), `="`...)
+	for i := 0; i < len(value); i++ {
+		switch c := value[i]; c {
+		case '\\', '"':
+			buf = append(buf, '\\', c)
+		case '\n':
+			buf = append(buf, `\n`...)
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return append(buf, '"')
 }
 
 // numRouteSamples is how many series a route has in routeSet: state, held, joined, sleep failures,

@@ -67,7 +67,7 @@ func TestFailedSleepIsReported(t *testing.T) {
 	if (st.State != "waking" && st.State != "awake") || !strings.Contains(st.LastSleepError, "not supported by this host") {
 		t.Errorf("status after the failed sleep: state %s, last_sleep_error %q", st.State, st.LastSleepError)
 	}
-	if got := counterValue(t, reg, "activator_sleep_failures_total"); got != 1 {
+	if got := counterValue(t, m.Gatherer(reg), "activator_sleep_failures_total"); got != 1 {
 		t.Errorf("activator_sleep_failures_total = %v, want 1", got)
 	}
 
@@ -84,10 +84,10 @@ func TestFailedSleepIsReported(t *testing.T) {
 	}
 }
 
-// counterValue is the value of the named counter's one series in reg (0 when it has none).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// counterValue is the value of the named counter's one series in g (0 when it has none).
+func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
