@@ -242,6 +242,11 @@ type ScaleRow struct {
 	// Settled: once the activator has gone quiet after the start-up or the reload (its host checks).
 	RSSSettledKiB       int64   `json:"rss_settled_kib"`
 	RSSReloadSettledKiB []int64 `json:"rss_after_reloads_settled_kib"`
+	// Three /metrics scrapes after the load, as Prometheus makes them: each one's time, the size of
+	// the (gzipped) answer, and the RSS once settled after them.
+	ScrapeMs      []float64 `json:"scrape_ms"`
+	ScrapeKiB     float64   `json:"scrape_gzip_kib"`
+	RSSScrapedKiB int64     `json:"rss_after_scrapes_settled_kib"`
 }
 
 // GuestResult is the kvm experiment: one QEMU guest woken from each sleep mode, side by side.
@@ -602,6 +607,7 @@ func (r *Report) markdown() string {
 		p("#### Route scale: %d configured idle exec routes vs 10\n\n", s.Routes)
 		p("| | %d routes | 10 routes |\n|---|---|---|\n", s.Routes)
 		p("| activator RSS after load: at the admin API's first answer, settled | %.1f MiB, %.1f MiB | %.1f MiB |\n", float64(s.RSSKiB)/1024, float64(s.RSSSettledKiB)/1024, float64(s.RSSSmallKiB)/1024)
+		p("| three /metrics scrapes as Prometheus makes them (gzip): each, its size; RSS after them, settled | %s ms, %.0f KiB; %.1f MiB | |\n", fmtStat(summarize(s.ScrapeMs), 0), s.ScrapeKiB, float64(s.RSSScrapedKiB)/1024)
 		for i, v := range s.RSSReloadKiB {
 			settled := math.NaN()
 			if i < len(s.RSSReloadSettledKiB) {
