@@ -1,10 +1,13 @@
 package activator
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -35,7 +38,7 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 		r.Handle("/metrics", metrics)
 	}
 	r.Get("/routes", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, s.Statuses())
+		writeJSONList(w, s.table.Load().order, (*instance).status)
 	})
 	r.Get("/routes/{name}", func(w http.ResponseWriter, req *http.Request) {
 		in := s.instance(chi.URLParam(req, "name"))
@@ -96,6 +99,41 @@ func (s *Server) adminAct(w http.ResponseWriter, req *http.Request, name string,
 	default:
 		writeJSON(w, http.StatusOK, in.status())
 	}
+}
+
+// writeJSONList answers 200 with the JSON array of each(v) for every v of list, as writeJSON would
+// write the slice, but one element at a time through a small buffer. GET /routes is 28 MB at
+// 100,000 routes: encoded whole it allocated 254 MB a request, most of it live at once (every
+// status, the encoder's buffer, its indented copy), and the activator's RSS grew by hundreds of MB
+// over a few requests; one element at a time it allocates 12 MB, a status's worth live at once
+// (BenchmarkRoutesList).
+func writeJSONList[T, E any](w http.ResponseWriter, list []T, each func(T) E) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if len(list) == 0 {
+		_, _ = io.WriteString(w, "[]\n")
+		return
+	}
+	bw := bufio.NewWriterSize(w, 32<<10)
+	var elem bytes.Buffer
+	enc := json.NewEncoder(&elem)
+	enc.SetIndent("  ", "  ") // an element's lines, inside the array's indent
+	var e E                   // one for every element: encoding &e boxes no copy of it
+	for i, v := range list {
+		sep := ",\n  "
+		if i == 0 {
+			sep = "[\n  "
+		}
+		elem.Reset()
+		e = each(v)
+		if err := enc.Encode(&e); err != nil {
+			return // not for the types listed here; the client sees a cut-off array
+		}
+		_, _ = bw.WriteString(sep)
+		_, _ = bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+	}
+	_, _ = bw.WriteString("\n]\n")
+	_ = bw.Flush()
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
