@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,4 +265,44 @@ func BenchmarkScrape(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestScrapeWhileRoutesChange: text scrapes run beside routes being added, counted and removed (a
+// reload's work) and beside each other; under -race this is the check that writeText reads only what
+// its snapshot and the atomics allow. Every scrape must parse.
+func TestScrapeWhileRoutesChange(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	h := m.Handler(reg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 300 {
+			im := m.open(fmt.Sprintf("r%d", i%20))
+			im.setState(Awake)
+			im.slept(ReasonIdle)
+			im.holdBegin()
+			im.holdEnd(time.Millisecond)
+			im.release()
+		}
+	}()
+	var scrapers sync.WaitGroup
+	for range 2 {
+		scrapers.Add(1)
+		go func() {
+			defer scrapers.Done()
+			for range 30 {
+				r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				p := expfmt.NewTextParser(model.LegacyValidation)
+				if _, err := p.TextToMetricFamilies(w.Body); err != nil {
+					t.Errorf("a scrape during changes does not parse: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	scrapers.Wait()
+	<-done
 }
