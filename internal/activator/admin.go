@@ -130,7 +130,9 @@ func writeJSONList[T, E any](w http.ResponseWriter, list []T, each func(T) E) {
 			return // not for the types listed here; the client sees a cut-off array
 		}
 		_, _ = bw.WriteString(sep)
-		_, _ = bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+		if _, err := bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n"))); err != nil {
+			return // the client went away: encode no more for it
+		}
 	}
 	_, _ = bw.WriteString("\n]\n")
 	_ = bw.Flush()

@@ -2,8 +2,9 @@ package activator
 
 // Serving /metrics. The route series that exist from the start are eleven a route, 1.1 million at
 // 100,000 routes: client_golang's registry makes protobuf objects of each, sorts, checks and encodes
-// them. Measured there (session 20, docs/benchmarks.md): 6.1 s of a CPU and 666 MB allocated a
-// scrape, and the activator's RSS went from 382 to 1,217 MiB over three scrapes and stayed there. So a
+// them. Measured there (session 20, docs/benchmarks.md): a scrape took 6.1 s of the activator's one
+// CPU, allocated 666 MB (BenchmarkScrape), and the RSS went from 382 to 1,217 MiB over three scrapes
+// and stayed there. So a
 // scrape in the text format, which is what Prometheus asks for unless it is told to prefer
 // protobuf, gets the registry's metrics encoded by client_golang followed by the route series
 // written straight from their atomics (routeSet.writeText); a scrape that negotiates protobuf gets

@@ -1,8 +1,10 @@
 package activator
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -305,4 +307,24 @@ func TestScrapeWhileRoutesChange(t *testing.T) {
 	}
 	scrapers.Wait()
 	<-done
+}
+
+type failingWriter struct{ writes int }
+
+func (f *failingWriter) Write([]byte) (int, error) { f.writes++; return 0, errors.New("client gone") }
+
+// TestWriteTextStopsAtFailedWrite: a scrape whose client went away ends with the write's error.
+func TestWriteTextStopsAtFailedWrite(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	for i := range 2000 {
+		im := m.open(fmt.Sprintf("r%d", i))
+		defer im.release()
+	}
+	fw := &failingWriter{}
+	if err := m.routes.writeText(bufio.NewWriterSize(fw, 4096)); err == nil || err.Error() != "client gone" {
+		t.Fatalf("writeText to a failing writer = %v, want its error", err)
+	}
+	if fw.writes != 1 {
+		t.Errorf("the failing writer saw %d writes, want 1", fw.writes)
+	}
 }

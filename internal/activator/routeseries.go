@@ -243,9 +243,10 @@ func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
 
 // writeText writes every route's series to w in the Prometheus text format (version 0.0.4), family by
 // family, the series of each in route order: what Collect gives, without the registry's objects. At
-// 100,000 routes the registry's way (a protobuf object per series, sorted, checked, then encoded) took
-// six seconds of a CPU and left a gigabyte of garbage a scrape; this one allocates nothing per series,
-// and the rows (24 bytes a route) only when no earlier scrape's are left to reuse.
+// 100,000 routes the registry's way (protobuf objects per series, sorted, checked, then encoded) took
+// 4.6 s and 666 MB of allocation a scrape (BenchmarkScrape); this one allocates nothing per series,
+// and the rows (24 bytes a route) only when no earlier scrape's are left to reuse. It stops at the
+// first failed write (a client that went away) and returns that error.
 func (s *routeSet) writeText(w *bufio.Writer) error {
 	pooled, _ := s.rowBufs.Get().(*[]routeRow)
 	if pooled == nil {
@@ -258,6 +259,12 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 		s.rowBufs.Put(pooled)
 	}()
 	buf := make([]byte, 0, 256)
+	var err error
+	write := func() {
+		if err == nil {
+			_, err = w.Write(buf)
+		}
+	}
 	family := func(f routeFamily, each func(r *routeRow)) {
 		typ := "counter"
 		if f.gauge {
@@ -266,8 +273,8 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 		buf = append(buf[:0], "# HELP "...)
 		buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
 		buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
-		w.Write(buf)
-		for i := range rows {
+		write()
+		for i := 0; i < len(rows) && err == nil; i++ {
 			each(&rows[i])
 		}
 	}
@@ -286,7 +293,7 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 			other()
 		}
 		buf = append(strconv.AppendInt(append(buf, "} "...), v, 10), '\n')
-		w.Write(buf)
+		write()
 	}
 	family(famState, func(r *routeRow) { sample(famState, r.rm.route, r.state.String(), 1) })
 	family(famHeld, func(r *routeRow) { sample(famHeld, r.rm.route, "", r.rm.held.Load()) })
@@ -310,6 +317,9 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 			sample(famWakes, r.rm.route, results[i], int64(r.rm.wakes[i].Load()))
 		}
 	})
+	if err != nil {
+		return err
+	}
 	return w.Flush()
 }
 
