@@ -359,8 +359,12 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	s := startServed(t, configYAML(t, web, broken)+metal)
 
 	prom := startPrometheus(t, promBin, s.admin, alertsAbs)
+	// A second Prometheus with native histograms on asks for protobuf first: the route series
+	// reach it through Metrics.Handler's protobuf writer, and it must see what the first one sees.
+	promPB := startPrometheus(t, promBin, s.admin, alertsAbs, "--enable-feature=native-histograms")
 	start := time.Now()
 	prom.waitScrape(start) // the baseline: every counter at 0, no histogram yet
+	promPB.waitScrape(start)
 
 	hc := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(hc.CloseIdleConnections)
@@ -375,7 +379,16 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		t.Fatalf("GET web: %d %v, want 200", a.code, a.err)
 	}
 	// Two scrapes after the last event: the first of them is surely stored once the second has begun.
-	prom.waitScrape(prom.waitScrape(time.Now()))
+	last := time.Now()
+	prom.waitScrape(prom.waitScrape(last))
+	promPB.waitScrape(promPB.waitScrape(last))
+	for _, name := range []string{"activator_instance_state", "activator_held_requests", "activator_wake_joined_requests_total",
+		"activator_sleep_failures_total", "activator_sleep_failing", "activator_sleeps_total", "activator_wakes_total"} {
+		text, pb := promValues(prom.query(name)), promValues(promPB.query(name))
+		if len(text) == 0 || !maps.Equal(text, pb) {
+			t.Errorf("%s: scraped as text %v, as protobuf %v; want the same, and some", name, text, pb)
+		}
+	}
 
 	// promtool check metrics over the body Prometheus scraped.
 	body := adminGet(t, hc, s.admin, "/metrics")
@@ -660,7 +673,16 @@ func (l *lockedBuffer) String() string {
 // startPrometheus runs prometheus scraping target (host:port, /metrics) every second and evaluating
 // rulesFile every second, on a fresh TSDB, and returns once it is ready. It is killed at cleanup; its
 // log is printed if the test failed.
-func startPrometheus(t *testing.T, bin, target, rulesFile string) *promServer {
+// promValues is an instant query's result as its label sets (printed) → value.
+func promValues(res []promSample) map[string]string {
+	out := map[string]string{}
+	for _, r := range res {
+		out[fmt.Sprint(r.Metric)] = fmt.Sprint(r.Value[1])
+	}
+	return out
+}
+
+func startPrometheus(t *testing.T, bin, target, rulesFile string, flags ...string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
@@ -678,8 +700,8 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	addr := freeLoopbackAddr(t)
-	cmd := exec.Command(bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr, "--log.level=warn")
+	cmd := exec.Command(bin, append([]string{"--config.file=" + cfg, "--storage.tsdb.path=" + filepath.Join(dir, "data"),
+		"--web.listen-address=" + addr, "--log.level=warn"}, flags...)...)
 	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -4,11 +4,11 @@ package activator
 // 100,000 routes: client_golang's registry makes protobuf objects of each, sorts, checks and encodes
 // them. Measured there (session 20, docs/benchmarks.md): a scrape took 6.1 s of the activator's one
 // CPU, allocated 666 MB (BenchmarkScrape), and the RSS went from 382 to 1,217 MiB over three scrapes
-// and stayed there. So a
-// scrape in the text format, which is what Prometheus asks for unless it is told to prefer
-// protobuf, gets the registry's metrics encoded by client_golang followed by the route series
-// written straight from their atomics (routeSet.writeText); a scrape that negotiates protobuf gets
-// both registries through promhttp, at the old cost.
+// and stayed there. So a scrape in the text format (what Prometheus asks for by default) or in
+// delimited protobuf (what it asks for first with native histograms) gets the registry's metrics
+// encoded by client_golang, followed by the route series written straight from their atomics
+// (routeSet.writeText, routeSet.writeProto). Only protobuf's text and compact forms, which a client
+// must ask for by name, get both registries through promhttp, at the old cost.
 
 import (
 	"bufio"
@@ -57,7 +57,13 @@ func (m *Metrics) Handler(reg *prometheus.Registry) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		format := expfmt.NegotiateAccept(r.Header, expfmt.DefaultAcceptedFormats()...)
-		if format.FormatType() != expfmt.TypeTextPlain {
+		var routes func(*bufio.Writer) error
+		switch format.FormatType() {
+		case expfmt.TypeTextPlain:
+			routes = m.routes.writeText
+		case expfmt.TypeProtoDelim:
+			routes = m.routes.writeProto
+		default: // protobuf's text and compact forms, asked for by name only
 			full.ServeHTTP(w, r)
 			return
 		}
@@ -87,7 +93,7 @@ func (m *Metrics) Handler(reg *prometheus.Registry) http.Handler {
 			}
 		}
 		if err == nil {
-			err = m.routes.writeText(bw)
+			err = routes(bw)
 		}
 		if err != nil {
 			// The status is sent: a client that went away is all this can be.

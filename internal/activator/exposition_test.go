@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -157,12 +158,23 @@ func TestTextScrapeMatchesRegistry(t *testing.T) {
 		t.Errorf("gzipped text scrape:\n%s\nwant:\n%s", dump(got), dump(want))
 	}
 
-	pb := scrape(t, h, map[string]string{"Accept": "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"})
+	pb := scrape(t, h, map[string]string{"Accept": protoDelim, "Accept-Encoding": "gzip"})
+	if ce := pb.Header().Get("Content-Encoding"); ce != "gzip" {
+		t.Fatalf("protobuf scrape: Content-Encoding %q with Accept-Encoding: gzip", ce)
+	}
+	zr, err = gzip.NewReader(pb.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pbBody, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	format := expfmt.ResponseFormat(pb.Result().Header)
 	if format.FormatType() != expfmt.TypeProtoDelim {
 		t.Fatalf("protobuf scrape answered as %q", format)
 	}
-	dec := expfmt.NewDecoder(bytes.NewReader(pb.Body.Bytes()), format)
+	dec := expfmt.NewDecoder(bytes.NewReader(pbBody), format)
 	var got []*dto.MetricFamily
 	for {
 		mf := &dto.MetricFamily{}
@@ -175,6 +187,12 @@ func TestTextScrapeMatchesRegistry(t *testing.T) {
 	}
 	if got := seriesOf(t, got); !maps.Equal(got, want) {
 		t.Errorf("protobuf scrape:\n%s\nwant:\n%s", dump(got), dump(want))
+	}
+
+	// Protobuf's text form, asked for by name, still goes through the registry.
+	pt := scrape(t, h, map[string]string{"Accept": "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text"})
+	if ct := pt.Header().Get("Content-Type"); !strings.Contains(ct, "encoding=text") || !strings.Contains(pt.Body.String(), `name: "activator_sleeps_total"`) {
+		t.Errorf("protobuf text scrape: %q\n%.300s", ct, pt.Body)
 	}
 }
 
@@ -194,11 +212,11 @@ func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 
-// TestScrapeDoesNotAllocatePerSeries: a text scrape's allocations do not grow with the routes (eleven
-// series each from the start). Through client_golang's registry each series cost a dozen objects, so
+// TestScrapeDoesNotAllocatePerSeries: a text or protobuf scrape's allocations do not grow with the
+// routes (eleven series each from the start). Through client_golang's registry each series cost a dozen objects, so
 // at 100,000 routes a scrape took six seconds of a CPU and a gigabyte of garbage.
 func TestScrapeDoesNotAllocatePerSeries(t *testing.T) {
-	allocs := func(routes int) float64 {
+	allocs := func(routes int, accept string) float64 {
 		reg := prometheus.NewRegistry()
 		m := NewMetrics(reg)
 		for i := range routes {
@@ -207,16 +225,22 @@ func TestScrapeDoesNotAllocatePerSeries(t *testing.T) {
 		}
 		h := m.Handler(reg)
 		r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		r.Header.Set("Accept", accept)
 		w := &discardWriter{h: http.Header{}}
 		return testing.AllocsPerRun(3, func() { h.ServeHTTP(w, r) })
 	}
-	small, big := allocs(100), allocs(5000)
-	// The rows' slice grows with the routes, as one allocation; allow a few for anything else that
-	// depends on the count, never one a route.
-	if big-small > 50 {
-		t.Errorf("a scrape of 5,000 routes allocates %.0f objects, of 100 routes %.0f: %.2f more a route (want none)", big, small, (big-small)/4900)
+	for _, accept := range []string{"text/plain;version=0.0.4", protoDelim} {
+		small, big := allocs(100, accept), allocs(5000, accept)
+		// The rows' slice grows with the routes, as one allocation; allow a few for anything else
+		// that depends on the count, never one a route.
+		if big-small > 50 {
+			t.Errorf("Accept %s: a scrape of 5,000 routes allocates %.0f objects, of 100 routes %.0f: %.2f more a route (want none)", accept, big, small, (big-small)/4900)
+		}
 	}
 }
+
+// protoDelim is the Accept header of a protobuf scrape.
+const protoDelim = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
 
 func TestAcceptsGzip(t *testing.T) {
 	for _, c := range []struct {
@@ -240,9 +264,9 @@ func TestAcceptsGzip(t *testing.T) {
 	}
 }
 
-// BenchmarkScrape: one /metrics scrape of 100,000 idle routes (1.1 million series), in the text format
-// Prometheus asks for by default, written by Handler, and through client_golang's registry as a
-// protobuf scrape is (what every scrape cost before).
+// BenchmarkScrape: one /metrics scrape of 100,000 idle routes (1.1 million series) through Handler, in
+// the text format Prometheus asks for by default and in delimited protobuf, and through
+// client_golang's registry (what every scrape cost before).
 func BenchmarkScrape(b *testing.B) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -254,7 +278,7 @@ func BenchmarkScrape(b *testing.B) {
 	for _, c := range []struct{ name, accept, encoding string }{
 		{"text", "text/plain;version=0.0.4", ""},
 		{"text-gzip", "text/plain;version=0.0.4", "gzip"},
-		{"registry", "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited", ""},
+		{"protobuf", protoDelim, ""},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
@@ -267,11 +291,23 @@ func BenchmarkScrape(b *testing.B) {
 			}
 		})
 	}
+	// The registry's way, what every scrape cost before writeText and writeProto.
+	b.Run("registry", func(b *testing.B) {
+		full := promhttp.HandlerFor(m.Gatherer(reg), promhttp.HandlerOpts{})
+		r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		r.Header.Set("Accept", protoDelim)
+		w := &discardWriter{h: http.Header{}}
+		b.ReportAllocs()
+		for b.Loop() {
+			full.ServeHTTP(w, r)
+		}
+	})
 }
 
-// TestScrapeWhileRoutesChange: text scrapes run beside routes being added, counted and removed (a
-// reload's work) and beside each other; under -race this is the check that writeText reads only what
-// its snapshot and the atomics allow. Every scrape must parse.
+// TestScrapeWhileRoutesChange: text and protobuf scrapes run beside routes being added, counted and
+// removed (a reload's work) and beside each other. Under -race this checks that the writers read
+// only their snapshot and the atomics, and the decoding checks that writeProto's sizes, summed before
+// its series are written, still hold when values change in between.
 func TestScrapeWhileRoutesChange(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -293,14 +329,30 @@ func TestScrapeWhileRoutesChange(t *testing.T) {
 		scrapers.Add(1)
 		go func() {
 			defer scrapers.Done()
-			for range 30 {
+			for j := range 30 {
 				r := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+				if j%2 == 1 {
+					r.Header.Set("Accept", protoDelim)
+				}
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, r)
-				p := expfmt.NewTextParser(model.LegacyValidation)
-				if _, err := p.TextToMetricFamilies(w.Body); err != nil {
-					t.Errorf("a scrape during changes does not parse: %v", err)
-					return
+				if j%2 == 0 {
+					p := expfmt.NewTextParser(model.LegacyValidation)
+					if _, err := p.TextToMetricFamilies(w.Body); err != nil {
+						t.Errorf("a text scrape during changes does not parse: %v", err)
+						return
+					}
+					continue
+				}
+				dec := expfmt.NewDecoder(w.Body, expfmt.ResponseFormat(w.Result().Header))
+				for {
+					var mf dto.MetricFamily
+					if err := dec.Decode(&mf); err == io.EOF {
+						break
+					} else if err != nil {
+						t.Errorf("a protobuf scrape during changes does not decode: %v", err)
+						return
+					}
 				}
 			}
 		}()

@@ -6,6 +6,7 @@ package activator
 
 import (
 	"bufio"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The label values a route has a counter for from the start: activator_sleeps_total by reason and
@@ -134,8 +136,8 @@ func (m *Metrics) release(im *instanceMetrics) {
 // routeSet is every live route's routeMetrics, and the Collector that exports their counters and
 // gauges. Between scrapes those are plain atomics, a word per series where a client_golang child costs
 // a few hundred bytes: a route has eleven such series from the start, and a config may have 100,000
-// routes. A text scrape writes them straight to the response (writeText); the Collector serves
-// the scrapes that ask for protobuf, and tests.
+// routes. A text or protobuf scrape writes them straight to the response (writeText, writeProto);
+// the Collector serves the rest (exposition.go), and tests.
 type routeSet struct {
 	wakes, joined, held, state, sleeps, sleepFailures, sleepFailing *prometheus.Desc
 	// The label pairs of the fixed label values, made once and shared, read-only, by every scrape.
@@ -150,23 +152,46 @@ type routeSet struct {
 	rowBufs sync.Pool // *[]routeRow: a text scrape's rows, for the next one
 }
 
-// routeFamily is one metric family of routeSet: its name, help, type, and the label it has besides
-// route ("" for none).
+// routeFamily is one metric family of routeSet: its name, help, type, the label it has besides route
+// ("" for none), and each, which gives a row's series in it: the other label's value and the value.
 type routeFamily struct {
 	name, help string
 	gauge      bool
 	label      string
+	each       func(r *routeRow, series func(other string, v int64))
 }
 
-// The families of routeSet, in the order a text scrape writes them.
+// The families of routeSet, in the order a text or protobuf scrape writes them.
 var (
-	famState         = routeFamily{"activator_instance_state", "1 for the state each route's instance is in; the other states have no series.", true, "state"}
-	famHeld          = routeFamily{"activator_held_requests", "Requests currently held while their route wakes.", true, ""}
-	famJoined        = routeFamily{"activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.", false, ""}
-	famSleepFailures = routeFamily{"activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.", false, ""}
-	famSleepFailing  = routeFamily{"activator_sleep_failing", "1 while the route's last sleep failed (the tenant runs on), until a sleep succeeds.", true, ""}
-	famSleeps        = routeFamily{"activator_sleeps_total", "Times a route went to sleep, by reason (idle, admin, exited, reload).", false, "reason"}
-	famWakes         = routeFamily{"activator_wakes_total", "Wakes by result.", false, "result"}
+	famState = routeFamily{"activator_instance_state", "1 for the state each route's instance is in; the other states have no series.", true, "state",
+		func(r *routeRow, series func(string, int64)) { series(r.state.String(), 1) }}
+	famHeld = routeFamily{"activator_held_requests", "Requests currently held while their route wakes.", true, "",
+		func(r *routeRow, series func(string, int64)) { series("", r.rm.held.Load()) }}
+	famJoined = routeFamily{"activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.", false, "",
+		func(r *routeRow, series func(string, int64)) { series("", int64(r.rm.joined.Load())) }}
+	famSleepFailures = routeFamily{"activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.", false, "",
+		func(r *routeRow, series func(string, int64)) { series("", int64(r.rm.sleepFailures.Load())) }}
+	famSleepFailing = routeFamily{"activator_sleep_failing", "1 while the route's last sleep failed (the tenant runs on), until a sleep succeeds.", true, "",
+		func(r *routeRow, series func(string, int64)) {
+			v := int64(0)
+			if r.failing {
+				v = 1
+			}
+			series("", v)
+		}}
+	famSleeps = routeFamily{"activator_sleeps_total", "Times a route went to sleep, by reason (idle, admin, exited, reload).", false, "reason",
+		func(r *routeRow, series func(string, int64)) {
+			for i, reason := range sleepReasons() {
+				series(reason, int64(r.rm.sleeps[i].Load()))
+			}
+		}}
+	famWakes = routeFamily{"activator_wakes_total", "Wakes by result.", false, "result",
+		func(r *routeRow, series func(string, int64)) {
+			for i, result := range wakeResults() {
+				series(result, int64(r.rm.wakes[i].Load()))
+			}
+		}}
+	routeFamilies = [...]*routeFamily{&famState, &famHeld, &famJoined, &famSleepFailures, &famSleepFailing, &famSleeps, &famWakes}
 )
 
 func (f routeFamily) desc() *prometheus.Desc {
@@ -241,13 +266,9 @@ func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// writeText writes every route's series to w in the Prometheus text format (version 0.0.4), family by
-// family, the series of each in route order: what Collect gives, without the registry's objects. At
-// 100,000 routes the registry's way (protobuf objects per series, sorted, checked, then encoded) took
-// 4.6 s and 666 MB of allocation a scrape (BenchmarkScrape); this one allocates nothing per series,
-// and the rows (24 bytes a route) only when no earlier scrape's are left to reuse. It stops at the
-// first failed write (a client that went away) and returns that error.
-func (s *routeSet) writeText(w *bufio.Writer) error {
+// withRows calls fn with every route's row, sorted by route name, in a slice an earlier scrape left
+// in the pool if there is one.
+func (s *routeSet) withRows(fn func([]routeRow) error) error {
 	pooled, _ := s.rowBufs.Get().(*[]routeRow)
 	if pooled == nil {
 		pooled = new([]routeRow)
@@ -258,69 +279,147 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 		*pooled = rows[:0]
 		s.rowBufs.Put(pooled)
 	}()
-	buf := make([]byte, 0, 256)
-	var err error
-	write := func() {
-		if err == nil {
-			_, err = w.Write(buf)
+	return fn(rows)
+}
+
+// writeText writes every route's series to w in the Prometheus text format (version 0.0.4), family by
+// family, the series of each in route order: what Collect gives, without the registry's objects. At
+// 100,000 routes the registry's way (protobuf objects per series, sorted, checked, then encoded) took
+// 4.6 s and 666 MB of allocation a scrape (BenchmarkScrape); this one allocates nothing per series,
+// and the rows (24 bytes a route) only when no earlier scrape's are left to reuse. It stops at the
+// first failed write (a client that went away) and returns that error.
+func (s *routeSet) writeText(w *bufio.Writer) error {
+	return s.withRows(func(rows []routeRow) error {
+		buf := make([]byte, 0, 256)
+		var err error
+		write := func() {
+			if err == nil {
+				_, err = w.Write(buf)
+			}
 		}
-	}
-	family := func(f routeFamily, each func(r *routeRow)) {
-		typ := "counter"
-		if f.gauge {
-			typ = "gauge"
+		// series writes one series of family f, route's. Made once: a closure made per row would be
+		// an allocation per row (each's argument escapes).
+		var f *routeFamily
+		var route string
+		series := func(other string, v int64) {
+			// f's other label goes before or after route, as their names sort.
+			buf = append(append(buf[:0], f.name...), '{')
+			if f.label != "" && f.label < "route" {
+				buf = append(appendLabel(buf, f.label, other), ',')
+			}
+			buf = appendLabel(buf, "route", route)
+			if f.label != "" && f.label > "route" {
+				buf = appendLabel(append(buf, ','), f.label, other)
+			}
+			buf = append(strconv.AppendInt(append(buf, "} "...), v, 10), '\n')
+			write()
 		}
-		buf = append(buf[:0], "# HELP "...)
-		buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
-		buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
-		write()
-		for i := 0; i < len(rows) && err == nil; i++ {
-			each(&rows[i])
+		for _, f = range routeFamilies {
+			typ := "counter"
+			if f.gauge {
+				typ = "gauge"
+			}
+			buf = append(buf[:0], "# HELP "...)
+			buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
+			buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
+			write()
+			for i := 0; i < len(rows) && err == nil; i++ {
+				route = rows[i].rm.route
+				f.each(&rows[i], series)
+			}
 		}
-	}
-	// sample writes one series: f's name, the label f names (if any) before or after route as their
-	// names sort, and v.
-	sample := func(f routeFamily, route, value string, v int64) {
-		buf = append(append(buf[:0], f.name...), '{')
-		other := func() { buf = appendLabel(buf, f.label, value) }
-		if f.label != "" && f.label < "route" {
-			other()
-			buf = append(buf, ',')
+		if err != nil {
+			return err
 		}
-		buf = appendLabel(buf, "route", route)
-		if f.label != "" && f.label > "route" {
-			buf = append(buf, ',')
-			other()
-		}
-		buf = append(strconv.AppendInt(append(buf, "} "...), v, 10), '\n')
-		write()
-	}
-	family(famState, func(r *routeRow) { sample(famState, r.rm.route, r.state.String(), 1) })
-	family(famHeld, func(r *routeRow) { sample(famHeld, r.rm.route, "", r.rm.held.Load()) })
-	family(famJoined, func(r *routeRow) { sample(famJoined, r.rm.route, "", int64(r.rm.joined.Load())) })
-	family(famSleepFailures, func(r *routeRow) { sample(famSleepFailures, r.rm.route, "", int64(r.rm.sleepFailures.Load())) })
-	family(famSleepFailing, func(r *routeRow) {
-		v := int64(0)
-		if r.failing {
-			v = 1
-		}
-		sample(famSleepFailing, r.rm.route, "", v)
+		return w.Flush()
 	})
-	reasons, results := sleepReasons(), wakeResults()
-	family(famSleeps, func(r *routeRow) {
-		for i := range r.rm.sleeps {
-			sample(famSleeps, r.rm.route, reasons[i], int64(r.rm.sleeps[i].Load()))
+}
+
+// The field numbers of io.prometheus.client's MetricFamily, Metric, LabelPair, Gauge and Counter
+// (client_model's metrics.proto), and its MetricType values.
+const (
+	pbFamilyName, pbFamilyHelp, pbFamilyType, pbFamilyMetric = 1, 2, 3, 4
+	pbMetricLabel, pbMetricGauge, pbMetricCounter            = 1, 2, 3
+	pbLabelName, pbLabelValue                                = 1, 2
+	pbValue                                                  = 1
+	pbTypeCounter, pbTypeGauge                               = 0, 1
+)
+
+// writeProto writes every route's series to w as length-delimited protobuf MetricFamily messages,
+// what promhttp writes for a protobuf scrape, with writeText's economy: each family's length is
+// summed first (a series' size does not depend on its value: a double is 8 bytes), then its series
+// are encoded one by one. Labels are sorted by name, as the registry sorts them.
+func (s *routeSet) writeProto(w *bufio.Writer) error {
+	return s.withRows(func(rows []routeRow) error {
+		var metric, buf []byte
+		var err error
+		write := func(b []byte) {
+			if err == nil {
+				_, err = w.Write(b)
+			}
 		}
-	})
-	family(famWakes, func(r *routeRow) {
-		for i := range r.rm.wakes {
-			sample(famWakes, r.rm.route, results[i], int64(r.rm.wakes[i].Load()))
+		appendMetric := func(f *routeFamily, route, other string, v int64) []byte {
+			pair := func(b []byte, name, value string) []byte {
+				b = protowire.AppendTag(b, pbMetricLabel, protowire.BytesType)
+				b = protowire.AppendVarint(b, uint64(protowire.SizeTag(pbLabelName)+protowire.SizeBytes(len(name))+protowire.SizeTag(pbLabelValue)+protowire.SizeBytes(len(value))))
+				b = protowire.AppendString(protowire.AppendTag(b, pbLabelName, protowire.BytesType), name)
+				return protowire.AppendString(protowire.AppendTag(b, pbLabelValue, protowire.BytesType), value)
+			}
+			b := metric[:0]
+			if f.label != "" && f.label < "route" {
+				b = pair(b, f.label, other)
+			}
+			b = pair(b, "route", route)
+			if f.label != "" && f.label > "route" {
+				b = pair(b, f.label, other)
+			}
+			kind := protowire.Number(pbMetricCounter)
+			if f.gauge {
+				kind = pbMetricGauge
+			}
+			b = protowire.AppendTag(b, kind, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(protowire.SizeTag(pbValue)+protowire.SizeFixed64()))
+			b = protowire.AppendTag(b, pbValue, protowire.Fixed64Type)
+			return protowire.AppendFixed64(b, math.Float64bits(float64(v)))
 		}
+		// measure adds one series' size to size, series writes it; both made once, as in writeText.
+		var f *routeFamily
+		var route string
+		var size int
+		measure := func(other string, v int64) {
+			metric = appendMetric(f, route, other, v)
+			size += protowire.SizeTag(pbFamilyMetric) + protowire.SizeBytes(len(metric))
+		}
+		series := func(other string, v int64) {
+			metric = appendMetric(f, route, other, v)
+			buf = protowire.AppendTag(buf[:0], pbFamilyMetric, protowire.BytesType)
+			write(append(protowire.AppendVarint(buf, uint64(len(metric))), metric...))
+		}
+		for _, f = range routeFamilies {
+			typ := uint64(pbTypeCounter)
+			if f.gauge {
+				typ = pbTypeGauge
+			}
+			head := protowire.AppendString(protowire.AppendTag(buf[:0], pbFamilyName, protowire.BytesType), f.name)
+			head = protowire.AppendString(protowire.AppendTag(head, pbFamilyHelp, protowire.BytesType), f.help)
+			head = protowire.AppendVarint(protowire.AppendTag(head, pbFamilyType, protowire.VarintType), typ)
+			size = len(head)
+			for i := range rows {
+				route = rows[i].rm.route
+				f.each(&rows[i], measure)
+			}
+			buf = append(protowire.AppendVarint(nil, uint64(size)), head...)
+			write(buf)
+			for i := 0; i < len(rows) && err == nil; i++ {
+				route = rows[i].rm.route
+				f.each(&rows[i], series)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		return w.Flush()
 	})
-	if err != nil {
-		return err
-	}
-	return w.Flush()
 }
 
 // appendLabel appends name="value", the value escaped as the text format wants (a backslash, a double
