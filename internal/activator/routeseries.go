@@ -393,7 +393,8 @@ func (s *routeSet) writeProto(w *bufio.Writer) error {
 		series := func(other string, v int64) {
 			metric = appendMetric(f, route, other, v)
 			buf = protowire.AppendTag(buf[:0], pbFamilyMetric, protowire.BytesType)
-			write(append(protowire.AppendVarint(buf, uint64(len(metric))), metric...))
+			buf = append(protowire.AppendVarint(buf, uint64(len(metric))), metric...)
+			write(buf)
 		}
 		for _, f = range routeFamilies {
 			typ := uint64(pbTypeCounter)
