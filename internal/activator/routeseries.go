@@ -323,16 +323,27 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 			buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
 			buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
 			write()
-			for i := 0; i < len(rows) && err == nil; i++ {
-				route = rows[i].rm.route
-				f.each(&rows[i], series)
-			}
+			familySeries(rows, f, &route, &err, series)
 		}
-		if err != nil {
-			return err
-		}
-		return w.Flush()
+		return flushUnless(w, err)
 	})
+}
+
+// familySeries calls f.each with series for every row, *route set to the row's route, until *err is
+// set.
+func familySeries(rows []routeRow, f *routeFamily, route *string, err *error, series func(string, int64)) {
+	for i := 0; i < len(rows) && *err == nil; i++ {
+		*route = rows[i].rm.route
+		f.each(&rows[i], series)
+	}
+}
+
+// flushUnless flushes w unless a write failed already (err), and returns the error.
+func flushUnless(w *bufio.Writer, err error) error {
+	if err != nil {
+		return err
+	}
+	return w.Flush()
 }
 
 // The field numbers of io.prometheus.client's MetricFamily, Metric, LabelPair, Gauge and Counter
@@ -405,21 +416,13 @@ func (s *routeSet) writeProto(w *bufio.Writer) error {
 			head = protowire.AppendString(protowire.AppendTag(head, pbFamilyHelp, protowire.BytesType), f.help)
 			head = protowire.AppendVarint(protowire.AppendTag(head, pbFamilyType, protowire.VarintType), typ)
 			size = len(head)
-			for i := range rows {
-				route = rows[i].rm.route
-				f.each(&rows[i], measure)
-			}
+			var none error
+			familySeries(rows, f, &route, &none, measure)
 			buf = append(protowire.AppendVarint(nil, uint64(size)), head...)
 			write(buf)
-			for i := 0; i < len(rows) && err == nil; i++ {
-				route = rows[i].rm.route
-				f.each(&rows[i], series)
-			}
+			familySeries(rows, f, &route, &err, series)
 		}
-		if err != nil {
-			return err
-		}
-		return w.Flush()
+		return flushUnless(w, err)
 	})
 }
 
