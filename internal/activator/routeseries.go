@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -139,12 +138,7 @@ func (m *Metrics) release(im *instanceMetrics) {
 // routes. A text or protobuf scrape writes them straight to the response (writeText, writeProto);
 // the Collector serves the rest (exposition.go), and tests.
 type routeSet struct {
-	wakes, joined, held, state, sleeps, sleepFailures, sleepFailing *prometheus.Desc
-	// The label pairs of the fixed label values, made once and shared, read-only, by every scrape.
-	routeLabel  string
-	statePairs  [Failed + 1]*dto.LabelPair
-	reasonPairs [numSleepReasons]*dto.LabelPair
-	resultPairs [numWakeResults]*dto.LabelPair
+	descs []*prometheus.Desc // routeFamilies', in their order, for the Collector
 
 	mu     sync.Mutex // guards byName and every routeMetrics' holders
 	byName map[string]*routeMetrics
@@ -203,34 +197,16 @@ func (f routeFamily) desc() *prometheus.Desc {
 }
 
 func newRouteSet() *routeSet {
-	s := &routeSet{
-		wakes:         famWakes.desc(),
-		joined:        famJoined.desc(),
-		held:          famHeld.desc(),
-		state:         famState.desc(),
-		sleeps:        famSleeps.desc(),
-		sleepFailures: famSleepFailures.desc(),
-		sleepFailing:  famSleepFailing.desc(),
-		routeLabel:    "route",
-		byName:        map[string]*routeMetrics{},
-	}
-	for st := range s.statePairs {
-		s.statePairs[st] = labelPair("state", State(st).String())
-	}
-	for i, r := range sleepReasons() {
-		s.reasonPairs[i] = labelPair("reason", r)
-	}
-	for i, r := range wakeResults() {
-		s.resultPairs[i] = labelPair("result", r)
+	s := &routeSet{byName: map[string]*routeMetrics{}}
+	for _, f := range routeFamilies {
+		s.descs = append(s.descs, f.desc())
 	}
 	return s
 }
 
-func labelPair(name, value string) *dto.LabelPair { return &dto.LabelPair{Name: &name, Value: &value} }
-
 // Describe implements prometheus.Collector.
 func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.wakes, s.joined, s.held, s.state, s.sleeps, s.sleepFailures, s.sleepFailing} {
+	for _, d := range s.descs {
 		ch <- d
 	}
 }
@@ -256,12 +232,22 @@ func (s *routeSet) rows(buf []routeRow) []routeRow {
 }
 
 // Collect implements prometheus.Collector: every route's series, with the state of its newest
-// instance.
+// instance, as const metrics (an object per series: the path of the scrapes writeText and
+// writeProto do not serve).
 func (s *routeSet) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range s.rows(nil) {
-		sc := s.scrape(r.rm, r.state, r.failing)
-		for i := range sc.samples {
-			ch <- &sc.samples[i]
+		for i, f := range routeFamilies {
+			typ := prometheus.CounterValue
+			if f.gauge {
+				typ = prometheus.GaugeValue
+			}
+			f.each(&r, func(other string, v int64) {
+				labels := []string{r.rm.route}
+				if f.label != "" {
+					labels = append(labels, other)
+				}
+				ch <- prometheus.MustNewConstMetric(s.descs[i], typ, float64(v), labels...)
+			})
 		}
 	}
 }
@@ -442,68 +428,4 @@ func appendLabel(buf []byte, name, value string) []byte {
 		}
 	}
 	return append(buf, '"')
-}
-
-// numRouteSamples is how many series a route has in routeSet: state, held, joined, sleep failures,
-// sleep failing, sleeps by reason, wakes by result.
-const numRouteSamples = 5 + numSleepReasons + numWakeResults
-
-// routeScrape is one route's series in one scrape, made in one allocation.
-type routeScrape struct {
-	samples [numRouteSamples]routeSample
-	route   dto.LabelPair
-	labels  [2 * numRouteSamples]*dto.LabelPair // the samples' label lists, sorted by name
-}
-
-// scrape reads rm's series. Their label lists are sorted by name, as the registry requires: "reason"
-// and "result" sort before "route", "state" after it.
-func (s *routeSet) scrape(rm *routeMetrics, state State, sleepFailing bool) *routeScrape {
-	sc := &routeScrape{}
-	sc.route.Name, sc.route.Value = &s.routeLabel, &rm.route
-	n := 0
-	add := func(d *prometheus.Desc, gauge bool, v float64, pairs ...*dto.LabelPair) {
-		i := n / 2
-		labels := sc.labels[n : n : n+2]
-		labels = append(labels, pairs...)
-		sc.samples[i] = routeSample{desc: d, labels: labels, gauge: gauge, value: v}
-		n += 2
-	}
-	add(s.state, true, 1, &sc.route, s.statePairs[state])
-	add(s.held, true, float64(rm.held.Load()), &sc.route)
-	add(s.joined, false, float64(rm.joined.Load()), &sc.route)
-	add(s.sleepFailures, false, float64(rm.sleepFailures.Load()), &sc.route)
-	failing := 0.0
-	if sleepFailing {
-		failing = 1
-	}
-	add(s.sleepFailing, true, failing, &sc.route)
-	for i := range rm.sleeps {
-		add(s.sleeps, false, float64(rm.sleeps[i].Load()), s.reasonPairs[i], &sc.route)
-	}
-	for i := range rm.wakes {
-		add(s.wakes, false, float64(rm.wakes[i].Load()), s.resultPairs[i], &sc.route)
-	}
-	return sc
-}
-
-// routeSample is one series of a route, as one scrape hands it to the registry.
-type routeSample struct {
-	desc   *prometheus.Desc
-	labels []*dto.LabelPair
-	gauge  bool
-	value  float64
-}
-
-// Desc implements prometheus.Metric.
-func (s *routeSample) Desc() *prometheus.Desc { return s.desc }
-
-// Write implements prometheus.Metric.
-func (s *routeSample) Write(m *dto.Metric) error {
-	m.Label = s.labels
-	if s.gauge {
-		m.Gauge = &dto.Gauge{Value: &s.value}
-	} else {
-		m.Counter = &dto.Counter{Value: &s.value}
-	}
-	return nil
 }
