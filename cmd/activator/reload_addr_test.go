@@ -81,7 +81,7 @@ func loadConfig(t testing.TB, bk *backings, config string) *registry.Config {
 }
 
 // TestReloadReportsStartOnlyKeys: the keys read only at start-up besides the addresses (cgroup_root,
-// the edge server's own limits, and with a TLS listener its handshake limits and tls.acme) are
+// the admin listener's and the edge server's own limits, and with a TLS listener its handshake limits and tls.acme) are
 // warned about by name, with both values, when a reload changes them; the reload applies the rest.
 // A TLS limit is not compared once listen_tls itself is gone: that warning says it all.
 func TestReloadReportsStartOnlyKeys(t *testing.T) {
@@ -111,6 +111,10 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 			"edge.header_timeout changed from 5s to 7s" + restart,
 			"edge.tls_handshake_timeout changed from 3s to 4s" + restart,
 			`tls.acme changed from off to {email: "ops@example.com", ca: "` + registry.DefaultACMECA + `", storage: "", ca_root: ""}` + restart,
+		}},
+		{"admin listener limits", top(edge0, "cgroup_root: off\nadmin_keepalive_timeout: 30s\nadmin_max_conns: 16\n"+tlsAt), []string{
+			"admin_keepalive_timeout changed from 2m0s to 30s" + restart,
+			"admin_max_conns changed from 128 to 16" + restart,
 		}},
 		{"all back", started, nil},
 		{"listen_tls gone, its limit too", top("  header_timeout: 5s\n  keepalive_timeout: 30s\n  max_header_bytes: 16KiB\n  tls_handshake_timeout: 9s\n", "cgroup_root: off\n"), []string{

@@ -190,8 +190,10 @@ func serve(o serveOptions) int {
 	admin := &http.Server{
 		Handler:           adminHandler,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       cfg.AdminAccess.KeepAliveTimeout, // without it an idle connection stayed for ever
 		MaxHeaderBytes:    1 << 20,
 	}
+	adminLn = capAdmin(adminLn, cfg.AdminAccess.MaxConns, log)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveHTTP(edge, door) })

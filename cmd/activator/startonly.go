@@ -24,7 +24,8 @@ type startValue struct {
 
 // startOnly lists the keys of cfg that a running activator reads only at start-up, whatever a reload
 // says: the listeners' addresses (bound once), with a unix admin socket its admin_socket (the file's
-// mode and group, set when it is bound), cgroup_root (taken before anything spawns), the edge
+// mode and group, set when it is bound), the admin listener's limits (admin_keepalive_timeout,
+// admin_max_conns), cgroup_root (taken before anything spawns), the edge
 // http.Server's own limits (header_timeout, keepalive_timeout, max_header_bytes), and, when cfg has
 // a TLS listener, its handshake limits and tls.acme. A flag that overrides listen or admin leaves
 // that key out: the config's value never applies. A listener systemd passed in (o.activated) keeps
@@ -33,7 +34,7 @@ type startValue struct {
 //
 // Every other key follows reloads. Why these do not: a bound listener cannot move without a window
 // where connections are refused; net/http reads its Server's limits without a lock, so they cannot
-// change under it; the cgroup root is locked for the process's life; the ACME manager keeps its
+// change under it, nor can the admin listener's cap; the cgroup root is locked for the process's life; the ACME manager keeps its
 // account and storage.
 func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 	var out []startValue
@@ -71,6 +72,8 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		add("admin_socket", "admin_socket", fmt.Sprintf("{mode: %04o, group: %s}", uint32(sock.Mode.Perm()), group))
 		from("admin")
 	}
+	add("admin_keepalive_timeout", "admin_keepalive_timeout", cfg.AdminAccess.KeepAliveTimeout.String())
+	add("admin_max_conns", "admin_max_conns", strconv.Itoa(cfg.AdminAccess.MaxConns))
 	add("cgroup_root", "cgroup_root", cmp.Or(cfg.CgroupRoot, "automatic"))
 	e := cfg.Edge
 	add("edge.header_timeout", "edge.header_timeout", e.HeaderTimeout.String())

@@ -2,10 +2,15 @@ package activator
 
 import (
 	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // AdminPolicy is who may use the admin API. The zero policy requires no token: fit for a loopback or
@@ -68,29 +73,93 @@ const CSRFHeader = "X-Activator"
 //     cross-site without a preflight (a bearer token, the X-Activator header, or Content-Type
 //     application/json), an Origin, if any, that is the admin API's own, and no Sec-Fetch-Site but
 //     same-origin or none; otherwise 403.
+//  4. A request body, which no admin route reads, is read and dropped, within adminBodyTimeout and
+//     up to adminBodyLimit bytes (dropBody).
+//
+// A request refused with a body, or whose body broke a bound, has its connection closed after the
+// answer, and nothing more of the body is read (endBody). Left to net/http, which drains an unread
+// body of up to 256 KiB before it answers, with no deadline, a body trickled a byte at a time held
+// its request, refused or not, and its connection for as long as the client kept trickling.
 func (a *AdminAccess) Guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		refuse := func(code int, msg string) {
+			endBody(w, req)
+			writeJSON(w, code, map[string]string{"error": msg})
+		}
 		p := a.policy()
 		unix := overUnix(req)
 		if !unix && !hostAllowed(req, p.Hosts) {
-			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": "Host " + req.Host + " is not this admin API's (add it to admin_hosts)"})
+			refuse(http.StatusMisdirectedRequest, "Host "+req.Host+" is not this admin API's (add it to admin_hosts)")
 			return
 		}
 		auth, hasAuth := bearer(req)
 		if hasAuth && len(p.Token) > 0 && subtle.ConstantTimeCompare(auth, p.Token) != 1 ||
 			!hasAuth && len(p.Token) > 0 && !unix && !(p.MetricsOpen && req.URL.Path == "/metrics" && isRead(req.Method)) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="activator admin"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "a valid bearer token is required (see admin_token_file)"})
+			refuse(http.StatusUnauthorized, "a valid bearer token is required (see admin_token_file)")
 			return
 		}
 		if !isRead(req.Method) {
 			if msg := crossSite(req, hasAuth && len(p.Token) > 0); msg != "" {
-				writeJSON(w, http.StatusForbidden, map[string]string{"error": msg})
+				refuse(http.StatusForbidden, msg)
 				return
 			}
 		}
+		if code, msg := dropBody(w, req); code != 0 {
+			refuse(code, msg)
+			return
+		}
 		next.ServeHTTP(w, req)
 	})
+}
+
+// adminBodyLimit and adminBodyTimeout bound what Guard reads of a request body: the admin routes take
+// their arguments from the path and query, and a client's `{}` or form is far below both.
+const adminBodyLimit = 64 << 10
+
+var adminBodyTimeout = 10 * time.Second // a variable for the tests only
+
+// hasBody reports whether req may have a body to read.
+func hasBody(req *http.Request) bool {
+	return req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0
+}
+
+// dropBody reads req's body, if it has one, to its end and drops it, within adminBodyTimeout and
+// adminBodyLimit. Otherwise it returns the answer's status and error: 408 for a body that did not
+// arrive in time, 400 for one that broke off or is malformed, 413 for one over the limit. The read
+// deadline it sets must not outlive the body: a wake requested over the admin API may take minutes,
+// and net/http's read in the background, which ends the request's context when the client leaves,
+// would end it at the deadline. net/http clears the deadline itself when it starts that read, at the
+// body's end; it is cleared here too, so as not to depend on that.
+func dropBody(w http.ResponseWriter, req *http.Request) (int, string) {
+	if !hasBody(req) {
+		return 0, ""
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(adminBodyTimeout))
+	n, err := io.Copy(io.Discard, io.LimitReader(req.Body, adminBodyLimit+1))
+	where := req.Method + " " + req.URL.Path
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return http.StatusRequestTimeout, fmt.Sprintf("%s: the request body did not arrive whole within %v (the admin API reads no body)", where, adminBodyTimeout)
+	case err != nil:
+		return http.StatusBadRequest, fmt.Sprintf("%s: the request body broke off or is malformed (the admin API reads no body)", where)
+	case n > adminBodyLimit:
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("%s: a request body over %d bytes (the admin API reads no body)", where, adminBodyLimit)
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return 0, ""
+}
+
+// endBody, for a request about to be refused, makes sure nothing more of its body is read: its
+// connection is closed after the answer, and a read deadline in the past stops net/http's drain of
+// the body (up to 256 KiB, with no deadline of its own) before it closes the connection.
+func endBody(w http.ResponseWriter, req *http.Request) {
+	if !hasBody(req) {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
 }
 
 func isRead(method string) bool {

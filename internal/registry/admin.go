@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // AdminAccess is how the admin API is reached and who may use it: the keys beside admin.
@@ -23,7 +24,21 @@ type AdminAccess struct {
 	MetricsOpen bool
 	// Hosts (admin_hosts) are Host header names accepted beside the loopback names, lower case.
 	Hosts []string
+	// KeepAliveTimeout (admin_keepalive_timeout, default 2m) closes an admin connection idle this long
+	// between requests; MaxConns (admin_max_conns, default 128) is how many admin connections may be
+	// open at once, more waiting in the kernel's accept queue. Both bound what the admin listener
+	// costs the process: its connections take file descriptors from the same limit as the edge's.
+	KeepAliveTimeout time.Duration
+	MaxConns         int
 }
+
+// The admin listener's defaults. A scraping Prometheus keeps one connection and comes back every
+// 15s; an operator's CLI opens one a command. 128 leaves room for many of both, and is nothing
+// beside the file-descriptor limit the edge needs.
+const (
+	DefaultAdminKeepAliveTimeout = 2 * time.Minute
+	DefaultAdminMaxConns         = 128
+)
 
 // AdminSocket is admin_socket: the mode (default 0600) and the group (a name or number, "" for the
 // activator's own) of a unix admin socket. The group is looked up when serve binds the socket.
@@ -91,14 +106,25 @@ type adminKeys struct {
 		Mode  string `yaml:"mode"`
 		Group string `yaml:"group"`
 	} `yaml:"admin_socket"`
-	TokenFile   string   `yaml:"admin_token_file"`
-	MetricsOpen bool     `yaml:"admin_metrics_open"`
-	Hosts       []string `yaml:"admin_hosts"`
+	TokenFile        string    `yaml:"admin_token_file"`
+	MetricsOpen      bool      `yaml:"admin_metrics_open"`
+	Hosts            []string  `yaml:"admin_hosts"`
+	KeepAliveTimeout *Duration `yaml:"admin_keepalive_timeout"`
+	MaxConns         *int      `yaml:"admin_max_conns"`
 }
 
 // checkAdmin checks admin and the keys beside it, and reads the token file.
 func (c topCheck) checkAdmin(admin string, k adminKeys) AdminAccess {
-	a := AdminAccess{Socket: AdminSocket{Mode: DefaultAdminSocketMode, Group: k.Socket.Group}, TokenFile: k.TokenFile, MetricsOpen: k.MetricsOpen}
+	a := AdminAccess{
+		Socket:           AdminSocket{Mode: DefaultAdminSocketMode, Group: k.Socket.Group},
+		TokenFile:        k.TokenFile,
+		MetricsOpen:      k.MetricsOpen,
+		KeepAliveTimeout: c.duration("admin_keepalive_timeout", k.KeepAliveTimeout, DefaultAdminKeepAliveTimeout),
+		MaxConns:         valueOr(k.MaxConns, DefaultAdminMaxConns),
+	}
+	if a.MaxConns <= 0 {
+		c.add("admin_max_conns", "must be positive, got %d (leave the key out for the default %d)", a.MaxConns, DefaultAdminMaxConns)
+	}
 	if _, err := ParseAdminAddr(admin); err != nil {
 		c.add("admin", "%v", err)
 	}

@@ -4,12 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/activator/activator/internal/registry"
 )
 
-// TestLoadAdminAccess covers the keys beside admin: admin_socket, admin_token_file, admin_metrics_open
-// and admin_hosts.
+// TestLoadAdminAccess covers the keys beside admin: admin_socket, admin_token_file, admin_metrics_open,
+// admin_hosts, and the admin listener's limits (admin_keepalive_timeout, admin_max_conns).
 func TestLoadAdminAccess(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
@@ -36,6 +37,18 @@ func TestLoadAdminAccess(t *testing.T) {
 		{"admin_metrics_open", func(c *registry.Config) any { return c.AdminAccess.MetricsOpen }, []keyCase{
 			{value: "", want: false},
 			{value: "true", want: true},
+		}},
+		{"admin_keepalive_timeout", func(c *registry.Config) any { return c.AdminAccess.KeepAliveTimeout }, []keyCase{
+			{value: "", want: registry.DefaultAdminKeepAliveTimeout},
+			{value: "30s", want: 30 * time.Second},
+			{value: "0s", problem: "must be positive, got 0s (leave the key out for the default 2m0s)"},
+			{value: "-1m", problem: `duration "-1m" is negative`},
+		}},
+		{"admin_max_conns", func(c *registry.Config) any { return c.AdminAccess.MaxConns }, []keyCase{
+			{value: "", want: registry.DefaultAdminMaxConns},
+			{value: "16", want: 16},
+			{value: "0", problem: "must be positive, got 0 (leave the key out for the default 128)"},
+			{value: "-3", problem: "must be positive, got -3 (leave the key out for the default 128)"},
 		}},
 	})
 }
