@@ -76,6 +76,8 @@ const CSRFHeader = "X-Activator"
 //  4. A request body, which no admin route reads, is read and dropped, within adminBodyTimeout and
 //     up to adminBodyLimit bytes (dropBody).
 //
+// The answer of a request that passes has each write bounded by adminWriteStall (stallWriter).
+//
 // A request refused with a body, or whose body broke a bound, has its connection closed after the
 // answer, and nothing more of the body is read (endBody). Left to net/http, which drains an unread
 // body of up to 256 KiB before it answers, with no deadline, a body trickled a byte at a time held
@@ -109,9 +111,36 @@ func (a *AdminAccess) Guard(next http.Handler) http.Handler {
 			refuse(code, msg)
 			return
 		}
-		next.ServeHTTP(w, req)
+		sw := stallWriter{w, http.NewResponseController(w)}
+		next.ServeHTTP(sw, req)
+		sw.bound() // for net/http's flush of what the handler left in its buffer
 	})
 }
+
+// adminWriteStall bounds each write of an admin answer (stallWriter).
+var adminWriteStall = 10 * time.Second // a variable for the tests only
+
+// stallWriter gives each write of an admin answer adminWriteStall to reach the kernel. A client that
+// stops reading an answer (a /metrics scrape of 100,000 routes is megabytes) otherwise kept its
+// connection, the handler's goroutine and what the answer holds for ever: the admin server has no
+// WriteTimeout, since a wake requested over it may take minutes before its first byte. net/http
+// clears the write deadline once the answer is finished, so it does not outlive its answer (a
+// deadline left on an idle connection would fail net/http's own answer to the next request, a 400 or
+// 431 written before any handler runs).
+type stallWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (s stallWriter) Write(p []byte) (int, error) {
+	s.bound()
+	return s.ResponseWriter.Write(p)
+}
+
+func (s stallWriter) bound() { _ = s.rc.SetWriteDeadline(time.Now().Add(adminWriteStall)) }
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (s stallWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // adminBodyLimit and adminBodyTimeout bound what Guard reads of a request body: the admin routes take
 // their arguments from the path and query, and a client's `{}` or form is far below both.

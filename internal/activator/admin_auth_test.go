@@ -10,8 +10,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -267,5 +270,115 @@ func TestAdminGuardDropsBodies(t *testing.T) {
 	chunked := fmt.Sprintf("POST /routes/app/sleep HTTP/1.1\r\nHost: %s\r\nX-Activator: 1\r\nTransfer-Encoding: chunked\r\n\r\n", addr)
 	if resp, body, _ = raw(chunked, "2\r\n{}\r\n0\r\n\r\n", false); resp.StatusCode != http.StatusOK {
 		t.Errorf("a chunked small body: %d %q, want 200", resp.StatusCode, body)
+	}
+}
+
+// deadlineConn records the write deadlines set on it.
+type deadlineConn struct {
+	net.Conn
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.last = t
+	c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *deadlineConn) lastDeadline() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+type deadlineListener struct{ net.Listener }
+
+func (l deadlineListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &deadlineConn{Conn: c}, nil
+}
+
+// TestAdminGuardBoundsStalledWrites: an admin answer whose client stops reading fails its write once
+// adminWriteStall passes, where it blocked for ever before (the admin server has no WriteTimeout: a
+// wake over the admin API may take minutes before its first byte). The client here reads nothing of a
+// 64 MiB answer through a 4 KiB receive buffer; the handler must see its write fail. And a connection
+// that answered and went idle carries no write deadline, which would fail net/http's own answer to its
+// next request: net/http clears it after each answer, which stallWriter relies on.
+func TestAdminGuardBoundsStalledWrites(t *testing.T) {
+	defer func(d time.Duration) { adminWriteStall = d }(adminWriteStall)
+	adminWriteStall = 200 * time.Millisecond
+	writeErr := make(chan error, 1)
+	h := NewAdminAccess(AdminPolicy{}).Guard(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/big" {
+			_, _ = io.WriteString(w, "ok\n")
+			return
+		}
+		chunk := make([]byte, 64<<10)
+		for range 1024 { // 64 MiB: far more than the socket buffers hold
+			if _, err := w.Write(chunk); err != nil {
+				writeErr <- err
+				return
+			}
+		}
+		writeErr <- nil
+	}))
+	idle := make(chan time.Time, 4)
+	hs := httptest.NewUnstartedServer(h)
+	hs.Listener = deadlineListener{hs.Listener}
+	hs.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateIdle {
+			idle <- c.(*deadlineConn).lastDeadline()
+		}
+	}
+	hs.Start()
+	defer hs.Close()
+	addr := hs.Listener.Addr().String()
+
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-writeErr:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("writing to a client that reads nothing: %v, want the write deadline exceeded", err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("a write to a client that reads nothing still blocked after %v", patience)
+	}
+
+	// An answer read whole: once idle, the connection has no write deadline left.
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := fmt.Fprintf(c2, "GET /small HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	select {
+	case last := <-idle:
+		if !last.IsZero() {
+			t.Errorf("an idle admin connection keeps the write deadline %v, want none", last)
+		}
+	case <-time.After(patience):
+		t.Fatal("the connection did not go idle after its answer")
 	}
 }
