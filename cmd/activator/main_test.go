@@ -203,7 +203,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 		cancel: cancel,
 	}
 	h.edge, h.resume = newEdgeServers(srv, srv, cfg.Edge, log)
-	go func() { h.served <- serveHTTP(h.edge, activator.Listener(ln)) }()
+	go func() { h.served <- serveHTTP(h.edge, activator.Listener(ln, cfg.Edge.SendTimeout)) }()
 	t.Cleanup(func() {
 		h.shutdown()
 		if t.Failed() {

@@ -112,6 +112,9 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 			"edge.tls_handshake_timeout changed from 3s to 4s" + restart,
 			`tls.acme changed from off to {email: "ops@example.com", ca: "` + registry.DefaultACMECA + `", storage: "", ca_root: ""}` + restart,
 		}},
+		{"edge send timeout", top(edge0+"  send_timeout: 20s\n", "cgroup_root: off\n"+tlsAt), []string{
+			"edge.send_timeout changed from 1m0s to 20s" + restart,
+		}},
 		{"admin listener limits", top(edge0, "cgroup_root: off\nadmin_keepalive_timeout: 30s\nadmin_max_conns: 16\n"+tlsAt), []string{
 			"admin_keepalive_timeout changed from 2m0s to 30s" + restart,
 			"admin_max_conns changed from 128 to 16" + restart,

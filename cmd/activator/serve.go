@@ -239,8 +239,8 @@ func serve(o serveOptions) int {
 func releaseLoadGarbage() { debug.FreeOSMemory() }
 
 // newEdgeServer is the edge's http.Server, with the client limits of e. They are read once: a reload
-// that changes edge.header_timeout, keepalive_timeout or max_header_bytes takes effect at the next
-// start (the body and hold limits are the Server's, and follow reloads).
+// that changes edge.header_timeout, keepalive_timeout, send_timeout or max_header_bytes takes effect
+// at the next start (the body and hold limits are the Server's, and follow reloads).
 //
 // There is deliberately no ReadTimeout: it would bound a whole upload, however steadily it arrives,
 // and an unbuffered body is read only once its request has left a hold that can last minutes. The
@@ -254,8 +254,11 @@ func newEdgeServer(h http.Handler, e registry.EdgeLimits, log *slog.Logger) *htt
 		IdleTimeout:       e.KeepAliveTimeout,
 		MaxHeaderBytes:    edgeMaxHeaderBytes(e.MaxHeaderBytes),
 		Protocols:         edgeProtocols(),
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		ConnContext:       activator.ConnContext, // with activator.Listener: how each request was framed
+		// edge.send_timeout over HTTP/2 (h2c, and TLS connections, which activator.Listener does not
+		// wrap); over HTTP/1 the Listener's connections keep it themselves.
+		HTTP2:       &http.HTTP2Config{WriteByteTimeout: e.SendTimeout},
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnContext: activator.ConnContext, // with activator.Listener: how each request was framed
 	}
 }
 
@@ -313,12 +316,12 @@ func edgeProtocols() *http.Protocols {
 // handler is srv, with t's challenges and redirects in front, and activator.WithTLS in front of those,
 // which gives the TLS listener's HTTP/1 requests the r.TLS net/http cannot see through the record.
 func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Listener, t *tlsSide, s tlsedge.Settings) (http.Handler, net.Listener) {
-	ln := activator.Listener(proxyListener(plain, srv, onListen))
+	ln := activator.Listener(proxyListener(plain, srv, onListen), cfg.Edge.SendTimeout)
 	if t == nil {
 		return srv, ln
 	}
 	tlsLn := t.bind(rawTLS, s, cfg, srv)
-	return activator.WithTLS(t.edge.Handler(srv)), joinListeners(ln, activator.Listener(tlsLn))
+	return activator.WithTLS(t.edge.Handler(srv)), joinListeners(ln, activator.Listener(tlsLn, cfg.Edge.SendTimeout))
 }
 
 // listeningAttrs are the "activator listening" record's attributes; socket_activated names the

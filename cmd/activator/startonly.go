@@ -26,7 +26,7 @@ type startValue struct {
 // says: the listeners' addresses (bound once), with a unix admin socket its admin_socket (the file's
 // mode and group, set when it is bound), the admin listener's limits (admin_keepalive_timeout,
 // admin_max_conns), cgroup_root (taken before anything spawns), the edge
-// http.Server's own limits (header_timeout, keepalive_timeout, max_header_bytes), and, when cfg has
+// http.Server's own limits (header_timeout, keepalive_timeout, send_timeout, max_header_bytes), and, when cfg has
 // a TLS listener, its handshake limits and tls.acme. A flag that overrides listen or admin leaves
 // that key out: the config's value never applies. A listener systemd passed in (o.activated) keeps
 // its key, marked with the socket's name: a restart keeps that listener too, so its warning points
@@ -78,6 +78,7 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 	e := cfg.Edge
 	add("edge.header_timeout", "edge.header_timeout", e.HeaderTimeout.String())
 	add("edge.keepalive_timeout", "edge.keepalive_timeout", e.KeepAliveTimeout.String())
+	add("edge.send_timeout", "edge.send_timeout", e.SendTimeout.String())
 	add("edge.max_header_bytes", "edge.max_header_bytes", strconv.FormatInt(e.MaxHeaderBytes, 10)+" bytes")
 	if cfg.ListenTLS != "" {
 		add("edge.tls_handshake_timeout", "edge.tls_handshake_timeout", e.TLSHandshakeTimeout.String())

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -339,14 +338,7 @@ func TestAdminGuardBoundsStalledWrites(t *testing.T) {
 	defer hs.Close()
 	addr := hs.Listener.Addr().String()
 
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-	}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSmall(t, addr)
 	if _, err := fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 		if l.tls {
 			srv.StartTLS()
 		} else {
-			srv.Listener, srv.Config.ConnContext = Listener(srv.Listener), ConnContext
+			srv.Listener, srv.Config.ConnContext = Listener(srv.Listener, registry.DefaultSendTimeout), ConnContext
 			srv.Start()
 		}
 		t.Cleanup(srv.Close)

@@ -35,7 +35,7 @@ func edgeListen(t *testing.T, s *Server, wired bool) string {
 	hs := &http.Server{Handler: s, ReadHeaderTimeout: hygienePatience}
 	if wired {
 		hs.ConnContext = ConnContext
-		ln = Listener(ln)
+		ln = Listener(ln, registry.DefaultSendTimeout)
 	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()

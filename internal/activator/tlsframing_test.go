@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tlsedge/tlstest"
 )
 
@@ -47,7 +48,7 @@ func tlsEdge(t *testing.T, h http.Handler) (string, *tls.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := Listener(handshaking{tls.NewListener(raw, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})})
+	ln := Listener(handshaking{tls.NewListener(raw, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})}, registry.DefaultSendTimeout)
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)

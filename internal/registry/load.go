@@ -38,7 +38,10 @@ const (
 	DefaultHeaderTimeout    = 10 * time.Second
 	DefaultBodyTimeout      = 30 * time.Second
 	DefaultKeepAliveTimeout = 2 * time.Minute
-	DefaultMaxHeaderBytes   = 32 * kiB
+	// DefaultSendTimeout is edge.send_timeout's default, nginx's send_timeout: a client this slow to
+	// take 16 KiB of an answer is gone, and it holds an upstream connection slot of its route.
+	DefaultSendTimeout    = time.Minute
+	DefaultMaxHeaderBytes = 32 * kiB
 	// DefaultMaxHeldTotal is edge.max_held, across all routes; DefaultMaxHeld is one route's.
 	DefaultMaxHeldTotal = 20000
 	DefaultMaxHeldBytes = 256 * miB
@@ -75,6 +78,7 @@ type edgeKeys struct {
 	HeaderTimeout    *Duration `yaml:"header_timeout"`
 	BodyTimeout      *Duration `yaml:"body_timeout"`
 	KeepAliveTimeout *Duration `yaml:"keepalive_timeout"`
+	SendTimeout      *Duration `yaml:"send_timeout"`
 	MaxHeaderBytes   *ByteSize `yaml:"max_header_bytes"`
 	MaxHeld          *int      `yaml:"max_held"`
 	MaxHeldBytes     *ByteSize `yaml:"max_held_bytes"`
@@ -663,6 +667,7 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		HeaderTimeout:       c.duration("edge.header_timeout", ek.HeaderTimeout, DefaultHeaderTimeout),
 		BodyTimeout:         c.duration("edge.body_timeout", ek.BodyTimeout, DefaultBodyTimeout),
 		KeepAliveTimeout:    c.duration("edge.keepalive_timeout", ek.KeepAliveTimeout, DefaultKeepAliveTimeout),
+		SendTimeout:         c.duration("edge.send_timeout", ek.SendTimeout, DefaultSendTimeout),
 		MaxHeaderBytes:      ek.MaxHeaderBytes.or(DefaultMaxHeaderBytes),
 		MaxHeld:             valueOr(ek.MaxHeld, DefaultMaxHeldTotal),
 		MaxHeldBytes:        ek.MaxHeldBytes.or(DefaultMaxHeldBytes),

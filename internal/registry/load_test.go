@@ -718,6 +718,11 @@ func TestLoadTopDurations(t *testing.T) {
 			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 30s)"},
 			{value: "5 seconds", problem: `"5 seconds" ` + notDuration},
 		}},
+		{"edge.send_timeout", func(c *registry.Config) any { return c.Edge.SendTimeout }, []keyCase{
+			{value: "", want: time.Minute},
+			{value: "15s", want: 15 * time.Second},
+			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 1m0s)"},
+		}},
 		{"edge.keepalive_timeout", func(c *registry.Config) any { return c.Edge.KeepAliveTimeout }, []keyCase{
 			{value: "", want: 2 * time.Minute},
 			{value: "75s", want: 75 * time.Second},
@@ -835,6 +840,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 		HeaderTimeout:    10 * time.Second,
 		BodyTimeout:      30 * time.Second,
 		KeepAliveTimeout: 2 * time.Minute,
+		SendTimeout:      time.Minute,
 		MaxHeaderBytes:   32 * kib,
 		MaxHeld:          20000,
 		MaxHeldBytes:     256 * mib,
@@ -875,7 +881,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 				`line 6: edge.max_held_bytes: size "1.5GiB" is not a whole number (write 1536KiB, not 1.5MiB)`,
 				`line 7: edge.body_memory: must be at most 16MiB, got 17MiB (the rest of a body goes to body_buffer_dir)`,
 				`line 8: edge.body_buffer_dir: "./spool" is not an absolute path (leave the key out for the system's temporary directory)`,
-				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, header_timeout, keepalive_timeout, max_header_bytes, max_held, max_held_bytes, max_tls_handshakes, tls_handshake_timeout)`,
+				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, header_timeout, keepalive_timeout, max_header_bytes, max_held, max_held_bytes, max_tls_handshakes, send_timeout, tls_handshake_timeout)`,
 				`line 14: route "a": upstream: upstream "localhost" is neither host:port nor a unix socket path`,
 			},
 		},

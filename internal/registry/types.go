@@ -73,6 +73,9 @@ type EdgeLimits struct {
 	BodyTimeout time.Duration
 	// KeepAliveTimeout is how long an idle keep-alive connection stays open (default 2m).
 	KeepAliveTimeout time.Duration
+	// SendTimeout is the longest the edge waits for a client to take the next piece of an answer
+	// (16 KiB over HTTP/1, any byte over HTTP/2) before it closes the connection (default 60s).
+	SendTimeout time.Duration
 	// MaxHeaderBytes is the largest request header accepted; a larger one gets 431 (default 32KiB,
 	// between 1KiB and 1MiB).
 	MaxHeaderBytes int64
