@@ -20,6 +20,20 @@ import (
 // the timeout (5s, long enough that the status poll sees both in flight) has cut them off. Its
 // hold.max_time, 20s, only stops a failing test.
 func TestStalledClientsGiveBackUpstreamSlots(t *testing.T) {
+	for _, h2c := range []bool{false, true} {
+		name := "HTTP/1.1"
+		if h2c {
+			name = "h2c"
+		}
+		t.Run(name, func(t *testing.T) { testStalledClients(t, h2c) })
+	}
+}
+
+// testStalledClients is TestStalledClientsGiveBackUpstreamSlots over HTTP/1.1, or over h2c, where the
+// stalled client is one that reads its connection but never its answer's body: net/http's transport
+// then grants the stream no more flow-control window once its buffer is full, and the edge's stream
+// waits for window, not for the socket.
+func testStalledClients(t *testing.T, h2c bool) {
 	app := appRoute{Name: "stalled", HoldMaxTime: "20s"}
 	routes := strings.Replace(configYAML(t, app), "    backing: exec\n", "    backing: exec\n    max_upstream_conns: 2\n", 1)
 	s := startServed(t, "edge: {send_timeout: 5s}\n"+routes)
@@ -40,7 +54,25 @@ func TestStalledClientsGiveBackUpstreamSlots(t *testing.T) {
 	get("waking the route")
 
 	body := strings.Repeat("x", 8<<20) // far more than the kernel buffers between the edge and a client that reads nothing
+	if h2c {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr := &http.Transport{Protocols: &p}
+		defer tr.CloseIdleConnections()
+		for i := range 2 {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+s.edge+"/echo", strings.NewReader(body))
+			req.Host = app.host()
+			resp, err := (&http.Client{Transport: tr}).Do(req)
+			if err != nil {
+				t.Fatalf("stalled h2c client %d: %v", i, err)
+			}
+			defer resp.Body.Close() // never read
+		}
+	}
 	for i := range 2 {
+		if h2c {
+			break
+		}
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 		}}

@@ -254,8 +254,9 @@ func newEdgeServer(h http.Handler, e registry.EdgeLimits, log *slog.Logger) *htt
 		IdleTimeout:       e.KeepAliveTimeout,
 		MaxHeaderBytes:    edgeMaxHeaderBytes(e.MaxHeaderBytes),
 		Protocols:         edgeProtocols(),
-		// edge.send_timeout over HTTP/2 (h2c, and TLS connections, which activator.Listener does not
-		// wrap); over HTTP/1 the Listener's connections keep it themselves.
+		// edge.send_timeout for HTTP/2 connections (h2c, and TLS ones, which activator.Listener does
+		// not wrap); the activator bounds each stream's answer itself, and over HTTP/1 the Listener's
+		// connections keep it.
 		HTTP2:       &http.HTTP2Config{WriteByteTimeout: e.SendTimeout},
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ConnContext: activator.ConnContext, // with activator.Listener: how each request was framed

@@ -406,6 +406,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
+	if r.ProtoMajor == 2 {
+		sw.stall = t.edge.SendTimeout
+	}
 	parked := false
 	defer func() {
 		if !parked { // a parked request is counted when it is answered (park.go)
@@ -495,6 +498,20 @@ type statusWriter struct {
 	http.ResponseWriter
 	code int
 	body *streamed // the request's unbuffered, bounded body, if any (see streamed.cause)
+	// stall, for an HTTP/2 request, is edge.send_timeout: each write and flush of its answer sets the
+	// stream's write deadline that far ahead (bound). 0 for HTTP/1, whose connections keep the bound
+	// themselves (framingConn.Write).
+	stall time.Duration
+}
+
+// bound gives an HTTP/2 answer's next write stall to reach the client. A stream waits for its
+// client's flow-control window, which a client that reads its connection but not the answer never
+// grants: the connection's own WriteByteTimeout then never fires, and the stream kept its route's
+// upstream slot for ever (TestStalledClientsGiveBackUpstreamSlots/h2c got 503 at hold.max_time).
+func (w *statusWriter) bound() {
+	if w.stall > 0 {
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.stall))
+	}
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -508,11 +525,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.code == 0 {
 		w.code = http.StatusOK
 	}
+	w.bound()
 	return w.ResponseWriter.Write(b)
 }
 
 func (w *statusWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		w.bound()
 		f.Flush()
 	}
 }
