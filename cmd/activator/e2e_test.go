@@ -520,8 +520,13 @@ func TestReloadRejectsBadConfig(t *testing.T) {
 
 	// The watch is in place before the reloader runs (watchReloads): one write is seen.
 	writeAtomic(strings.Replace(good, "    idle: 10m\n", "    idle: 10m\n    idel: 5m\n", 1) + "  - name: Bad Name\n")
-	h.rec.waitFor(t, 1, "config reload rejected; the old config stays in force", "", "")
-	problems := h.rec.matching("config problem", "", "")
+	rejected := h.rec.waitFor(t, 1, "config reload rejected; the old config stays in force", "", "")
+	// Each problem is logged after the rejection's own record: wait for as many as it counts.
+	n, err := strconv.Atoi(rejected[0].attrs["problems"])
+	if err != nil {
+		t.Fatalf("the rejection's problems attribute: %v", err)
+	}
+	problems := h.rec.waitFor(t, n, "config problem", "", "")
 	var all []string
 	for _, p := range problems {
 		all = append(all, p.attrs["err"])
