@@ -449,8 +449,6 @@ func (c *framingConn) scanLocked(b []byte) uint32 {
 	return seen
 }
 
-// CloseWrite half-closes the connection when the one wrapped can: net/http does that before it
-// closes a connection after an answer, so that the client reads the answer before a reset.
 // sendChunk is the most of an answer framingConn.Write hands the kernel at once. A client must take
 // this much within edge.send_timeout, so the bound is on progress, as nginx's send_timeout is, not on
 // a whole answer: at the default 60s, a client that takes at least about 550 bytes a second always
@@ -517,6 +515,8 @@ func (c *framingConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetDeadline(t)
 }
 
+// CloseWrite half-closes the connection when the one wrapped can: net/http does that before it
+// closes a connection after an answer, so that the client reads the answer before a reset.
 func (c *framingConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
