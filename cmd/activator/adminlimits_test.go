@@ -14,6 +14,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// getOK sends GET / for host to the edge at addr on a connection of its own and fails t, naming what,
+// unless the answer is 200 within patience.
+func getOK(t *testing.T, addr, host, what string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+	req.Host = host
+	resp, err := (&http.Client{Timeout: patience, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		t.Fatalf("%s: edge request: %v", what, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: edge answered %d, want 200", what, resp.StatusCode)
+	}
+}
+
 // adminHealthz sends GET /healthz on c, a connection to the admin API at addr.
 func adminHealthz(t *testing.T, c net.Conn, addr string) {
 	t.Helper()
@@ -64,21 +81,7 @@ func TestAdminConnectionCapKeepsTheEdge(t *testing.T) {
 	const max, hogs = 8, 60
 	app := appRoute{Name: "capped"}
 	s := startServed(t, fmt.Sprintf("admin_max_conns: %d\n", max)+configYAML(t, app))
-	edgeGet := func(what string) {
-		t.Helper()
-		c := &http.Client{Timeout: patience}
-		req, _ := http.NewRequest(http.MethodGet, "http://"+s.edge+"/", nil)
-		req.Host = app.Name + ".test"
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatalf("%s: edge request: %v", what, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: edge answered %d", what, resp.StatusCode)
-		}
-	}
+	edgeGet := func(what string) { t.Helper(); getOK(t, s.edge, app.host(), what) }
 	edgeGet("before") // wakes the tenant, whose pipes and connections then count among the open files
 
 	pid := s.cmd.Process.Pid

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -37,20 +36,7 @@ func testStalledClients(t *testing.T, h2c bool) {
 	app := appRoute{Name: "stalled", HoldMaxTime: "20s"}
 	routes := strings.Replace(configYAML(t, app), "    backing: exec\n", "    backing: exec\n    max_upstream_conns: 2\n", 1)
 	s := startServed(t, "edge: {send_timeout: 5s}\n"+routes)
-	get := func(what string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, "http://"+s.edge+"/", nil)
-		req.Host = app.host()
-		resp, err := (&http.Client{Timeout: patience}).Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d, want 200 (the route's upstream slots are still taken)", what, resp.StatusCode)
-		}
-	}
+	get := func(what string) { t.Helper(); getOK(t, s.edge, app.host(), what) }
 	get("waking the route")
 
 	body := strings.Repeat("x", 8<<20) // far more than the kernel buffers between the edge and a client that reads nothing
