@@ -434,11 +434,13 @@ func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
 	return row, nil
 }
 
-// edgeCaps is the config's edge block with the process-wide hold caps raised to fit the herd: a
-// thousand requests and, for each, its size and 1 KiB more, beyond the herd (never below the defaults).
+// edgeCaps is the config's edge block with the process-wide caps raised to fit the herd: a thousand
+// requests and, for each, its size and 1 KiB more, beyond the herd (the hold caps never below their
+// defaults), and as many connections (the default edge.max_conns leaves an eighth of the open-file
+// limit for the rest, which an HTTP/1.1 herd at the limit needs).
 func (h herdSpec) edgeCaps() string {
-	return fmt.Sprintf("edge:\n  max_held: %d\n  max_held_bytes: %d\n",
-		max(20000, h.n+1000), max(256<<20, int64(h.n+1000)*int64(h.requestBytes()+1<<10)))
+	return fmt.Sprintf("edge:\n  max_held: %d\n  max_held_bytes: %d\n  max_conns: %d\n",
+		max(20000, h.n+1000), max(256<<20, int64(h.n+1000)*int64(h.requestBytes()+1<<10)), h.n+1000)
 }
 
 // herdClients returns how a herd's i-th request is sent (dial, write, call written, read the whole

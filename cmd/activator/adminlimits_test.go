@@ -71,12 +71,12 @@ func TestAdminIdleConnectionClosed(t *testing.T) {
 
 // TestAdminConnectionCapKeepsTheEdge: admin connections are capped at admin_max_conns, so that they
 // cannot take the file descriptors the edge needs. The activator runs with a file limit that 40 more
-// connections would exhaust; 60 admin connections are opened, each with a request, and left open, as a
-// local process (a tenant too: the admin API listens on loopback) can do without any token. Measured on
-// the commit before this test: the activator accepted admin connections until accept4 failed with
-// EMFILE, and the edge then accepted nothing ("too many open files; retrying in 1s" for as long as
-// the connections stayed). Now exactly admin_max_conns are answered, the edge keeps answering, a
-// warning names the key, and each closed admin connection lets one waiting connection in.
+// connections would exhaust; 60 admin connections are opened one after another, each left open after
+// one request, as a local process (a tenant too: the admin API listens on loopback) can do without any
+// token. Measured on the commit before the cap: the activator accepted admin connections until accept4
+// failed with EMFILE, and the edge then accepted nothing ("too many open files; retrying in 1s" for
+// as long as the connections stayed). Now each admin connection past the cap closes the one idle
+// longest, the edge keeps answering, and a warning names the key.
 func TestAdminConnectionCapKeepsTheEdge(t *testing.T) {
 	const max, hogs = 8, 60
 	app := appRoute{Name: "capped"}
@@ -94,63 +94,21 @@ func TestAdminConnectionCapKeepsTheEdge(t *testing.T) {
 		t.Fatalf("cannot lower the activator's open-file limit: %v", err)
 	}
 
-	answered := make(chan int, hogs)
-	conns := make([]net.Conn, hogs)
-	for i := range conns {
-		c, err := net.Dial("tcp", s.admin)
-		if err != nil {
-			t.Fatalf("admin connection %d: %v (the kernel's accept queue holds the ones not accepted)", i, err)
-		}
-		conns[i] = c
-		defer c.Close()
-		adminHealthz(t, c, s.admin)
-		go func() {
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err == nil {
-				resp.Body.Close()
-				answered <- i
-			}
-		}()
-	}
-	got := map[int]bool{}
-	waitAnswered := func(n int) {
-		t.Helper()
-		deadline := time.NewTimer(patience)
-		defer deadline.Stop()
-		for len(got) < n {
-			select {
-			case i := <-answered:
-				got[i] = true
-			case <-deadline.C:
-				t.Fatalf("%d admin connections answered within %v, want %d", len(got), patience, n)
-			}
-		}
-	}
-	waitAnswered(max)
+	healthz := fmt.Sprintf("GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", s.admin)
+	hs := openHogs(t, s.admin, healthz, "admin connection", hogs)
 	edgeGet("with the admin API at its cap")
-	// None was closed, so no more than max may have been answered. The edge's round trip above gave
-	// an uncapped listener ample time to answer more.
-	for drained := false; !drained; {
-		select {
-		case i := <-answered:
-			got[i] = true
-		default:
-			drained = true
-		}
-	}
-	if len(got) != max {
-		t.Fatalf("%d admin connections answered with none closed, want admin_max_conns = %d", len(got), max)
-	}
 	s.waitLogged(adminCapMsg, 1)
-
-	// Closing admitted connections lets waiting ones in, one for one.
-	closed := 0
-	for i, c := range conns {
-		if got[i] && closed < 4 {
-			c.Close()
-			closed++
+	// Opened one after another, each closed the oldest: the first are closed, and the newest max are
+	// open and answer again (only the newest may have been still in its request as the next came).
+	for i := range hogs - max - 1 {
+		if !hs[i].closedByActivator() {
+			t.Fatalf("admin connection %d, of the oldest, was not closed for room", i)
 		}
 	}
-	waitAnswered(max + closed)
+	for i := hogs - max + 1; i < hogs; i++ {
+		if err := hs[i].ask(healthz); err != nil {
+			t.Fatalf("admin connection %d, of the newest, got no second answer: %v", i, err)
+		}
+	}
 	edgeGet("after")
 }

@@ -115,6 +115,9 @@ func TestReloadReportsStartOnlyKeys(t *testing.T) {
 		{"edge send timeout", top(edge0+"  send_timeout: 20s\n", "cgroup_root: off\n"+tlsAt), []string{
 			"edge.send_timeout changed from 1m0s to 20s" + restart,
 		}},
+		{"edge connection cap", top(edge0+"  max_conns: 5000\n", "cgroup_root: off\n"+tlsAt), []string{
+			"edge.max_conns changed from the default (from the open-file limit) to 5000" + restart,
+		}},
 		{"admin listener limits", top(edge0, "cgroup_root: off\nadmin_keepalive_timeout: 30s\nadmin_max_conns: 16\n"+tlsAt), []string{
 			"admin_keepalive_timeout changed from 2m0s to 30s" + restart,
 			"admin_max_conns changed from 128 to 16" + restart,

@@ -29,6 +29,7 @@ import (
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/split"
+	"github.com/activator/activator/internal/connlimit"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/sockdiag"
@@ -126,6 +127,13 @@ func serve(o serveOptions) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	edgeCap, capWarning := edgeConnCap(cfg, openFileLimit())
+	if capWarning != "" {
+		log.Warn(capWarning)
+	}
+	edgeConns := newConnLimit(edgeCap, log, edgeCapMsg, "edge.max_conns")
+	adminConns := newConnLimit(cfg.AdminAccess.MaxConns, log, adminCapMsg, "admin_max_conns")
+	reg.MustRegister(connMetrics{"edge": edgeConns, "admin": adminConns})
 	if err := bk.contain(ctx, cfg, reg); err != nil { // before anything spawns: kills an earlier run's tenants
 		log.Error("cannot contain exec tenants", "err", err)
 		return 1
@@ -166,8 +174,9 @@ func serve(o serveOptions) int {
 		return 1
 	}
 	releaseLoadGarbage()
-	handler, ln := edgeParts(cfg, srv, edgeLn, tlsLn, tlsEdge, tlsSet)
+	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
+	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ConnState // before watchEdge, which wraps it
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
 	access := activator.NewAdminAccess(adminPolicy(cfg))
@@ -192,8 +201,9 @@ func serve(o serveOptions) int {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       cfg.AdminAccess.KeepAliveTimeout, // without it an idle connection stayed for ever
 		MaxHeaderBytes:    1 << 20,
+		ConnState:         adminConns.ConnState,
 	}
-	adminLn = capAdmin(adminLn, cfg.AdminAccess.MaxConns, log)
+	adminLn = adminConns.Listener(adminLn)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveHTTP(edge, door) })
@@ -229,6 +239,14 @@ func serve(o serveOptions) int {
 		return 1
 	}
 	return 0
+}
+
+// limited is l.Listener(ln), or nil for a nil ln (no listen_tls).
+func limited(l *connlimit.Limit, ln net.Listener) net.Listener {
+	if ln == nil {
+		return nil
+	}
+	return l.Listener(ln)
 }
 
 // releaseLoadGarbage returns the memory a config load used to the OS at once. Parsing a large config

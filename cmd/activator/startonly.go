@@ -80,6 +80,11 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 	add("edge.keepalive_timeout", "edge.keepalive_timeout", e.KeepAliveTimeout.String())
 	add("edge.send_timeout", "edge.send_timeout", e.SendTimeout.String())
 	add("edge.max_header_bytes", "edge.max_header_bytes", strconv.FormatInt(e.MaxHeaderBytes, 10)+" bytes")
+	maxConns := "the default (from the open-file limit)"
+	if e.MaxConns > 0 {
+		maxConns = strconv.Itoa(e.MaxConns)
+	}
+	add("edge.max_conns", "edge.max_conns", maxConns)
 	if cfg.ListenTLS != "" {
 		add("edge.tls_handshake_timeout", "edge.tls_handshake_timeout", e.TLSHandshakeTimeout.String())
 		add("edge.max_tls_handshakes", "edge.max_tls_handshakes", strconv.Itoa(e.MaxTLSHandshakes))

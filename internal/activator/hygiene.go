@@ -371,6 +371,10 @@ const (
 	transferEncodingField = "transfer-encoding:"
 )
 
+// NetConn returns the connection c watches, as *tls.Conn's does: for code that looks for the socket
+// underneath (socketOf, and package connlimit, which closes a connection for room at the bottom).
+func (c *framingConn) NetConn() net.Conn { return c.Conn }
+
 func (c *framingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {

@@ -266,6 +266,9 @@ type resumedConn struct {
 	p      atomic.Pointer[parkedReq] // taken by the connection's first request (resumedRequest)
 }
 
+// NetConn returns the parked connection c serves again, as *tls.Conn's does (see framingConn's).
+func (c *resumedConn) NetConn() net.Conn { return c.Conn }
+
 // Close closes the connection. net/http closes one without calling its handler when the resume
 // server shuts down between reading the stand-in and serving it: the parked request is then abandoned
 // here, with its 503.

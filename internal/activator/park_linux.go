@@ -55,17 +55,14 @@ func newHangups() *hangups {
 }
 
 // socketOf returns the RawConn of the socket under c, through the edge's own wrappers (the framing
-// record, a PROXY header's connection), or false.
+// record, a parked connection served again, the connection cap's count: each says what it wraps with
+// NetConn) and a PROXY header's connection, or false.
 func socketOf(c net.Conn) (syscall.RawConn, bool) {
 	for range 8 {
 		switch x := c.(type) {
 		case syscall.Conn:
 			rc, err := x.SyscallConn()
 			return rc, err == nil
-		case *framingConn:
-			c = x.Conn
-		case *resumedConn:
-			c = x.Conn
 		case interface{ Raw() net.Conn }: // github.com/pires/go-proxyproto's Conn
 			c = x.Raw()
 		case interface{ NetConn() net.Conn }:

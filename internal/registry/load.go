@@ -86,6 +86,7 @@ type edgeKeys struct {
 	BodyBufferDir    string    `yaml:"body_buffer_dir"`
 	TLSHandshake     *Duration `yaml:"tls_handshake_timeout"`
 	MaxTLSHandshakes *int      `yaml:"max_tls_handshakes"`
+	MaxConns         *int      `yaml:"max_conns"`
 }
 
 // routeKeys is a route's common keys. The backing's settings sit beside them under the backing's name.
@@ -675,6 +676,10 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		BodyBufferDir:       ek.BodyBufferDir,
 		TLSHandshakeTimeout: c.duration("edge.tls_handshake_timeout", ek.TLSHandshake, DefaultTLSHandshakeTimeout),
 		MaxTLSHandshakes:    valueOr(ek.MaxTLSHandshakes, DefaultMaxTLSHandshakes),
+		MaxConns:            valueOr(ek.MaxConns, 0),
+	}
+	if ek.MaxConns != nil && e.MaxConns <= 0 {
+		c.add("edge.max_conns", "must be positive, got %d (leave the key out to derive it from the open-file limit)", e.MaxConns)
 	}
 	if e.MaxTLSHandshakes <= 0 {
 		c.add("edge.max_tls_handshakes", "must be positive, got %d (leave the key out for the default %d)", e.MaxTLSHandshakes, DefaultMaxTLSHandshakes)

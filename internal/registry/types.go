@@ -95,6 +95,11 @@ type EdgeLimits struct {
 	// in flight at once (default 256).
 	TLSHandshakeTimeout time.Duration
 	MaxTLSHandshakes    int
+	// MaxConns is the most edge connections open at once, plain and TLS together; at it the
+	// connection idle longest is closed for a new one, and when none is idle a new one waits. 0, the
+	// default, leaves it to the serving process, which derives it from its open-file limit
+	// (cmd/activator).
+	MaxConns int
 }
 
 // Route returns the route with the given name, or nil.

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
+)
+
+// hog is a connection left open and idle after one answered request, as a keep-alive client leaves
+// it.
+type hog struct {
+	c  net.Conn
+	br *bufio.Reader
+}
+
+// openHogs opens n hogs to addr one after another, each sending request and reading its answer
+// before the next connects, and fails t, naming what, when one gets no answer.
+func openHogs(t *testing.T, addr, request, what string, n int) []*hog {
+	t.Helper()
+	hs := make([]*hog, n)
+	for i := range hs {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("%s %d: %v", what, i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		hs[i] = &hog{c: c, br: bufio.NewReader(c)}
+		if err := hs[i].ask(request); err != nil {
+			t.Fatalf("%s %d of %d got no answer (%v): the listener no longer takes connections", what, i, n, err)
+		}
+	}
+	return hs
+}
+
+// ask sends request on h and reads its answer within patience.
+func (h *hog) ask(request string) error {
+	_ = h.c.SetDeadline(time.Now().Add(patience))
+	if _, err := io.WriteString(h.c, request); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(h.br, nil)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// closedByActivator reports whether the activator closed h: a read ends in EOF or a reset, not in the
+// deadline (which only stops a failing test from hanging).
+func (h *hog) closedByActivator() bool {
+	_ = h.c.SetReadDeadline(time.Now().Add(patience))
+	_, err := h.br.ReadByte()
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// underFileLimit is a startServedAt tweak that runs the activator with an open-file limit of n, soft
+// and hard, from its first instruction (through util-linux's prlimit, which execs it), so that the
+// limit the activator reads at start is n.
+func underFileLimit(t *testing.T, n int) func(*exec.Cmd) {
+	t.Helper()
+	path, err := exec.LookPath("prlimit")
+	if err != nil {
+		testenv.Missing(t, "prlimit not installed (apt-get install -y util-linux)")
+	}
+	return func(c *exec.Cmd) {
+		c.Args = append([]string{"prlimit", fmt.Sprintf("--nofile=%d:%d", n, n), "--", c.Path}, c.Args[1:]...)
+		c.Path = path
+	}
+}
+
+// scrape returns the value of each series of the admin API's /metrics whose line starts with one of
+// names (a metric name with its labels, as the text format writes them); a series missing fails t.
+func scrape(t *testing.T, admin string, names ...string) map[string]float64 {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: patience}).Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	got := map[string]float64{}
+	for line := range strings.Lines(string(body)) {
+		for _, n := range names {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), n+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("scrape: %q: %v", line, err)
+				}
+				got[n] = f
+			}
+		}
+	}
+	for _, n := range names {
+		if _, ok := got[n]; !ok {
+			t.Fatalf("scrape: no series %s in /metrics", n)
+		}
+	}
+	return got
+}
+
+// TestEdgeConnectionCapKeepsWaking: idle edge connections cannot take the file descriptors a wake
+// needs. The activator runs under an open-file limit of 200 and leaves edge.max_conns to its default,
+// which that limit makes 128 (the limit, less admin_max_conns and a reserve of 64); 200 keep-alive
+// connections are opened, each left idle after one answered request, as any client can. Measured on
+// the commit before the cap, with the real binary and 19,990 such connections under a limit of 20,000:
+// accept4 failed with EMFILE on both listeners, and neither the edge nor the admin API answered
+// anything until the connections went (up to keepalive_timeout). Now each connection past the cap
+// closes the one idle longest, a cold route still wakes, and the metrics say so.
+func TestEdgeConnectionCapKeepsWaking(t *testing.T) {
+	const limit, wantCap, hogs = 200, 128, 200
+	app := appRoute{Name: "capped"}
+	s := startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), "admin_max_conns: 8\n"+configYAML(t, app), underFileLimit(t, limit))
+	if got := scrape(t, s.admin, `activator_connections_max{listener="edge"}`)[`activator_connections_max{listener="edge"}`]; got != wantCap {
+		t.Fatalf("edge cap under an open-file limit of %d: %v, want %d", limit, got, wantCap)
+	}
+	hs := openHogs(t, s.edge, "GET / HTTP/1.1\r\nHost: nosuch.test\r\n\r\n", "edge connection", hogs)
+	getOK(t, s.edge, app.host(), "a cold wake with the edge at its cap") // the spawn needs descriptors too
+	s.waitLogged(edgeCapMsg, 1)
+
+	m := scrape(t, s.admin, `activator_connections{listener="edge"}`, `activator_connections_closed_for_room_total{listener="edge"}`)
+	if open := m[`activator_connections{listener="edge"}`]; open > wantCap {
+		t.Errorf("%v edge connections open, over the cap of %d", open, wantCap)
+	}
+	if closed := m[`activator_connections_closed_for_room_total{listener="edge"}`]; closed < hogs+1-wantCap {
+		t.Errorf("%v edge connections closed for room, want at least %d", closed, hogs+1-wantCap)
+	}
+	// The oldest hogs were closed; the newest are open, and answer a second request without closing
+	// another (no connection is new).
+	if !hs[0].closedByActivator() {
+		t.Error("the connection idle longest was not closed")
+	}
+	for i := hogs - wantCap/2; i < hogs; i++ {
+		if err := hs[i].ask("GET / HTTP/1.1\r\nHost: nosuch.test\r\n\r\n"); err != nil {
+			t.Fatalf("edge connection %d, among the newest: %v", i, err)
+		}
+	}
+	if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.cmd.Process.Pid)); err == nil && len(fds) >= limit {
+		t.Errorf("the activator has %d files open, at its limit of %d", len(fds), limit)
+	}
+}
+
+// TestEdgeConnCap: the default edge cap is what the open-file limit leaves after admin_max_conns and
+// an eighth of the limit (at least 64); a cap set that leaves the rest less than 64 is kept, with a
+// warning naming the key.
+func TestEdgeConnCap(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		maxConns, admin int
+		nofile          uint64
+		want            int
+		warn            string // a part of the warning; "" for none
+	}{
+		{"default, a limit of 20000", 0, 128, 20000, 17372, ""},
+		{"default, the shipped unit's 65536", 0, 128, 65536, 57216, ""},
+		{"default, a low limit: the reserve's floor", 0, 8, 200, 128, ""},
+		{"default, a limit below what the rest needs", 0, 128, 100, minEdgeConns, ""},
+		{"set, with room", 1000, 128, 20000, 1000, ""},
+		{"set, leaving too little", 19900, 128, 20000, 19900, "edge.max_conns 19900 with admin_max_conns 128 leaves fewer than 64 of the open-file limit 20000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := &registry.Config{Edge: registry.EdgeLimits{MaxConns: tc.maxConns}, AdminAccess: registry.AdminAccess{MaxConns: tc.admin}}
+			got, warn := edgeConnCap(cfg, tc.nofile)
+			if got != tc.want {
+				t.Errorf("cap %d, want %d", got, tc.want)
+			}
+			if (tc.warn == "") != (warn == "") || !strings.Contains(warn, tc.warn) {
+				t.Errorf("warning %q, want one containing %q", warn, tc.warn)
+			}
+		})
+	}
+}

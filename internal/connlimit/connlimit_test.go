@@ -1,0 +1,273 @@
+package connlimit
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// patience bounds every wait of these tests, so that a failing one ends; none is a timing assertion.
+const patience = 30 * time.Second
+
+// served is an http.Server on loopback behind a Limit.
+type served struct {
+	addr  string
+	limit *Limit
+	ln    net.Listener
+	done  chan error // Serve's result
+}
+
+func serve(t *testing.T, n int, full func(Stats), h http.Handler) *served {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(n, full)
+	s := &served{addr: raw.Addr().String(), limit: l, ln: l.Listener(raw), done: make(chan error, 1)}
+	srv := &http.Server{Handler: h, ConnState: l.ConnState}
+	go func() { s.done <- srv.Serve(s.ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-s.done
+	})
+	return s
+}
+
+// client is one connection to a served.
+type client struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dial(t *testing.T, s *served) *client {
+	t.Helper()
+	c, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &client{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+func (c *client) send(path string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		c.t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+// answer reads one answer and returns its body.
+func (c *client) answer() string {
+	c.t.Helper()
+	_ = c.c.SetReadDeadline(time.Now().Add(patience))
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		c.t.Fatalf("reading an answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return string(b)
+}
+
+func (c *client) get(path string) string { c.t.Helper(); c.send(path); return c.answer() }
+
+// closedByServer reports whether the server closed c: a read gets EOF (or a reset) within patience.
+func (c *client) closedByServer() bool {
+	c.t.Helper()
+	_ = c.c.SetReadDeadline(time.Now().Add(patience))
+	_, err := c.br.ReadByte()
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// waits returns a channel that gets a value each time an Accept of s begins to wait for room.
+func waits(s *served) <-chan struct{} {
+	ch := make(chan struct{}, 8)
+	s.limit.mu.Lock()
+	s.limit.onWait = func() { ch <- struct{}{} }
+	s.limit.mu.Unlock()
+	return ch
+}
+
+// wait fails t unless ch gets a value within patience.
+func wait(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(patience):
+		t.Fatalf("%s: not within %v", what, patience)
+	}
+}
+
+func ok(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok "+r.URL.Path) }
+
+// At the cap, a new connection is served after the connection idle longest is closed; the younger
+// idle ones stay.
+func TestIdleClosedForRoom(t *testing.T) {
+	s := serve(t, 3, nil, http.HandlerFunc(ok))
+	cs := []*client{dial(t, s), dial(t, s), dial(t, s)}
+	for _, c := range cs {
+		c.get("/")
+	}
+	cs[0].get("/again") // cs[0] is now the youngest idle: cs[1] is the oldest
+	if got := dial(t, s).get("/new"); got != "ok /new" {
+		t.Fatalf("a fourth connection at a cap of 3 got %q, want it served", got)
+	}
+	if !cs[1].closedByServer() {
+		t.Fatal("the connection idle longest was not closed for room")
+	}
+	for _, i := range []int{0, 2} {
+		if got := cs[i].get("/still"); got != "ok /still" {
+			t.Fatalf("connection %d: %q after another was closed for room", i, got)
+		}
+	}
+	if st := s.limit.Stats(); st.Open != 3 || st.Closed != 1 {
+		t.Fatalf("stats %+v, want 3 open and 1 closed for room", st)
+	}
+}
+
+// A connection accepted that has not sent a whole request yet (a slow or silent client) may be closed
+// for room as an idle one may.
+func TestSilentClosedForRoom(t *testing.T) {
+	s := serve(t, 1, nil, http.HandlerFunc(ok))
+	silent := dial(t, s) // accepted before the next, which then finds it open and silent
+	if got := dial(t, s).get("/"); got != "ok /" {
+		t.Fatalf("got %q", got)
+	}
+	if !silent.closedByServer() {
+		t.Fatal("the silent connection was not closed for room")
+	}
+}
+
+// When every connection is in a request, a new one waits, unserved, until one goes idle (and is then
+// closed for it) or closes; a hijacked connection counts until it closes.
+func TestWaitsWhileAllBusy(t *testing.T) {
+	release, release2 := make(chan struct{}), make(chan struct{})
+	entered := make(chan string, 2)
+	hijacked := make(chan net.Conn, 1)
+	s := serve(t, 2, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/block":
+			entered <- r.URL.Path
+			<-release
+		case "/block2":
+			entered <- r.URL.Path
+			<-release2
+		case "/hijack":
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			hijacked <- c
+			return
+		}
+		ok(w, r)
+	}))
+	busy, taken := dial(t, s), dial(t, s)
+	busy.send("/block")
+	<-entered
+	taken.send("/hijack")
+	hc := <-hijacked
+	waited := waits(s)
+	waiter := dial(t, s)
+	waiter.send("/w")
+	wait(t, waited, "the third connection waiting")
+
+	close(release) // busy's request ends: it goes idle, and is closed for the waiter
+	if got := busy.answer(); got != "ok /block" {
+		t.Fatalf("busy: %q", got)
+	}
+	if got := waiter.answer(); got != "ok /w" {
+		t.Fatalf("waiter: %q", got)
+	}
+	if !busy.closedByServer() {
+		t.Fatal("busy, idle after its answer, was not closed for the waiter")
+	}
+
+	// Now the waiter is idle and the hijacked connection is out of the server's hands: a new
+	// connection takes the waiter's place; while it is in a request, one more waits for the hijacked
+	// connection to close.
+	third := dial(t, s)
+	third.send("/block2")
+	<-entered
+	if !waiter.closedByServer() {
+		t.Fatal("the waiter, idle, was not closed for a third connection")
+	}
+	fourth := dial(t, s)
+	fourth.send("/4")
+	wait(t, waited, "a connection waiting behind a busy one and a hijacked one")
+	hc.Close()
+	if got := fourth.answer(); got != "ok /4" {
+		t.Fatalf("fourth: %q", got)
+	}
+	close(release2)
+	if got := third.answer(); got != "ok /block2" {
+		t.Fatalf("third: %q", got)
+	}
+	if st := s.limit.Stats(); st.Open > 2 {
+		t.Fatalf("stats %+v: more open than the cap", st)
+	}
+}
+
+// Closing the listener ends a wait for room and closes the connection that waited.
+func TestCloseEndsWait(t *testing.T) {
+	release, entered := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	s := serve(t, 1, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { close(entered); <-release }))
+	dial(t, s).send("/block")
+	<-entered
+	waited := waits(s)
+	waiter := dial(t, s)
+	wait(t, waited, "the second connection waiting")
+	s.ln.Close()
+	select {
+	case err := <-s.done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Serve returned %v, want net.ErrClosed", err)
+		}
+		s.done <- err // for the cleanup
+	case <-time.After(patience):
+		t.Fatal("Serve did not return after its listener closed")
+	}
+	if !waiter.closedByServer() {
+		t.Fatal("the waiting connection was not closed with the listener")
+	}
+}
+
+// The full callback is told once, with the cap reached, however many connections then arrive.
+func TestFullToldOnce(t *testing.T) {
+	var mu sync.Mutex
+	var told []Stats
+	s := serve(t, 1, func(st Stats) { mu.Lock(); told = append(told, st); mu.Unlock() }, http.HandlerFunc(ok))
+	for range 3 {
+		dial(t, s).get("/")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(told) != 1 || told[0].Open != 1 || told[0].Max != 1 {
+		t.Fatalf("told %+v, want once with 1 open of 1", told)
+	}
+}
+
+// counted finds the Limit's connection under a *tls.Conn, so that closing for room does not write a
+// close_notify alert to a client that may not read it.
+func TestCountedUnderTLS(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	c := &conn{Conn: a, l: New(1, nil)}
+	if got := counted(tls.Server(c, &tls.Config{})); got != c {
+		t.Fatalf("counted under tls.Server: %v, want the Limit's conn", got)
+	}
+	if got := counted(a); got != nil {
+		t.Fatalf("counted of a connection not the Limit's: %v, want nil", got)
+	}
+}
