@@ -2,6 +2,7 @@ package connlimit
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -134,16 +135,21 @@ func TestIdleClosedForRoom(t *testing.T) {
 	}
 }
 
-// A connection accepted that has not sent a whole request yet (a slow or silent client) may be closed
-// for room as an idle one may.
+// A connection accepted that has not sent a whole request header yet (a silent client, or one
+// trickling its header) may be closed for room as an idle one may.
 func TestSilentClosedForRoom(t *testing.T) {
-	s := serve(t, 1, nil, http.HandlerFunc(ok))
-	silent := dial(t, s) // accepted before the next, which then finds it open and silent
-	if got := dial(t, s).get("/"); got != "ok /" {
-		t.Fatalf("got %q", got)
-	}
-	if !silent.closedByServer() {
-		t.Fatal("the silent connection was not closed for room")
+	for _, sent := range []string{"", "GET / HTTP/1.1\r\nHost: x\r\nX-Half: "} {
+		s := serve(t, 1, nil, http.HandlerFunc(ok))
+		slow := dial(t, s) // accepted before the next, which then finds it open and not yet in a request
+		if _, err := io.WriteString(slow.c, sent); err != nil {
+			t.Fatal(err)
+		}
+		if got := dial(t, s).get("/"); got != "ok /" {
+			t.Fatalf("after %q: got %q", sent, got)
+		}
+		if !slow.closedByServer() {
+			t.Fatalf("the connection that had sent %q was not closed for room", sent)
+		}
 	}
 }
 
@@ -270,4 +276,102 @@ func TestCountedUnderTLS(t *testing.T) {
 	if got := counted(a); got != nil {
 		t.Fatalf("counted of a connection not the Limit's: %v, want nil", got)
 	}
+}
+
+// An HTTP/2 connection (h2c, prior knowledge, as the edge serves it) may be closed for room once it
+// has no stream open, and not while one is: net/http's HTTP/2 server reports its connections' states
+// to the same ConnState hook.
+func TestHTTP2IdleClosedForRoom(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	l := New(2, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := &http.Server{ConnState: l.ConnState, Protocols: &protos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/block" {
+			close(entered)
+			<-release
+		}
+		io.WriteString(w, r.Proto)
+	})}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l.Listener(raw)) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+
+	// h2 returns an HTTP/2-only client, and a channel closed when its connection is closed by the
+	// server (its read loop, always reading, gets EOF).
+	h2 := func() (*http.Client, <-chan struct{}) {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		gone := make(chan struct{})
+		tr := &http.Transport{Protocols: &p, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &eofConn{Conn: c, gone: gone}, nil
+		}}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr, Timeout: patience}, gone
+	}
+	try := func(c *http.Client, path string) string { // the body, or the error's text
+		resp, err := c.Get("http://" + raw.Addr().String() + path)
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+
+	// busy goes idle first, then idle does: were busy's stream not seen, busy would be the one
+	// idle longest.
+	busy, busyGone := h2()
+	idle, idleGone := h2()
+	for _, c := range []*http.Client{busy, idle} {
+		if got := try(c, "/"); got != "HTTP/2.0" {
+			t.Fatalf("the h2c client got %q, want HTTP/2.0", got)
+		}
+	}
+	busyAnswer := make(chan string, 1)
+	go func() { busyAnswer <- try(busy, "/block") }()
+	wait(t, entered, "the busy stream reaching its handler")
+
+	if got := dial(t, &served{addr: raw.Addr().String()}).get("/new"); got != "HTTP/1.1" {
+		t.Fatalf("a third connection at a cap of 2: %q", got)
+	}
+	wait(t, idleGone, "the idle HTTP/2 connection closed for room")
+	close(release)
+	select {
+	case got := <-busyAnswer:
+		if got != "HTTP/2.0" {
+			t.Fatalf("the busy stream got %q", got)
+		}
+	case <-busyGone:
+		t.Fatal("the HTTP/2 connection with a stream open was closed for room")
+	case <-time.After(patience):
+		t.Fatal("the busy stream got no answer")
+	}
+	if st := l.Stats(); st.Closed != 1 {
+		t.Fatalf("stats %+v, want 1 closed for room", st)
+	}
+}
+
+// eofConn closes gone when a read of the connection fails.
+type eofConn struct {
+	net.Conn
+	once sync.Once
+	gone chan struct{}
+}
+
+func (c *eofConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(func() { close(c.gone) })
+	}
+	return n, err
 }
