@@ -18,7 +18,9 @@ const (
 // whose header is at the header limit: herds as runHerd sends them (the tenant held back until every
 // request is held or refused), for each -herd size, -herd-runs rounds, the two kinds alternating
 // within each round. The config is the default one, process-wide held caps included: requests the caps
-// refuse (503) are counted, and the memory is divided by the requests actually held.
+// refuse (503) are counted, and the memory is divided by the requests actually held. Only
+// edge.max_conns is raised to fit the herd (herdOnce): under the default, past it, requests wait
+// unheld until the first are answered, and the measurement would wait for them in vain.
 func runHeldMem(ctx context.Context, e *env) error {
 	kinds := []struct {
 		name string

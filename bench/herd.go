@@ -302,6 +302,10 @@ func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
 		argv: []string{"/bin/sh", "-c", script}, maxHeld: n + 1000, budget: "10m"}})
 	if h.caps {
 		cfg += h.edgeCaps()
+	} else {
+		// The connection cap, though, fits the herd: past it the herd's requests wait unheld, accepted
+		// and unserved, which is what the cap is for, not what a herd measures.
+		cfg += fmt.Sprintf("edge:\n  max_conns: %d\n", h.n+1000)
 	}
 	profile := os.Getenv("BENCH_HERD_PROFILE") // file prefix: a heap profile of the activator with every request held
 	act, err := startHerdActivator(ctx, e, dir, cfg, ports[0], ports[1], profile != "")

@@ -15,8 +15,8 @@ import (
 // also needs for its upstream connections, its tenants' pipes, cgroup files and probes. Before the
 // caps, 19,990 idle connections took every descriptor under a 20,000 limit: accept4 failed with EMFILE
 // on every listener, and nothing answered until they went. So each listener is capped (package
-// connlimit): at its cap the connection idle longest is closed for a new one, and a new one waits only
-// while every connection is in a request.
+// connlimit): at its cap the connection idle longest (or silent longest, past a grace) is closed for a
+// new one, and a new one waits only while no connection may be closed.
 
 // The warnings logged when a listener reaches its cap, at most once a minute each.
 const (

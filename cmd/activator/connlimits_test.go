@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/testenv"
 )
@@ -184,5 +185,83 @@ func TestEdgeConnCap(t *testing.T) {
 				t.Errorf("warning %q, want one containing %q", warn, tc.warn)
 			}
 		})
+	}
+}
+
+// TestEdgeCapKeepsAHerd: a herd larger than edge.max_conns loses no request: the requests past the
+// cap wait, accepted and unserved, and are answered as the herd's first answers free connections.
+// Measured with the harness's held-memory herd on f411858 (go run ./bench, 18,976 connections a
+// request each, the default cap of 17,372 under a limit of 20,000): 17,372 held, and 13,866 of the
+// 18,976 failed with a reset. Here, on that build, 40 of 368 failed, every one closed for room: at the
+// cap, each new connection closed one accepted before it whose request net/http had not read yet, which
+// the cap took for a silent client. (A parked request's connection, handed back through the resume
+// server, looked as new as that too.) The activator runs under an open-file limit of 400 (a default cap
+// of 328) and a route whose start waits for the test gets 40 requests more than the cap, each on its
+// own connection; once the cap's connections are all held the start goes on, and every request must
+// be answered 200 by the one spawn.
+func TestEdgeCapKeepsAHerd(t *testing.T) {
+	const limit, wantCap, extra = 400, 328, 40
+	hold := t.TempDir() + "/hold"
+	if err := os.WriteFile(hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	app := appRoute{Name: "herd", Env: map[string]string{"DEMOAPP_HOLD_FILE": hold}}
+	// 16 upstream connections at once, so that the release's dials fit in the reserve the cap leaves.
+	cfg := strings.Replace(configYAML(t, app), "    idle:", "    max_upstream_conns: 16\n    idle:", 1)
+	s := startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), "admin_max_conns: 8\n"+cfg, underFileLimit(t, limit))
+	if got := scrape(t, s.admin, `activator_connections_max{listener="edge"}`)[`activator_connections_max{listener="edge"}`]; got != wantCap {
+		t.Fatalf("edge cap under an open-file limit of %d: %v, want %d", limit, got, wantCap)
+	}
+	const n = wantCap + extra
+	type answer struct {
+		code int
+		pid  string
+		err  error
+	}
+	answers := make(chan answer, n)
+	for range n {
+		go func() {
+			c, err := net.Dial("tcp", s.edge)
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(patience))
+			if _, err := io.WriteString(c, "GET /pid HTTP/1.1\r\nHost: "+app.host()+"\r\n\r\n"); err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			answers <- answer{code: resp.StatusCode, pid: strings.TrimSpace(string(body)), err: err}
+		}()
+	}
+	s.waitStatus(app.Name, fmt.Sprintf("holding the cap's %d requests", wantCap), func(st activator.Status) bool { return st.Held >= wantCap })
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]int{}
+	var failed []string
+	for range n {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			failed = append(failed, a.err.Error())
+		case a.code != http.StatusOK:
+			failed = append(failed, fmt.Sprintf("status %d", a.code))
+		default:
+			pids[a.pid]++
+		}
+	}
+	if len(failed) > 0 {
+		t.Errorf("%d of %d requests failed; the first: %s", len(failed), n, failed[0])
+	}
+	if len(pids) != 1 {
+		t.Errorf("answered by %d processes (%v), want one spawn", len(pids), pids)
 	}
 }

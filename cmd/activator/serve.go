@@ -176,7 +176,7 @@ func serve(o serveOptions) int {
 	releaseLoadGarbage()
 	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
-	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ConnState // before watchEdge, which wraps it
+	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ResumedConnState // before watchEdge, which wraps it
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
 	access := activator.NewAdminAccess(adminPolicy(cfg))

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +23,39 @@ type served struct {
 	addr  string
 	limit *Limit
 	ln    net.Listener
+	reads chan int   // how many bytes each read of a served connection got, while there is room
 	done  chan error // Serve's result
+}
+
+// readsListener accepts connections that tell reads how much each of their reads got.
+type readsListener struct {
+	net.Listener
+	reads chan<- int
+}
+
+func (l *readsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &readsConn{TCPConn: c.(*net.TCPConn), reads: l.reads}, nil
+}
+
+// readsConn is a *net.TCPConn (its SyscallConn kept, for unreadBytes) that tells reads what it read.
+type readsConn struct {
+	*net.TCPConn
+	reads chan<- int
+}
+
+func (c *readsConn) Read(b []byte) (int, error) {
+	n, err := c.TCPConn.Read(b)
+	if n > 0 {
+		select {
+		case c.reads <- n:
+		default: // nobody is counting
+		}
+	}
+	return n, err
 }
 
 func serve(t *testing.T, n int, full func(Stats), h http.Handler) *served {
@@ -31,7 +65,8 @@ func serve(t *testing.T, n int, full func(Stats), h http.Handler) *served {
 		t.Fatal(err)
 	}
 	l := New(n, full)
-	s := &served{addr: raw.Addr().String(), limit: l, ln: l.Listener(raw), done: make(chan error, 1)}
+	s := &served{addr: raw.Addr().String(), limit: l, reads: make(chan int, 1024), done: make(chan error, 1)}
+	s.ln = l.Listener(&readsListener{Listener: raw, reads: s.reads})
 	srv := &http.Server{Handler: h, ConnState: l.ConnState}
 	go func() { s.done <- srv.Serve(s.ln) }()
 	t.Cleanup(func() {
@@ -136,19 +171,37 @@ func TestIdleClosedForRoom(t *testing.T) {
 }
 
 // A connection accepted that has not sent a whole request header yet (a silent client, or one
-// trickling its header) may be closed for room as an idle one may.
+// trickling its header) may be closed for room as an idle one may, once its grace is over (none here).
 func TestSilentClosedForRoom(t *testing.T) {
 	for _, sent := range []string{"", "GET / HTTP/1.1\r\nHost: x\r\nX-Half: "} {
 		s := serve(t, 1, nil, http.HandlerFunc(ok))
+		s.limit.mu.Lock()
+		s.limit.grace = 0
+		s.limit.mu.Unlock()
 		slow := dial(t, s) // accepted before the next, which then finds it open and not yet in a request
 		if _, err := io.WriteString(slow.c, sent); err != nil {
 			t.Fatal(err)
 		}
+		readAll(t, s, len(sent)) // else the half header is a request on its way in, which is not closed
 		if got := dial(t, s).get("/"); got != "ok /" {
 			t.Fatalf("after %q: got %q", sent, got)
 		}
 		if !slow.closedByServer() {
 			t.Fatalf("the connection that had sent %q was not closed for room", sent)
+		}
+	}
+}
+
+// readAll waits until s's server has read n bytes (what its one client sent), from the start.
+func readAll(t *testing.T, s *served, n int) {
+	t.Helper()
+	deadline := time.After(patience)
+	for got := 0; got < n; {
+		select {
+		case k := <-s.reads:
+			got += k
+		case <-deadline:
+			t.Fatalf("the server read %d of the %d bytes sent, in %v", got, n, patience)
 		}
 	}
 }
@@ -374,4 +427,172 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		c.once.Do(func() { close(c.gone) })
 	}
 	return n, err
+}
+
+// setGrace sets s's Limit's grace for fresh connections.
+func setGrace(s *served, d time.Duration) {
+	s.limit.mu.Lock()
+	s.limit.grace = d
+	s.limit.mu.Unlock()
+}
+
+// A connection that has sent nothing yet is kept for its grace: a new one at the cap waits, and is
+// served when the first closes, which is not counted as closed for room.
+func TestFreshKeptForItsGrace(t *testing.T) {
+	s := serve(t, 1, nil, http.HandlerFunc(ok))
+	setGrace(s, time.Hour)
+	waited := waits(s)
+	silent := dial(t, s) // StateNew before the next Accept: net/http sets it in its accept loop
+	next := dial(t, s)
+	next.send("/next")
+	wait(t, waited, "a connection at the cap waiting while the other is within its grace")
+	if st := s.limit.Stats(); st.Closed != 0 || st.Waiting != 1 {
+		t.Fatalf("stats %+v, want none closed for room and one waiting", st)
+	}
+	silent.c.Close()
+	if got := next.answer(); got != "ok /next" {
+		t.Fatalf("after the silent one closed: %q", got)
+	}
+	if st := s.limit.Stats(); st.Closed != 0 {
+		t.Fatalf("stats %+v, want none closed for room", st)
+	}
+}
+
+// Once its grace is over, a connection that has sent nothing is closed for the one waiting.
+func TestFreshClosedAfterItsGrace(t *testing.T) {
+	s := serve(t, 1, nil, http.HandlerFunc(ok))
+	setGrace(s, 50*time.Millisecond)
+	silent := dial(t, s)
+	if got := dial(t, s).get("/next"); got != "ok /next" {
+		t.Fatalf("got %q", got)
+	}
+	if !silent.closedByServer() {
+		t.Fatal("the silent connection was not closed for room after its grace")
+	}
+	if st := s.limit.Stats(); st.Closed != 1 {
+		t.Fatalf("stats %+v, want one closed for room", st)
+	}
+}
+
+// capped is a Limit of one connection, with no grace for fresh ones, over a loopback listener the test
+// accepts from itself (playing the server, which reports states by hand), and one connection accepted.
+type capped struct {
+	l      *Limit
+	ln     net.Listener
+	addr   string
+	waited chan struct{}
+	client net.Conn // the client side of c
+	c      net.Conn // accepted
+}
+
+func newCapped(t *testing.T) *capped {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &capped{l: New(1, nil), addr: raw.Addr().String(), waited: make(chan struct{}, 1)}
+	k.l.grace = 0
+	k.l.onWait = func() { k.waited <- struct{}{} }
+	k.ln = k.l.Listener(raw)
+	t.Cleanup(func() { k.ln.Close() })
+	if k.client, err = net.Dial("tcp", k.addr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.client.Close() })
+	if k.c, err = k.ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// second dials a second connection and accepts it in the background: it arrives on the channel
+// returned once the Limit has made room (nil if Accept failed).
+func (k *capped) second(t *testing.T) <-chan net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", k.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c2, err := k.ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c2
+	}()
+	return accepted
+}
+
+// closedForRoom waits for the second connection to be accepted and checks that the first was closed
+// for it.
+func (k *capped) closedForRoom(t *testing.T, accepted <-chan net.Conn) {
+	t.Helper()
+	select {
+	case c2 := <-accepted:
+		if c2 != nil {
+			c2.Close()
+		}
+	case <-time.After(patience):
+		t.Fatal("the second connection was not accepted once the first was idle")
+	}
+	_ = k.client.SetReadDeadline(time.Now().Add(patience))
+	if _, err := k.client.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the first connection, idle, was not closed for room: %v", err)
+	}
+	if st := k.l.Stats(); st.Closed != 1 {
+		t.Fatalf("stats %+v, want one closed for room", st)
+	}
+}
+
+// A connection handed to a server in the middle of a request (ResumedConnState: a parked one handed
+// back) is in that request from its StateNew, and is not closed for room until it is idle.
+func TestResumedNotClosedForRoom(t *testing.T) {
+	k := newCapped(t)
+	k.l.ResumedConnState(k.c, http.StateNew)
+	accepted := k.second(t)
+	wait(t, k.waited, "the second connection waiting")
+	if st := k.l.Stats(); st.Closed != 0 {
+		t.Fatalf("stats %+v: the resumed connection was closed for room", st)
+	}
+	k.l.ResumedConnState(k.c, http.StateActive)
+	k.l.ResumedConnState(k.c, http.StateIdle)
+	k.closedForRoom(t, accepted)
+}
+
+// A connection whose client has sent a request the server has not read yet is not closed for room,
+// grace or not: it is a request on its way in. It may be once it is idle after its answer. The server
+// is played by the test, which accepts and reports states itself, so that the request stays unread.
+func TestArrivingNotClosedForRoom(t *testing.T) {
+	k := newCapped(t)
+	k.l.ConnState(k.c, http.StateNew)
+	const req = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	if _, err := io.WriteString(k.client, req); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ { // loopback delivers within the write; bounded all the same
+		if n, err := unreadBytes(k.c.(*conn).Conn); err != nil {
+			t.Fatal(err)
+		} else if n == len(req) {
+			break
+		}
+		if i == 1e6 {
+			t.Fatal("the request never reached the server's socket")
+		}
+		runtime.Gosched()
+	}
+	accepted := k.second(t)
+	wait(t, k.waited, "the second connection waiting")
+	if st := k.l.Stats(); st.Closed != 0 {
+		t.Fatalf("stats %+v: the connection with its request unread was closed for room", st)
+	}
+	// Read and answered: idle, and now closed for the second.
+	if _, err := io.ReadFull(k.c, make([]byte, len(req))); err != nil {
+		t.Fatal(err)
+	}
+	k.l.ConnState(k.c, http.StateActive)
+	k.l.ConnState(k.c, http.StateIdle)
+	k.closedForRoom(t, accepted)
 }

@@ -96,7 +96,8 @@ type EdgeLimits struct {
 	TLSHandshakeTimeout time.Duration
 	MaxTLSHandshakes    int
 	// MaxConns is the most edge connections open at once, plain and TLS together; at it the
-	// connection idle longest is closed for a new one, and when none is idle a new one waits. 0, the
+	// connection idle longest (or silent longest) is closed for a new one, and when none may be a new
+	// one waits (package connlimit). 0, the
 	// default, leaves it to the serving process, which derives it from its open-file limit
 	// (cmd/activator).
 	MaxConns int
