@@ -75,7 +75,7 @@ type entry struct {
 // connection arrives and finds n open, at most once a minute, with the Limit's counts then; it must
 // not block.
 func New(n int, full func(Stats)) *Limit {
-	l := &Limit{max: max(n, 1), full: full, conns: make(map[net.Conn]*entry), grace: freshGrace}
+	l := &Limit{max: max(n, 1), full: full, conns: make(map[net.Conn]*entry), grace: freshGrace} // grace > 0: admit would spin on an arriving connection
 	l.room.L = &l.mu
 	l.idle.prev, l.idle.next = &l.idle, &l.idle
 	l.fresh.prev, l.fresh.next = &l.fresh, &l.fresh
@@ -146,13 +146,15 @@ func (l *Limit) admit(done <-chan struct{}) bool {
 			continue
 		}
 		if e := l.closableLocked(); e != nil {
-			l.unlinkLocked(e)
 			if e.arriving() {
 				// Its client has sent what the server has not read yet: a request on its way in, which
-				// the server is only slow to start on (a herd arriving at the cap). It is not closable
-				// until it goes idle after its answer, which links it again.
+				// the server is only slow to start on (a herd arriving at the cap). It starts a new
+				// grace, as if it had just connected: its request's header read, it is in a request and
+				// off the lists; a header that stalls part way, and so stays fresh, may be closed after.
+				l.freshLocked(e)
 				continue
 			}
+			l.unlinkLocked(e)
 			l.closed++
 			l.mu.Unlock()
 			e.evict()
@@ -260,10 +262,7 @@ func (l *Limit) connState(c net.Conn, s http.ConnState, resumed bool) {
 		e := &entry{c: c, inner: counted(c)}
 		l.conns[c] = e
 		if !resumed {
-			// Nothing read yet: it may be closed for room once its grace is over.
-			e.since = time.Now()
-			e.prev, e.next = l.fresh.prev, &l.fresh
-			e.prev.next, l.fresh.prev = e, e
+			l.freshLocked(e) // nothing read yet: it may be closed for room once its grace is over
 		}
 	case http.StateIdle:
 		if e := l.conns[c]; e != nil {
@@ -289,6 +288,14 @@ func (l *Limit) idleLocked(e *entry) {
 	if l.waiting > 0 {
 		l.room.Signal()
 	}
+}
+
+// freshLocked puts e at the young end of the fresh list, its grace starting now.
+func (l *Limit) freshLocked(e *entry) {
+	l.unlinkLocked(e)
+	e.since = time.Now()
+	e.prev, e.next = l.fresh.prev, &l.fresh
+	e.prev.next, l.fresh.prev = e, e
 }
 
 func (l *Limit) unlinkLocked(e *entry) {

@@ -23,8 +23,9 @@ type served struct {
 	addr  string
 	limit *Limit
 	ln    net.Listener
-	reads chan int   // how many bytes each read of a served connection got, while there is room
-	done  chan error // Serve's result
+	reads chan int      // how many bytes each read of a served connection got, while there is room
+	idled chan struct{} // a value each time a connection goes idle (after the Limit knows), while there is room
+	done  chan error    // Serve's result
 }
 
 // readsListener accepts connections that tell reads how much each of their reads got.
@@ -65,9 +66,17 @@ func serve(t *testing.T, n int, full func(Stats), h http.Handler) *served {
 		t.Fatal(err)
 	}
 	l := New(n, full)
-	s := &served{addr: raw.Addr().String(), limit: l, reads: make(chan int, 1024), done: make(chan error, 1)}
+	s := &served{addr: raw.Addr().String(), limit: l, reads: make(chan int, 1024), idled: make(chan struct{}, 1024), done: make(chan error, 1)}
 	s.ln = l.Listener(&readsListener{Listener: raw, reads: s.reads})
-	srv := &http.Server{Handler: h, ConnState: l.ConnState}
+	srv := &http.Server{Handler: h, ConnState: func(c net.Conn, st http.ConnState) {
+		l.ConnState(c, st)
+		if st == http.StateIdle {
+			select {
+			case s.idled <- struct{}{}:
+			default: // nobody is counting
+			}
+		}
+	}}
 	go func() { s.done <- srv.Serve(s.ln) }()
 	t.Cleanup(func() {
 		srv.Close()
@@ -150,10 +159,14 @@ func ok(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok "+r.URL.
 func TestIdleClosedForRoom(t *testing.T) {
 	s := serve(t, 3, nil, http.HandlerFunc(ok))
 	cs := []*client{dial(t, s), dial(t, s), dial(t, s)}
+	// Each answer reaches its client before its server goroutine reports the connection idle: wait for
+	// that, or the order the Limit sees may not be the order of the answers.
 	for _, c := range cs {
 		c.get("/")
+		wait(t, s.idled, "the connection going idle")
 	}
 	cs[0].get("/again") // cs[0] is now the youngest idle: cs[1] is the oldest
+	wait(t, s.idled, "the connection going idle again")
 	if got := dial(t, s).get("/new"); got != "ok /new" {
 		t.Fatalf("a fourth connection at a cap of 3 got %q, want it served", got)
 	}
@@ -474,7 +487,7 @@ func TestFreshClosedAfterItsGrace(t *testing.T) {
 	}
 }
 
-// capped is a Limit of one connection, with no grace for fresh ones, over a loopback listener the test
+// capped is a Limit of one connection, with a grace of a millisecond for fresh ones, over a loopback listener the test
 // accepts from itself (playing the server, which reports states by hand), and one connection accepted.
 type capped struct {
 	l      *Limit
@@ -492,8 +505,13 @@ func newCapped(t *testing.T) *capped {
 		t.Fatal(err)
 	}
 	k := &capped{l: New(1, nil), addr: raw.Addr().String(), waited: make(chan struct{}, 1)}
-	k.l.grace = 0
-	k.l.onWait = func() { k.waited <- struct{}{} }
+	k.l.grace = time.Millisecond // short, not 0: an arriving connection starts its grace again
+	k.l.onWait = func() {
+		select {
+		case k.waited <- struct{}{}:
+		default: // the grace's timer wakes the wait again and again
+		}
+	}
 	k.ln = k.l.Listener(raw)
 	t.Cleanup(func() { k.ln.Close() })
 	if k.client, err = net.Dial("tcp", k.addr); err != nil {
@@ -563,36 +581,42 @@ func TestResumedNotClosedForRoom(t *testing.T) {
 }
 
 // A connection whose client has sent a request the server has not read yet is not closed for room,
-// grace or not: it is a request on its way in. It may be once it is idle after its answer. The server
-// is played by the test, which accepts and reports states itself, so that the request stays unread.
+// grace or not: it is a request on its way in, and starts its grace again each time it is found so.
+// It may be closed once it is idle after its answer, or, if what it sent turns out to be a header
+// stalled part way (read, and still no request), once that new grace is over. The server is played by
+// the test, which accepts and reports states itself, so that the request stays unread.
 func TestArrivingNotClosedForRoom(t *testing.T) {
-	k := newCapped(t)
-	k.l.ConnState(k.c, http.StateNew)
-	const req = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-	if _, err := io.WriteString(k.client, req); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; ; i++ { // loopback delivers within the write; bounded all the same
-		if n, err := unreadBytes(k.c.(*conn).Conn); err != nil {
+	for _, answered := range []bool{true, false} {
+		k := newCapped(t)
+		k.l.ConnState(k.c, http.StateNew)
+		const req = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+		if _, err := io.WriteString(k.client, req); err != nil {
 			t.Fatal(err)
-		} else if n == len(req) {
-			break
 		}
-		if i == 1e6 {
-			t.Fatal("the request never reached the server's socket")
+		for i := 0; ; i++ { // loopback delivers within the write; bounded all the same
+			if n, err := unreadBytes(k.c.(*conn).Conn); err != nil {
+				t.Fatal(err)
+			} else if n == len(req) {
+				break
+			}
+			if i == 1e6 {
+				t.Fatal("the request never reached the server's socket")
+			}
+			runtime.Gosched()
 		}
-		runtime.Gosched()
+		accepted := k.second(t)
+		wait(t, k.waited, "the second connection waiting")
+		wait(t, k.waited, "the second connection waiting again, after the first's new grace") // the timer's
+		if st := k.l.Stats(); st.Closed != 0 {
+			t.Fatalf("stats %+v: the connection with its request unread was closed for room", st)
+		}
+		if _, err := io.ReadFull(k.c, make([]byte, len(req))); err != nil {
+			t.Fatal(err)
+		}
+		if answered {
+			k.l.ConnState(k.c, http.StateActive)
+			k.l.ConnState(k.c, http.StateIdle)
+		}
+		k.closedForRoom(t, accepted)
 	}
-	accepted := k.second(t)
-	wait(t, k.waited, "the second connection waiting")
-	if st := k.l.Stats(); st.Closed != 0 {
-		t.Fatalf("stats %+v: the connection with its request unread was closed for room", st)
-	}
-	// Read and answered: idle, and now closed for the second.
-	if _, err := io.ReadFull(k.c, make([]byte, len(req))); err != nil {
-		t.Fatal(err)
-	}
-	k.l.ConnState(k.c, http.StateActive)
-	k.l.ConnState(k.c, http.StateIdle)
-	k.closedForRoom(t, accepted)
 }
