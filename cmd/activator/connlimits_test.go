@@ -202,66 +202,116 @@ func TestEdgeConnCap(t *testing.T) {
 func TestEdgeCapKeepsAHerd(t *testing.T) {
 	const limit, wantCap, extra = 400, 328, 40
 	hold := t.TempDir() + "/hold"
-	if err := os.WriteFile(hold, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	app := appRoute{Name: "herd", Env: map[string]string{"DEMOAPP_HOLD_FILE": hold}}
 	// 16 upstream connections at once, so that the release's dials fit in the reserve the cap leaves.
 	cfg := strings.Replace(configYAML(t, app), "    idle:", "    max_upstream_conns: 16\n    idle:", 1)
 	s := startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), "admin_max_conns: 8\n"+cfg, underFileLimit(t, limit))
-	if got := scrape(t, s.admin, `activator_connections_max{listener="edge"}`)[`activator_connections_max{listener="edge"}`]; got != wantCap {
-		t.Fatalf("edge cap under an open-file limit of %d: %v, want %d", limit, got, wantCap)
-	}
-	const n = wantCap + extra
-	type answer struct {
-		code int
-		pid  string
-		err  error
-	}
-	answers := make(chan answer, n)
-	for range n {
-		go func() {
-			c, err := net.Dial("tcp", s.edge)
-			if err != nil {
-				answers <- answer{err: err}
-				return
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(patience))
-			if _, err := io.WriteString(c, "GET /pid HTTP/1.1\r\nHost: "+app.host()+"\r\n\r\n"); err != nil {
-				answers <- answer{err: err}
-				return
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				answers <- answer{err: err}
-				return
-			}
-			body, err := io.ReadAll(resp.Body)
-			answers <- answer{code: resp.StatusCode, pid: strings.TrimSpace(string(body)), err: err}
-		}()
-	}
-	s.waitStatus(app.Name, fmt.Sprintf("holding the cap's %d requests", wantCap), func(st activator.Status) bool { return st.Held >= wantCap })
-	if err := os.Remove(hold); err != nil {
-		t.Fatal(err)
-	}
+	wantEdgeCap(t, s, limit, wantCap)
 	pids := map[string]int{}
 	var failed []string
-	for range n {
-		a := <-answers
+	for _, a := range heldHerd(t, s, app, hold, "/pid", wantCap+extra, wantCap) {
 		switch {
 		case a.err != nil:
 			failed = append(failed, a.err.Error())
 		case a.code != http.StatusOK:
 			failed = append(failed, fmt.Sprintf("status %d", a.code))
 		default:
-			pids[a.pid]++
+			pids[a.body]++
 		}
 	}
 	if len(failed) > 0 {
-		t.Errorf("%d of %d requests failed; the first: %s", len(failed), n, failed[0])
+		t.Errorf("%d of %d requests failed; the first: %s", len(failed), wantCap+extra, failed[0])
 	}
 	if len(pids) != 1 {
 		t.Errorf("answered by %d processes (%v), want one spawn", len(pids), pids)
 	}
+}
+
+// TestUpstreamOutOfFiles: a request whose upstream connection cannot be opened because the activator
+// is out of file descriptors is answered 503 with Retry-After, as the edge answers when it is full:
+// the tenant did nothing wrong, and the request may succeed in a second. Measured on 09fcd3f with a herd
+// at the edge's cap under a 400-file limit: upstream dials failed with "socket: too many open files"
+// and their requests got 502, as if the tenant had broken the exchange. Here the cap's 328 requests are
+// held, then released on a route allowed 256 upstream connections, each answer taking 300ms, so that
+// 328 edge and 256 upstream connections need more than the limit.
+func TestUpstreamOutOfFiles(t *testing.T) {
+	const limit, wantCap = 400, 328
+	hold := t.TempDir() + "/hold"
+	app := appRoute{Name: "herd", Env: map[string]string{"DEMOAPP_HOLD_FILE": hold}}
+	s := startServedAt(t, freeLoopbackAddr(t), freeLoopbackAddr(t), "admin_max_conns: 8\n"+configYAML(t, app), underFileLimit(t, limit))
+	wantEdgeCap(t, s, limit, wantCap)
+	codes := map[int]int{}
+	for _, a := range heldHerd(t, s, app, hold, "/slow?d=300ms", wantCap, wantCap) {
+		if a.err != nil {
+			t.Fatalf("a request got no answer: %v", a.err)
+		}
+		codes[a.code]++
+		if a.code == http.StatusServiceUnavailable && a.retryAfter == "" {
+			t.Errorf("503 without Retry-After: %s", a.body)
+		}
+	}
+	if codes[http.StatusServiceUnavailable] == 0 || codes[http.StatusOK]+codes[http.StatusServiceUnavailable] != wantCap {
+		t.Errorf("answers by status: %v; want 200s and, for the upstream connections past the limit, 503s, and nothing else", codes)
+	}
+	t.Logf("answers by status: %v", codes)
+	s.waitLogged("the activator is out of file descriptors", 1)
+}
+
+// wantEdgeCap fails t unless s's edge cap is want, under an open-file limit of limit.
+func wantEdgeCap(t *testing.T, s *served, limit, want int) {
+	t.Helper()
+	const series = `activator_connections_max{listener="edge"}`
+	if got := scrape(t, s.admin, series)[series]; got != float64(want) {
+		t.Fatalf("edge cap under an open-file limit of %d: %v, want %d", limit, got, want)
+	}
+}
+
+// herdAnswer is one answer heldHerd got.
+type herdAnswer struct {
+	code       int
+	retryAfter string
+	body       string // trimmed
+	err        error
+}
+
+// heldHerd sends n GETs of path to app, each on a connection of its own, while app's start waits for
+// hold (DEMOAPP_HOLD_FILE, made here): once the route holds held of them, it lets the start go on,
+// and returns every answer.
+func heldHerd(t *testing.T, s *served, app appRoute, hold, path string, n, held int) []herdAnswer {
+	t.Helper()
+	if err := os.WriteFile(hold, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan herdAnswer, n)
+	for range n {
+		go func() {
+			c, err := net.Dial("tcp", s.edge)
+			if err != nil {
+				answers <- herdAnswer{err: err}
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(patience))
+			if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: "+app.host()+"\r\n\r\n"); err != nil {
+				answers <- herdAnswer{err: err}
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				answers <- herdAnswer{err: err}
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			answers <- herdAnswer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: strings.TrimSpace(string(body)), err: err}
+		}()
+	}
+	s.waitStatus(app.Name, fmt.Sprintf("holding %d requests", held), func(st activator.Status) bool { return st.Held >= held })
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]herdAnswer, n)
+	for i := range out {
+		out[i] = <-answers
+	}
+	return out
 }

@@ -165,6 +165,9 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, be.RetryAfter
 	case errors.As(err, &we):
 		return http.StatusServiceUnavailable, we.RetryAfter
+	case errors.As(err, &ue) && outOfFiles(ue.Err):
+		// The edge could not open a socket to the tenant: the edge is full, not the tenant broken.
+		return http.StatusServiceUnavailable, time.Second
 	case errors.As(err, &ue), errors.As(err, &se):
 		return http.StatusBadGateway, 0
 	}

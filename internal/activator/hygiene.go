@@ -544,8 +544,15 @@ func upstreamCause(err error) string {
 		return "timeout"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 		return "unreachable"
+	case outOfFiles(err):
+		return "the activator is out of file descriptors"
 	}
 	return "bad exchange"
+}
+
+// outOfFiles reports whether err is the process's (EMFILE) or the system's (ENFILE) open-file limit.
+func outOfFiles(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // withoutAddresses replaces the network addresses in an error's text with "<address>": IP literals

@@ -49,6 +49,10 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 	return slot.Load()
 }
 
+// outOfFilesMsg is logged for a request answered 503 because its upstream connection could not be
+// opened for want of a file descriptor.
+const outOfFilesMsg = "the activator is out of file descriptors"
+
 // upstreamFailed answers a request whose upstream exchange failed, on either path of the client.
 func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
 	sw, ok := w.(*statusWriter)
@@ -56,9 +60,14 @@ func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err e
 		sw = &statusWriter{ResponseWriter: w} // only a test calls the client with another writer
 	}
 	ue := &UpstreamError{Route: in.route.Name, Err: err}
-	if code, _ := statusFor(ue); code == http.StatusBadGateway && r.Context().Err() == nil {
+	switch code, _ := statusFor(ue); {
+	case r.Context().Err() != nil: // the client left: nothing failed that it will see
+	case code == http.StatusBadGateway:
 		// The client is told the failure's class alone (clientMessage); the whole error is logged.
 		in.logger().Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case outOfFiles(err):
+		in.logger().Warn(outOfFilesMsg, "method", r.Method, "path", r.URL.Path, "err", err,
+			"fix", "raise the open-file limit (LimitNOFILE= in the unit), or lower edge.max_conns to leave more of it for upstream connections")
 	}
 	sw.fail(r, ue)
 }
