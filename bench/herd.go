@@ -300,13 +300,7 @@ func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
 	script := fmt.Sprintf("read _ < %s; exec %s app", strconv.Quote(fifo), strconv.Quote(e.actBin))
 	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: "herd", hosts: []string{"herd.localhost"}, port: ports[2],
 		argv: []string{"/bin/sh", "-c", script}, maxHeld: n + 1000, budget: "10m"}})
-	if h.caps {
-		cfg += h.edgeCaps()
-	} else {
-		// The connection cap, though, fits the herd: past it the herd's requests wait unheld, accepted
-		// and unserved, which is what the cap is for, not what a herd measures.
-		cfg += fmt.Sprintf("edge:\n  max_conns: %d\n", h.n+1000)
-	}
+	cfg += h.edgeCaps()
 	profile := os.Getenv("BENCH_HERD_PROFILE") // file prefix: a heap profile of the activator with every request held
 	act, err := startHerdActivator(ctx, e, dir, cfg, ports[0], ports[1], profile != "")
 	if err != nil {
@@ -438,13 +432,19 @@ func herdOnce(ctx context.Context, e *env, h herdSpec) (HerdRow, error) {
 	return row, nil
 }
 
-// edgeCaps is the config's edge block with the process-wide caps raised to fit the herd: a thousand
-// requests and, for each, its size and 1 KiB more, beyond the herd (the hold caps never below their
-// defaults), and as many connections (the default edge.max_conns leaves an eighth of the open-file
-// limit for the rest, which an HTTP/1.1 herd at the limit needs).
+// edgeCaps is the config's edge block for the herd. Its connection cap always fits the herd, a
+// thousand connections beyond it: past the cap the herd's requests would wait unheld, accepted and
+// unserved, which is what the cap is for, not what a herd measures (and the default edge.max_conns
+// leaves an eighth of the open-file limit for the rest, which an HTTP/1.1 herd at the limit needs).
+// With h.caps the process-wide hold caps are raised to fit it too: a thousand requests and, for
+// each, its size and 1 KiB more, beyond the herd (never below their defaults).
 func (h herdSpec) edgeCaps() string {
-	return fmt.Sprintf("edge:\n  max_held: %d\n  max_held_bytes: %d\n  max_conns: %d\n",
-		max(20000, h.n+1000), max(256<<20, int64(h.n+1000)*int64(h.requestBytes()+1<<10)), h.n+1000)
+	b := fmt.Sprintf("edge:\n  max_conns: %d\n", h.n+1000)
+	if h.caps {
+		b += fmt.Sprintf("  max_held: %d\n  max_held_bytes: %d\n",
+			max(20000, h.n+1000), max(256<<20, int64(h.n+1000)*int64(h.requestBytes()+1<<10)))
+	}
+	return b
 }
 
 // herdClients returns how a herd's i-th request is sent (dial, write, call written, read the whole

@@ -253,7 +253,6 @@ func TestUpstreamOutOfFiles(t *testing.T) {
 	if codes[http.StatusServiceUnavailable] == 0 || codes[http.StatusOK]+codes[http.StatusServiceUnavailable] != wantCap {
 		t.Errorf("answers by status: %v; want 200s and, for the upstream connections past the limit, 503s, and nothing else", codes)
 	}
-	t.Logf("answers by status: %v", codes)
 	s.waitLogged("the activator is out of file descriptors", 1)
 }
 

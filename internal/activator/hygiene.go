@@ -545,7 +545,7 @@ func upstreamCause(err error) string {
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 		return "unreachable"
 	case outOfFiles(err):
-		return "the activator is out of file descriptors"
+		return outOfFilesMsg
 	}
 	return "bad exchange"
 }

@@ -95,8 +95,8 @@ func (l *Limit) statsLocked() Stats {
 
 // Listener returns ln counted against l. Its Accept returns a connection only when fewer than the cap
 // are open, first closing a connection for room when the cap is reached (see the package comment), and
-// else waiting for room with the new connection accepted (so up to one connection per listener is open beyond the
-// cap, unserved). Closing the Listener ends such a wait; the connection waiting is closed.
+// else waiting for room with the new connection accepted (so up to one connection per listener is
+// open beyond the cap, unserved). Closing the Listener ends such a wait; the connection waiting is closed.
 func (l *Limit) Listener(ln net.Listener) net.Listener {
 	return &listener{Listener: ln, l: l, done: make(chan struct{})}
 }

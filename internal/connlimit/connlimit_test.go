@@ -188,9 +188,7 @@ func TestIdleClosedForRoom(t *testing.T) {
 func TestSilentClosedForRoom(t *testing.T) {
 	for _, sent := range []string{"", "GET / HTTP/1.1\r\nHost: x\r\nX-Half: "} {
 		s := serve(t, 1, nil, http.HandlerFunc(ok))
-		s.limit.mu.Lock()
-		s.limit.grace = 0
-		s.limit.mu.Unlock()
+		setGrace(s, 0)
 		slow := dial(t, s) // accepted before the next, which then finds it open and not yet in a request
 		if _, err := io.WriteString(slow.c, sent); err != nil {
 			t.Fatal(err)
@@ -487,8 +485,9 @@ func TestFreshClosedAfterItsGrace(t *testing.T) {
 	}
 }
 
-// capped is a Limit of one connection, with a grace of a millisecond for fresh ones, over a loopback listener the test
-// accepts from itself (playing the server, which reports states by hand), and one connection accepted.
+// capped is a Limit of one connection, with a grace of a millisecond for fresh ones, over a loopback
+// listener the test accepts from itself (playing the server, which reports states by hand), and one
+// connection accepted.
 type capped struct {
 	l      *Limit
 	ln     net.Listener
