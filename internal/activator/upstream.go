@@ -6,7 +6,9 @@ package activator
 import (
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/upstream"
@@ -39,14 +41,49 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 	if c := slot.Load(); c != nil {
 		return c
 	}
+	u := &unaskedLog{in: in, upstream: r.Upstream.Address}
 	slot.CompareAndSwap(nil, upstream.New(upstream.Options{
 		Network:      r.Upstream.Network,
 		Address:      r.Upstream.Address,
 		MaxConns:     upstreamConns(r),
 		TrustedProxy: in.trusted,
 		ErrorHandler: in.upstreamFailed,
+		OnUnasked:    u.note,
 	}))
 	return slot.Load()
+}
+
+// unaskedEvery is how often, at most, a route logs the upstream connections it closed for bytes no
+// request asked for: a tenant with that bug has it on every answer, and a line each would flood the log.
+const unaskedEvery = time.Minute
+
+// unaskedLog reports the upstream connections one client closed because the tenant sent bytes on them
+// with no request pending (upstream.Options.OnUnasked): the first at once, then at most one line per
+// unaskedEvery, each with the count since the line before.
+type unaskedLog struct {
+	in       *instance
+	upstream string // the address, which tells fleet members apart
+
+	mu     sync.Mutex // guards the fields below
+	n      int        // closed since the last line
+	logged time.Time  // when the last line was written; zero: never
+}
+
+func (u *unaskedLog) note() {
+	u.mu.Lock()
+	u.n++
+	now := u.in.now()
+	if !u.logged.IsZero() && now.Sub(u.logged) < unaskedEvery {
+		u.mu.Unlock()
+		return
+	}
+	n := u.n
+	u.n, u.logged = 0, now
+	u.mu.Unlock()
+	u.in.logger().Warn("the tenant sent bytes no request asked for; closed that upstream connection unused",
+		"upstream", u.upstream, "connections", n,
+		"cause", "a body longer than its Content-Length, or a write after the answer (a second answer, an error page)",
+		"why", "read as the next request's answer, they would have gone to another client")
 }
 
 // outOfFilesMsg is logged for a request answered 503 because its upstream connection could not be

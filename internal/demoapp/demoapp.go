@@ -21,10 +21,14 @@
 //
 // Endpoints: / (body), /healthz, /echo (echoes the request body), /sse?n=3 (server-sent events,
 // flushed one by one), /ws (WebSocket echo), /pid, /bound (JSON: pid, main_ns, bound_ns, wall clock
-// unix nanoseconds), /slow?d=100ms.
+// unix nanoseconds), /slow?d=100ms, and /twice, a tenant bug on purpose: it answers "the answer",
+// then, once /twice/release is asked (which answers after it), writes a second answer no request asked
+// for (500, "a second answer nobody asked for", as a framework writing its error page after the
+// handler's answer) and closes the connection.
 package demoapp
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -203,6 +207,34 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		}
 		fmt.Fprintln(w, "slow done")
 	})
+	release := make(chan chan struct{})
+	mux.HandleFunc("/twice", func(w http.ResponseWriter, r *http.Request) {
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		writeRaw(bw, "200 OK", "the answer\n")
+		var done chan struct{}
+		select {
+		case done = <-release:
+		case <-r.Context().Done():
+			return
+		}
+		writeRaw(bw, "500 Internal Server Error", "a second answer nobody asked for\n")
+		close(done)
+	})
+	mux.HandleFunc("/twice/release", func(w http.ResponseWriter, r *http.Request) {
+		done := make(chan struct{})
+		select {
+		case release <- done:
+		case <-r.Context().Done():
+			return
+		}
+		<-done
+		fmt.Fprintln(w, "released")
+	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		if n <= 0 {
@@ -242,4 +274,10 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		}
 	})
 	return mux
+}
+
+// writeRaw writes a whole HTTP/1.1 answer, status and a text body, to bw and flushes it.
+func writeRaw(bw *bufio.ReadWriter, status, body string) {
+	fmt.Fprintf(bw, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s", status, len(body), body)
+	_ = bw.Flush()
 }

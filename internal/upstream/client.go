@@ -65,6 +65,13 @@ type Options struct {
 	// passed on (dial refused, connection reset, no answer); r's context may have ended. Nil answers
 	// 502 with no body.
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// OnUnasked, which may be nil, is called each time a kept-alive connection is closed because the
+	// upstream sent bytes no request asked for: found buffered when an answer has been read to its
+	// end, or waiting in the socket before a request would have been written on it. The upstream sent
+	// a body longer than its Content-Length, or wrote after its answer. (One the upstream closed while
+	// idle is dropped without a call: that is an idle timeout of its own.) It runs in the request's
+	// goroutine and must not block.
+	OnUnasked func()
 }
 
 // Client is the edge's client to one upstream. It is safe for concurrent use. Its connections live
@@ -84,6 +91,7 @@ func New(opts Options) *Client {
 		onError = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
 	}
 	p := newPool(opts.Network, opts.Address, opts.MaxConns)
+	p.unasked = opts.OnUnasked
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

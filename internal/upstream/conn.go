@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +37,8 @@ type Conn struct {
 	head  plainHead
 	resp  http.Response
 	fixed fixedBody
+
+	peek [1]byte // idle's buffer, kept here so that the check allocates nothing
 }
 
 // NewConn wraps c with 4 KiB buffers: they carry request and response heads; bodies larger than the
@@ -126,6 +129,48 @@ func (c *Conn) Get(head []byte) (*http.Response, error) {
 // Clean reports whether nothing the upstream sent is buffered unread: after an answer read to its end,
 // the connection can carry another request.
 func (c *Conn) Clean() bool { return c.br.Buffered() == 0 }
+
+// idleState is what an idle connection's upstream did since its last answer was read (Conn.idle).
+type idleState int
+
+const (
+	idleQuiet  idleState = iota // nothing: the connection can carry a request
+	idleClosed                  // it closed the connection (an idle timeout of its own, a restart)
+	idleSpoke                   // it sent bytes no request asked for
+)
+
+// idle reports what the upstream did on c since its last answer was read: nothing, closed it, or sent
+// bytes (buffered, or waiting in the socket). The kernel is asked without waiting (recv with
+// MSG_PEEK|MSG_DONTWAIT). Bytes that arrive with no request pending, a body longer than its
+// Content-Length or an answer written after the request was answered, would otherwise be read as the
+// answer to the next request, another client's. A connection the kernel cannot be asked about (not a
+// socket) counts as quiet; one whose socket fails the check, as closed.
+func (c *Conn) idle() idleState {
+	if c.br.Buffered() > 0 {
+		return idleSpoke
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return idleQuiet
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return idleClosed
+	}
+	state := idleClosed
+	if err := rc.Control(func(fd uintptr) {
+		n, _, errno := syscall.Recvfrom(int(fd), c.peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case errno == syscall.EAGAIN:
+			state = idleQuiet
+		case errno == nil && n > 0:
+			state = idleSpoke
+		}
+	}); err != nil {
+		return idleClosed
+	}
+	return state
+}
 
 // maxInformational is how many informational answers may precede the answer to one request.
 const maxInformational = 10

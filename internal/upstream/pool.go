@@ -27,6 +27,13 @@ import (
 // in, first out and closed after idleTimeout. A request that fails on a reused connection before any
 // byte of the answer arrived (the tenant closed it, or restarted) is retried once on a new connection,
 // and the other idle connections, as old or older, are closed.
+//
+// No goroutine reads an idle connection, as http.Transport's does, to notice an upstream that speaks
+// with no request pending. Instead, before a kept-alive connection carries a request, the kernel is
+// asked whether anything arrived on it since its last answer (Conn.idle): such a connection is closed
+// unused (Options.OnUnasked is told of bytes, not of a close) and the request takes another. Bytes that arrive after that
+// check and before the answer are taken for the answer, as with http.Transport, nginx and HAProxy,
+// which likewise close a connection that speaks while idle.
 type pool struct {
 	network, address string
 	host             string // the Host of a request that has none: the address, or localhost
@@ -34,6 +41,7 @@ type pool struct {
 	slots            chan struct{} // one token per open connection; capacity maxConns
 	dials            chan struct{} // one token per dial in progress; capacity maxDials
 	idleTimeout      time.Duration
+	unasked          func() // Options.OnUnasked; nil: none
 
 	mu      sync.Mutex // guards the fields below
 	idle    []*Conn
@@ -74,6 +82,16 @@ func (p *pool) do(r *http.Request, fw *forwarding, got1xx func(int, http.Header)
 		c, err := p.conn(r.Context(), fresh)
 		if err != nil {
 			return nil, err
+		}
+		if c.reused {
+			if st := c.idle(); st != idleQuiet {
+				// What it sent while idle answers nothing this request asked; one it closed is no use.
+				p.discard(c)
+				if st == idleSpoke && p.unasked != nil {
+					p.unasked()
+				}
+				continue
+			}
 		}
 		resp, err := p.exchange(r, fw, c, got1xx, dst)
 		if err == nil {
@@ -320,10 +338,17 @@ func (b *body) Close() error {
 		_ = b.c.SetDeadline(expired())
 	}
 	err := b.body.Close()
-	if intact && done && b.keep && b.c.Clean() {
-		b.p.put(b.c)
-	} else {
+	switch {
+	case !intact || !done || !b.keep:
 		b.p.discard(b.c)
+	case !b.c.Clean():
+		// The answer was read to its end, and more came with it: no request asked for that.
+		b.p.discard(b.c)
+		if b.p.unasked != nil {
+			b.p.unasked()
+		}
+	default:
+		b.p.put(b.c)
 	}
 	return err
 }
