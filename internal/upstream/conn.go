@@ -38,7 +38,12 @@ type Conn struct {
 	resp  http.Response
 	fixed fixedBody
 
-	peek [1]byte // idle's buffer, kept here so that the check allocates nothing
+	// What idle asks the kernel with, made once per connection so that the check allocates nothing
+	// per request (SyscallConn makes a new value each call, and a closure passed to Control escapes).
+	raw    syscall.RawConn  // the socket; nil when the connection is not one
+	peekFn func(fd uintptr) // c.peekFD, bound once
+	peeked idleState        // peekFD's finding
+	peek   [1]byte          // peekFD's buffer
 }
 
 // NewConn wraps c with 4 KiB buffers: they carry request and response heads; bodies larger than the
@@ -47,6 +52,11 @@ type Conn struct {
 func NewConn(c net.Conn) *Conn {
 	uc := &Conn{Conn: c}
 	uc.br, uc.bw = bufio.NewReaderSize(connIO{uc}, 4<<10), bufio.NewWriterSize(connIO{uc}, 4<<10)
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			uc.raw, uc.peekFn = rc, uc.peekFD
+		}
+	}
 	return uc
 }
 
@@ -149,27 +159,25 @@ func (c *Conn) idle() idleState {
 	if c.br.Buffered() > 0 {
 		return idleSpoke
 	}
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
+	if c.raw == nil {
 		return idleQuiet
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	c.peeked = idleClosed
+	if err := c.raw.Control(c.peekFn); err != nil {
 		return idleClosed
 	}
-	state := idleClosed
-	if err := rc.Control(func(fd uintptr) {
-		n, _, errno := syscall.Recvfrom(int(fd), c.peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case errno == syscall.EAGAIN:
-			state = idleQuiet
-		case errno == nil && n > 0:
-			state = idleSpoke
-		}
-	}); err != nil {
-		return idleClosed
+	return c.peeked
+}
+
+// peekFD is idle's look at the socket fd: one byte peeked, without waiting.
+func (c *Conn) peekFD(fd uintptr) {
+	n, _, errno := syscall.Recvfrom(int(fd), c.peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case errno == syscall.EAGAIN:
+		c.peeked = idleQuiet
+	case errno == nil && n > 0:
+		c.peeked = idleSpoke
 	}
-	return state
 }
 
 // maxInformational is how many informational answers may precede the answer to one request.
