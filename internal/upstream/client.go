@@ -97,14 +97,15 @@ func New(opts Options) *Client {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, opts.Network, opts.Address)
 		},
-		MaxIdleConns:          opts.MaxConns,
-		MaxIdleConnsPerHost:   opts.MaxConns,
-		MaxConnsPerHost:       opts.MaxConns,
-		IdleConnTimeout:       p.idleTimeout,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
+		MaxIdleConns:           opts.MaxConns,
+		MaxIdleConnsPerHost:    opts.MaxConns,
+		MaxConnsPerHost:        opts.MaxConns,
+		IdleConnTimeout:        p.idleTimeout,
+		ExpectContinueTimeout:  time.Second,
+		MaxResponseHeaderBytes: maxAnswerHead,
+		DisableCompression:     true,
+		WriteBufferSize:        32 << 10,
+		ReadBufferSize:         32 << 10,
 	}
 	return &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
 		trusted: opts.TrustedProxy}

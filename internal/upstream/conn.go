@@ -38,6 +38,10 @@ type Conn struct {
 	resp  http.Response
 	fixed fixedBody
 
+	// headLeft is, while an exchange reads an answer's head, how many bytes more it may read from the
+	// connection (maxAnswerHead at the start); -1 otherwise.
+	headLeft int64
+
 	// What idle asks the kernel with, made once per connection so that the check allocates nothing
 	// per request (SyscallConn makes a new value each call, and a closure passed to Control escapes).
 	raw    syscall.RawConn  // the socket; nil when the connection is not one
@@ -50,7 +54,7 @@ type Conn struct {
 // buffer bypass it (bufio reads straight into the caller's 32 KiB copy buffer). 32 KiB each cost
 // 64 KiB per connection, allocated and zeroed on every dial of a herd.
 func NewConn(c net.Conn) *Conn {
-	uc := &Conn{Conn: c}
+	uc := &Conn{Conn: c, headLeft: -1}
 	uc.br, uc.bw = bufio.NewReaderSize(connIO{uc}, 4<<10), bufio.NewWriterSize(connIO{uc}, 4<<10)
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
@@ -106,8 +110,19 @@ func (c *Conn) unwatch() bool {
 type connIO struct{ c *Conn }
 
 func (x connIO) Read(b []byte) (int, error) {
+	if left := x.c.headLeft; left >= 0 {
+		if left == 0 {
+			return 0, errHeadTooLarge
+		}
+		if int64(len(b)) > left {
+			b = b[:left]
+		}
+	}
 	for {
 		n, err := x.c.Conn.Read(b)
+		if x.c.headLeft > 0 {
+			x.c.headLeft -= int64(n)
+		}
 		if err == nil || !x.c.graceOver(err) {
 			return n, err
 		}
@@ -196,6 +211,10 @@ func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx fun
 	if err := c.bw.Flush(); err != nil {
 		return nil, true, err
 	}
+	// The head's bytes counted from here include what the reader already holds of it only in so far
+	// as it holds more than nothing: after an answer read to its end it holds nothing (Clean).
+	c.headLeft = maxAnswerHead
+	defer func() { c.headLeft = -1 }()
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, true, err
 	}
@@ -234,3 +253,15 @@ func (c *Conn) plainAnswer(req *http.Request) *http.Response {
 	}
 	return &c.resp
 }
+
+// maxAnswerHead bounds what an exchange reads of an answer's head, its informational answers included:
+// past it the exchange fails (errHeadTooLarge). Without a bound, http.ReadResponse reads a head of any
+// size into memory, and one tenant writing header fields without end takes the activator's memory,
+// every route's. 1 MiB is far past any real head (browsers send at most a few KiB of cookies back) and
+// bounds a misbehaving route at its max_upstream_conns MiB. The ReverseProxy's Transport has the same
+// bound (MaxResponseHeaderBytes), so both paths answer alike; the edge's own requests have
+// edge.max_header_bytes.
+const maxAnswerHead = 1 << 20
+
+// errHeadTooLarge fails an exchange whose answer head runs past maxAnswerHead.
+var errHeadTooLarge = fmt.Errorf("the tenant's answer head is over %d bytes", maxAnswerHead)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -28,32 +27,9 @@ type strayUpstream struct {
 func newStrayUpstream(t *testing.T, first, late string) *strayUpstream {
 	t.Helper()
 	u := &strayUpstream{first: first, late: late, stray: make(chan struct{}), sent: make(chan struct{}), conns: make(chan struct{}, 16)}
-	ln := listen(t)
-	u.addr = ln.Addr().String()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for n := 0; ; n++ {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			u.conns <- struct{}{}
-			wg.Go(func() { u.serveConn(c, n == 0) })
-		}
+	u.addr = rawUpstream(t, func(c net.Conn, n int) {
+		u.conns <- struct{}{}
+		u.serveConn(c, n == 0)
 	})
 	return u
 }

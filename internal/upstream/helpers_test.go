@@ -3,8 +3,10 @@ package upstream
 import (
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -36,3 +38,38 @@ func testTrusted(peer netip.Addr) bool {
 
 // quietLog discards a test server's log (the ReverseProxy's and net/http's complaints).
 func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// rawUpstream accepts connections on a loopback listener and serves each with serve (n counts them
+// from 0) in a goroutine of its own, until the test ends: then it closes the listener and every
+// connection, and waits for the goroutines. It returns the listener's address.
+func rawUpstream(t *testing.T, serve func(c net.Conn, n int)) string {
+	t.Helper()
+	ln := listen(t)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		open []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for n := 0; ; n++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			wg.Go(func() { serve(c, n) })
+		}
+	})
+	return ln.Addr().String()
+}
