@@ -257,8 +257,8 @@ func (c *Conn) plainAnswer(req *http.Request) *http.Response {
 // maxAnswerHead bounds what an exchange reads of an answer's head, its informational answers included:
 // past it the exchange fails (errHeadTooLarge). Without a bound, http.ReadResponse reads a head of any
 // size into memory, and one tenant writing header fields without end takes the activator's memory,
-// every route's. 1 MiB is far past any real head (browsers send at most a few KiB of cookies back) and
-// bounds a misbehaving route at its max_upstream_conns MiB. The ReverseProxy's Transport has the same
+// every route's. 1 MiB is far past any real head, and a misbehaving route then takes about a MiB per
+// head being read, at most max_upstream_conns at once. The ReverseProxy's Transport has the same
 // bound (MaxResponseHeaderBytes), so both paths answer alike; the edge's own requests have
 // edge.max_header_bytes.
 const maxAnswerHead = 1 << 20
