@@ -171,7 +171,7 @@ const (
 // answer to the next request, another client's. A connection the kernel cannot be asked about (not a
 // socket) counts as quiet; one whose socket fails the check, as closed.
 func (c *Conn) idle() idleState {
-	if c.br.Buffered() > 0 {
+	if !c.Clean() {
 		return idleSpoke
 	}
 	if c.raw == nil {
@@ -211,8 +211,8 @@ func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx fun
 	if err := c.bw.Flush(); err != nil {
 		return nil, true, err
 	}
-	// The head's bytes counted from here include what the reader already holds of it only in so far
-	// as it holds more than nothing: after an answer read to its end it holds nothing (Clean).
+	// Bytes the reader already holds are not counted: a connection carries a request only with none
+	// (idle, Clean), so the count is the whole head.
 	c.headLeft = maxAnswerHead
 	defer func() { c.headLeft = -1 }()
 	if _, err := c.br.Peek(1); err != nil {

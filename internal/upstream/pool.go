@@ -31,9 +31,9 @@ import (
 // No goroutine reads an idle connection, as http.Transport's does, to notice an upstream that speaks
 // with no request pending. Instead, before a kept-alive connection carries a request, the kernel is
 // asked whether anything arrived on it since its last answer (Conn.idle): such a connection is closed
-// unused (Options.OnUnasked is told of bytes, not of a close) and the request takes another. Bytes that arrive after that
-// check and before the answer are taken for the answer, as with http.Transport, nginx and HAProxy,
-// which likewise close a connection that speaks while idle.
+// unused (discardUnasked tells Options.OnUnasked of bytes; a close goes untold) and the request takes
+// another. Bytes that arrive after that check and before the answer are taken for the answer, as with
+// http.Transport, nginx and HAProxy, which likewise close a connection that speaks while idle.
 type pool struct {
 	network, address string
 	host             string // the Host of a request that has none: the address, or localhost
@@ -84,12 +84,12 @@ func (p *pool) do(r *http.Request, fw *forwarding, got1xx func(int, http.Header)
 			return nil, err
 		}
 		if c.reused {
-			if st := c.idle(); st != idleQuiet {
-				// What it sent while idle answers nothing this request asked; one it closed is no use.
+			switch c.idle() {
+			case idleSpoke: // what it sent while idle answers nothing this request asked
+				p.discardUnasked(c)
+				continue
+			case idleClosed:
 				p.discard(c)
-				if st == idleSpoke && p.unasked != nil {
-					p.unasked()
-				}
 				continue
 			}
 		}
@@ -202,6 +202,15 @@ func (p *pool) adopt(c *Conn) {
 		return
 	}
 	p.put(c)
+}
+
+// discardUnasked closes c, on which the upstream sent bytes no request asked for, and tells
+// Options.OnUnasked.
+func (p *pool) discardUnasked(c *Conn) {
+	p.discard(c)
+	if p.unasked != nil {
+		p.unasked()
+	}
 }
 
 // put returns a connection after a complete exchange: to the oldest waiter, or to the idle list.
@@ -341,12 +350,8 @@ func (b *body) Close() error {
 	switch {
 	case !intact || !done || !b.keep:
 		b.p.discard(b.c)
-	case !b.c.Clean():
-		// The answer was read to its end, and more came with it: no request asked for that.
-		b.p.discard(b.c)
-		if b.p.unasked != nil {
-			b.p.unasked()
-		}
+	case !b.c.Clean(): // the answer was read to its end, and more came with it
+		b.p.discardUnasked(b.c)
 	default:
 		b.p.put(b.c)
 	}
