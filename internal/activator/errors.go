@@ -138,7 +138,7 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return ie.Status, 0
 	case errors.Is(err, ErrMethod):
 		return http.StatusNotImplemented, 0
-	case errors.Is(err, ErrTarget):
+	case errors.Is(err, ErrTarget), errors.Is(err, ErrMalformed):
 		return http.StatusBadRequest, 0
 	case errors.Is(err, ErrUnknownHost):
 		return http.StatusNotFound, 0

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Sentinels of the requests the edge refuses before routing them (statusFor: 501 and 400).
@@ -29,6 +31,9 @@ var (
 	// ErrTarget: a request-target the edge does not route: an encoded slash in the path, or a target
 	// in no form a tenant is given (an opaque one, or "*" other than for OPTIONS).
 	ErrTarget = errors.New("request-target refused")
+	// ErrMalformed: an HTTP/2 request that no HTTP/1.1 request line and Host field can say (see
+	// h2Malformed). net/http's HTTP/1 server refuses each of these itself.
+	ErrMalformed = errors.New("malformed request")
 )
 
 // hygiene readies r for routing, or answers it. It returns the writer and request the edge goes on
@@ -37,6 +42,8 @@ var (
 //   - CONNECT and TRACE get 501 (ErrMethod); CONNECT's connection is closed, as tunnel bytes may follow.
 //   - A request whose framing was ambiguous on the wire (see framingSuspect) is served, then its
 //     connection is closed: its writer puts "Connection: close" on the final answer.
+//   - An HTTP/2 request whose method, :path or :authority could not be written to a tenant as an
+//     HTTP/1.1 request line and Host gets 400 (ErrMalformed, h2Malformed).
 //   - The path loses its dot segments (cleanPath), on r.URL.Path and r.URL.RawPath alike, so the route
 //     lookup and the tenant see one path; an encoded slash gets 400 (ErrTarget).
 //
@@ -54,6 +61,8 @@ func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseW
 			w.Header().Set("Connection", "close")
 		}
 		err = fmt.Errorf("%w: %s", ErrMethod, r.Method)
+	case r.ProtoMajor == 2 && h2Malformed(r) != "":
+		err = fmt.Errorf("%w: %s", ErrMalformed, h2Malformed(r))
 	case !routableTarget(r):
 		err = fmt.Errorf("%w: not a path (origin or absolute form)", ErrTarget)
 	default:
@@ -73,6 +82,28 @@ func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseW
 		return w, nil
 	}
 	return w, r
+}
+
+// h2Malformed says what in an HTTP/2 request cannot go to a tenant as HTTP/1.1, or "" when nothing.
+// Each tenant hears HTTP/1.1, and HPACK carries bytes that an HTTP/1.1 request line or Host field
+// cannot: net/http's HTTP/2 server refuses control bytes but lets these through, where its HTTP/1
+// server, like nginx's and HAProxy's, refuses them.
+//   - A space in :path. A space in the path is re-escaped on the way out, but the query is written
+//     as it came (url.URL.RequestURI, on both of our paths), so ":path: /x?a HTTP/1.0" reached the
+//     tenant as "GET /x?a HTTP/1.0 HTTP/1.1", a request line each parser splits its own way.
+//   - A :method that is not a token ("GET /y"): it would put a second target in the request line.
+//   - An :authority (or host) that is not a valid Host ("a b.example.com", "a/b.example.com"): a
+//     wildcard route matched it, and the tenant was sent it as its Host.
+func h2Malformed(r *http.Request) string {
+	switch {
+	case strings.IndexByte(r.RequestURI, ' ') >= 0:
+		return "a space in :path"
+	case !httpguts.ValidHeaderFieldName(r.Method): // a method is a token, as a field name is
+		return "the method is not a token"
+	case !httpguts.ValidHostHeader(r.Host):
+		return "the authority is not a valid host"
+	}
+	return ""
 }
 
 // routableTarget reports whether r's request-target gives the route lookup a path: origin form or

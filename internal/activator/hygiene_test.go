@@ -28,11 +28,18 @@ const hygienePatience = 10 * time.Second
 // wired false serves it on a plain listener, without the framing record.
 func edgeListen(t *testing.T, s *Server, wired bool) string {
 	t.Helper()
+	return edgeListenProtocols(t, s, wired, nil)
+}
+
+// edgeListenProtocols is edgeListen serving protocols (nil: net/http's default, HTTP/1 alone on a
+// plain listener).
+func edgeListenProtocols(t *testing.T, s *Server, wired bool, protocols *http.Protocols) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: hygienePatience}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: hygienePatience, Protocols: protocols}
 	if wired {
 		hs.ConnContext = ConnContext
 		ln = Listener(ln, registry.DefaultSendTimeout)
