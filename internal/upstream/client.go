@@ -68,9 +68,10 @@ type Options struct {
 	// OnUnasked, which may be nil, is called each time a kept-alive connection is closed because the
 	// upstream sent bytes no request asked for: found buffered when an answer has been read to its
 	// end, or waiting in the socket before a request would have been written on it. The upstream sent
-	// a body longer than its Content-Length, or wrote after its answer. (One the upstream closed while
-	// idle is dropped without a call: that is an idle timeout of its own.) It runs in the request's
-	// goroutine and must not block.
+	// a body longer than its Content-Length, or wrote after its answer. Adopt calls it too, for a
+	// probe's connection with bytes after the probe's answer. (One the upstream closed while idle is
+	// dropped without a call: that is an idle timeout of its own.) It runs in the request's (or
+	// Adopt's caller's) goroutine and must not block.
 	OnUnasked func()
 }
 
@@ -143,7 +144,7 @@ func (c *Client) Serve(w http.ResponseWriter, r *http.Request) {
 
 // Adopt takes conn, an open connection to the upstream on which nothing is pending (the health
 // gate's last probe), into the fast path's idle connections, or closes it when the pool is full or
-// conn holds unread bytes. A *Conn keeps its buffers. It counts as reused: should the tenant have
+// conn holds unread bytes (then telling Options.OnUnasked). A *Conn keeps its buffers. It counts as reused: should the tenant have
 // closed it meanwhile, the request that takes it is retried on a new connection.
 func (c *Client) Adopt(conn net.Conn) {
 	uc, ok := conn.(*Conn)

@@ -191,8 +191,9 @@ func (p *pool) dial(ctx context.Context) (*Conn, error) {
 // adopt takes an open connection to the upstream on which nothing is pending into the idle list, when
 // the cap leaves room for it; else it closes it.
 func (p *pool) adopt(c *Conn) {
-	if !c.Clean() {
+	if !c.Clean() { // the probe's answer was followed by bytes it did not ask for
 		_ = c.Close()
+		p.tellUnasked()
 		return
 	}
 	select {
@@ -208,6 +209,11 @@ func (p *pool) adopt(c *Conn) {
 // Options.OnUnasked.
 func (p *pool) discardUnasked(c *Conn) {
 	p.discard(c)
+	p.tellUnasked()
+}
+
+// tellUnasked calls Options.OnUnasked, if set, for a connection closed for bytes no request asked for.
+func (p *pool) tellUnasked() {
 	if p.unasked != nil {
 		p.unasked()
 	}

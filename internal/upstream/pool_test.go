@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -159,10 +160,12 @@ func TestReaper(t *testing.T) {
 }
 
 // TestAdopt: a connection a probe made with Conn.Get is taken by the pool and carries the next
-// request, with no new dial; one with unread bytes is closed instead.
+// request, with no new dial; one with unread bytes is closed instead, and OnUnasked told, as the pool
+// tells it of a kept-alive connection that spoke unasked.
 func TestAdopt(t *testing.T) {
 	ev := newConnEvents(t)
-	c := New(Options{Network: "tcp", Address: ev.addr, MaxConns: 4, ErrorHandler: failed})
+	var unasked atomic.Int32
+	c := New(Options{Network: "tcp", Address: ev.addr, MaxConns: 4, ErrorHandler: failed, OnUnasked: func() { unasked.Add(1) }})
 	t.Cleanup(c.CloseIdle)
 	probe := func() *Conn {
 		nc, err := net.Dial("tcp", ev.addr)
@@ -200,6 +203,9 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("%d idle connections after adopting one with unread bytes, want 1 (the first)", idle)
 	}
 	<-ev.closed
+	if n := unasked.Load(); n != 1 {
+		t.Errorf("OnUnasked called %d times, want 1: for the connection with unread bytes", n)
+	}
 }
 
 // TestDialLimit: a burst of requests on a Client with no connections yet dials at most maxDials at
