@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"regexp"
 	"strings"
@@ -46,6 +47,8 @@ var (
 //     HTTP/1.1 request line and Host gets 400 (ErrMalformed, h2Malformed).
 //   - The path loses its dot segments (cleanPath), on r.URL.Path and r.URL.RawPath alike, so the route
 //     lookup and the tenant see one path; an encoded slash gets 400 (ErrTarget).
+//   - An Upgrade to HTTP itself (h2c) is taken off the request (withoutHTTPUpgrade), which then goes on
+//     as a plain one.
 //
 // A request with a plain path, no Transfer-Encoding and HTTP/1.1 or later (nearly all) passes through
 // unchanged and without allocating. A changed path goes into a shallow copy of r, as http.StripPrefix
@@ -81,7 +84,73 @@ func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseW
 		s.opts.Metrics.requestCounter(unknownRoute)(writeError(w, r, err))
 		return w, nil
 	}
+	if r.Header["Upgrade"] != nil {
+		r = withoutHTTPUpgrade(r)
+	}
 	return w, r
+}
+
+// withoutHTTPUpgrade returns r without the Upgrade tokens that ask the tenant to speak HTTP itself on
+// the connection (httpUpgrade), in a shallow copy with its own header; r itself when it has none.
+// The HTTP2-Settings field goes with them, and when no token is left, Upgrade and Connection's
+// "upgrade" and "http2-settings" options too, so that the request goes on as a plain one. WebSocket
+// and every other upgrade pass as they came.
+//
+// Why: a tenant that takes "Upgrade: h2c" answers 101 and then speaks HTTP/2 on the connection,
+// which the edge only relays. Every request the client sends after it reaches the tenant unseen: any
+// path, not only the route's prefix, and forwarding fields the edge would have replaced. Measured on
+// 59746f8 with hypercorn behind a route for /public: a request for /private/admin with
+// "x-forwarded-for: 6.6.6.6" reached it as such (h2c smuggling). Go's h2c handler asks for
+// "Connection: HTTP2-Settings", which ReverseProxy drops, but hypercorn and others do not. The edge
+// implements no h2c upgrade of its own (its h2c is prior knowledge, RFC 9113 deprecates the upgrade),
+// so none is asked of a tenant on a client's behalf, as Envoy and Traefik do.
+func withoutHTTPUpgrade(r *http.Request) *http.Request {
+	var kept []string
+	dropped := false
+	for _, v := range r.Header["Upgrade"] {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = textproto.TrimString(t); t == "" {
+				continue
+			}
+			if httpUpgrade(t) {
+				dropped = true
+				continue
+			}
+			kept = append(kept, t)
+		}
+	}
+	if !dropped {
+		return r
+	}
+	r2 := new(http.Request)
+	*r2 = *r
+	h := r.Header.Clone()
+	h.Del("Http2-Settings")
+	if len(kept) > 0 {
+		h["Upgrade"] = []string{strings.Join(kept, ", ")}
+	} else {
+		h.Del("Upgrade")
+		var options []string
+		for _, v := range h["Connection"] {
+			for t := range strings.SplitSeq(v, ",") {
+				if t = textproto.TrimString(t); t != "" && !strings.EqualFold(t, "upgrade") && !strings.EqualFold(t, "http2-settings") {
+					options = append(options, t)
+				}
+			}
+		}
+		if h.Del("Connection"); len(options) > 0 {
+			h["Connection"] = []string{strings.Join(options, ", ")}
+		}
+	}
+	r2.Header = h
+	return r2
+}
+
+// httpUpgrade reports whether the Upgrade token t (protocol-name ["/" protocol-version]) names HTTP
+// itself: h2c, h2 or HTTP/x.
+func httpUpgrade(t string) bool {
+	name, _, _ := strings.Cut(t, "/")
+	return strings.EqualFold(name, "h2c") || strings.EqualFold(name, "h2") || strings.EqualFold(name, "http")
 }
 
 // h2Malformed says what in an HTTP/2 request cannot go to a tenant as HTTP/1.1, or "" when nothing.

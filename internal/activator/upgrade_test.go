@@ -1,0 +1,65 @@
+package activator
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestNoHTTPUpgradeAskedOfTenant: an Upgrade to h2c (or h2, or HTTP/x) never reaches the tenant; the
+// request goes on as a plain one, its body with it, and the client gets the tenant's plain answer.
+// WebSocket upgrades, and the rest of a list that named h2c beside them, pass as they came. On
+// 59746f8 the tenant was sent "Upgrade: h2c" and HTTP2-Settings, and hypercorn upgraded on them
+// (TestH2CSmugglingStopped in cmd/activator has that end to end).
+func TestNoHTTPUpgradeAskedOfTenant(t *testing.T) {
+	type seen struct {
+		upgrade, connection, settings, body string
+	}
+	got := make(chan seen, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.Header.Get("Upgrade"), strings.Join(r.Header["Connection"], ","), r.Header.Get("Http2-Settings"), string(b)}
+		io.WriteString(w, "plain")
+	}))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Hosts = []string{"app.test"}
+	r.Upstream.Address = up.Listener.Addr().String()
+	addr := edgeListen(t, serveRoutes(t, &fakeBackend{}, passGate{}, nil, r), true)
+	const settings = "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+	for _, tc := range []struct {
+		name, fields string
+		want         seen
+	}{
+		{"h2c, as RFC 7540 asks", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n" + settings, seen{}},
+		{"h2c, settings not a connection option", "Connection: Upgrade\r\nUpgrade: h2c\r\n" + settings, seen{}},
+		{"h2c in capitals, keep-alive kept", "Connection: keep-alive, upgrade\r\nUpgrade: H2C\r\n" + settings, seen{}},
+		{"h2", "Connection: Upgrade\r\nUpgrade: h2\r\n", seen{}},
+		{"HTTP/2.0", "Connection: Upgrade\r\nUpgrade: HTTP/2.0\r\n" + settings, seen{}},
+		{"h2c then websocket", "Connection: Upgrade\r\nUpgrade: h2c, websocket\r\n" + settings, seen{upgrade: "websocket", connection: "Upgrade"}},
+		{"websocket alone", "Connection: Upgrade\r\nUpgrade: websocket\r\n", seen{upgrade: "websocket", connection: "Upgrade"}},
+	} {
+		for _, method := range []string{"GET", "POST"} {
+			t.Run(method+" "+tc.name, func(t *testing.T) {
+				raw := method + " /x HTTP/1.1\r\nHost: app.test\r\n" + tc.fields
+				want := tc.want
+				if method == "POST" {
+					raw += "Content-Length: 4\r\n\r\nbody"
+					want.body = "body"
+				} else {
+					raw += "\r\n"
+				}
+				resp, body := exchange(t, addr, raw)
+				s := <-got
+				if s != want {
+					t.Errorf("the tenant saw %+v, want %+v", s, want)
+				}
+				if resp.StatusCode != http.StatusOK || body != "plain" {
+					t.Errorf("answer %d %q, want 200 %q", resp.StatusCode, body, "plain")
+				}
+			})
+		}
+	}
+}
