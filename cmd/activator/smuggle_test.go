@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,26 +38,9 @@ const hypercornApp = `async def app(scope, receive, send):
 // /private/admin, outside the route's path_prefix, with "x-forwarded-for: 6.6.6.6", reached the
 // tenant as such. Now the request is served as plain HTTP/1.1.
 func TestH2CSmugglingStopped(t *testing.T) {
-	const python = "/usr/bin/python3"
-	if err := exec.Command(python, "-c", "import hypercorn").Run(); err != nil {
-		testenv.Missing(t, "%s cannot import hypercorn (Debian: apt-get install python3-hypercorn): %v", python, err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "app.py"), []byte(hypercornApp), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	up := freeLoopbackAddr(t)
-	h := newHarness(t, fmt.Sprintf(`routes:
-  - name: py
-    hosts: [py.test]
-    path_prefix: /public
-    backing: exec
-    upstream: %s
-    health: {path: /public/}
-    exec:
-      argv: [%s, -m, hypercorn, --bind, %q, "app:app"]
-      dir: %s
-`, up, python, up, dir))
+	h := pythonTenant(t, "hypercorn", hypercornApp, "/public", func(addr string) string {
+		return fmt.Sprintf(`-m, hypercorn, --bind, %q, "app:app"`, addr)
+	})
 	if r := h.get("py.test", "/public/x"); r.code != http.StatusOK || r.body != "1.1 /public/x xff=127.0.0.1" {
 		t.Fatalf("GET /public/x: %d %q", r.code, r.body)
 	}
@@ -84,6 +68,72 @@ func TestH2CSmugglingStopped(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || string(body) != "1.1 /public/x xff=127.0.0.1" {
 		t.Errorf("GET /public/x with Upgrade: h2c: %d %q, want 200 %q", resp.StatusCode, body, "1.1 /public/x xff=127.0.0.1")
+	}
+}
+
+// python is the interpreter the Python tenants run on: Debian's, where python3-hypercorn installs.
+const python = "/usr/bin/python3"
+
+// pythonTenant is a harness with one exec route, "py" (host py.test, path_prefix prefix, health
+// probed at prefix + "/"), whose tenant is python running app.py (app) in a directory of its own with
+// the arguments args gives for its listen address (YAML list items). It needs module importable.
+func pythonTenant(t *testing.T, module, app, prefix string, args func(addr string) string) *harness {
+	t.Helper()
+	if err := exec.Command(python, "-c", "import "+module).Run(); err != nil {
+		testenv.Missing(t, "%s cannot import %s (Debian: apt-get install python3-hypercorn): %v", python, module, err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "app.py"), []byte(app), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := freeLoopbackAddr(t)
+	return newHarness(t, fmt.Sprintf(`routes:
+  - name: py
+    hosts: [py.test]
+    path_prefix: %s
+    backing: exec
+    upstream: %s
+    health: {path: %s/}
+    exec:
+      argv: [%s, %s]
+      dir: %s
+`, prefix, up, prefix, python, args(up), dir))
+}
+
+// wsgirefApp serves, on the port its first argument gives, what a WSGI app reads as the client's
+// forwarding chain: the environ's HTTP_X_FORWARDED_FOR, into which Python's wsgiref merges every
+// field whose name reads X_FORWARDED_FOR once its hyphens are underscores.
+const wsgirefApp = `import sys
+from wsgiref.simple_server import make_server, WSGIRequestHandler
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *args): pass
+def app(env, start):
+    start("200 OK", [("Content-Type", "text/plain")])
+    return [("xff=%s" % env.get("HTTP_X_FORWARDED_FOR")).encode()]
+host, port = sys.argv[1].rsplit(":", 1)
+make_server(host, int(port), app, handler_class=Quiet).serve_forever()
+`
+
+// TestForwardedAliasesDropped: a client's "X_Forwarded_For" never reaches a tenant, which may read
+// it as X-Forwarded-For. On 990f9bc wsgiref's app read "6.6.6.6,127.0.0.1" for a GET (the fast path
+// writes the client's fields before the edge's) and "127.0.0.1,6.6.6.6" for a POST.
+func TestForwardedAliasesDropped(t *testing.T) {
+	h := pythonTenant(t, "wsgiref", wsgirefApp, "", func(addr string) string { return fmt.Sprintf("app.py, %q", addr) })
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		var body io.Reader // none for the GET: it takes the fast path
+		if method == http.MethodPost {
+			body = strings.NewReader("a=b")
+		}
+		req := h.request(t.Context(), method, "py.test", "/", body)
+		req.Header["X_Forwarded_For"] = []string{"6.6.6.6"}
+		req.Header["X-Forwarded_for"] = []string{"6.6.6.7"}
+		r, err := h.do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		if r.code != http.StatusOK || r.body != "xff=127.0.0.1" {
+			t.Errorf("%s with X_Forwarded_For: %d %q, want 200 %q", method, r.code, r.body, "xff=127.0.0.1")
+		}
 	}
 }
 

@@ -123,6 +123,7 @@ func newReverseProxy(host string, tr http.RoundTripper, trusted func(netip.Addr)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", host
 			pr.Out.URL.RawQuery = pr.In.URL.RawQuery // ReverseProxy dropped what it could not parse
 			fw := newForwarding(pr.In, trusted)
+			dropForwardedAliases(pr.Out.Header)
 			fw.setFields(pr.Out.Header)
 			pr.Out.Host = pr.In.Host
 		},

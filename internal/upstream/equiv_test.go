@@ -301,12 +301,15 @@ func cutAlike(fast, slow answered) bool {
 
 // equivalenceCases are the requests and answers both paths must treat alike; wantURI, when set, is
 // the request-URI the upstream must see, and wantFwd, when set, the forwarding fields it must see
-// (every line of X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Proto and Forwarded, in that order).
+// (every line of X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Proto and Forwarded, in that order),
+// and wantKept, when set, the fields with underscores the upstream must see: no other field with an
+// underscore may reach it.
 var equivalenceCases = []struct {
-	name    string
-	ex      exchange
-	wantURI string
-	wantFwd []string
+	name     string
+	ex       exchange
+	wantURI  string
+	wantFwd  []string
+	wantKept []string
 }{
 	{name: "plain GET", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello"}, wantURI: "/p"},
 	{name: "semicolon query", ex: exchange{Method: "GET", Target: "/p?a=1;b=2", Host: "app.test"}, wantURI: "/p?a=1;b=2"},
@@ -371,6 +374,21 @@ var equivalenceCases = []struct {
 		Header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Proto: https",
 	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: https",
 		"Forwarded: for=203.0.113.9;host=app.test;proto=https, for=192.0.2.10"}},
+	{name: "forwarding fields with underscores, untrusted", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test",
+		Header: "X_Forwarded_For: 6.6.6.6\nX-Forwarded_Host: spoofed.example\nx_forwarded_proto: https\nX_Other: 1",
+	}, wantFwd: []string{"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http", "Forwarded: for=127.0.0.1;host=app.test;proto=http"},
+		wantKept: []string{"X_other"}},
+	{name: "forwarding fields with underscores, POST", ex: exchange{
+		Method: "POST", Target: "/p", Host: "app.test", Body: "ping",
+		Header: "X_Forwarded_For: 6.6.6.6\nX_FORWARDED_HOST: spoofed.example\nX_Other: 1",
+	}, wantFwd: []string{"X-Forwarded-For: 127.0.0.1", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http", "Forwarded: for=127.0.0.1;host=app.test;proto=http"},
+		wantKept: []string{"X_other"}},
+	{name: "forwarding fields with underscores, trusted proxy", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711",
+		Header: "X-Forwarded-For: 203.0.113.9\nX_Forwarded_For: 6.6.6.6",
+	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http",
+		"Forwarded: for=203.0.113.9;host=app.test;proto=http, for=192.0.2.10"}, wantKept: []string{}},
 	{name: "trailers", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", Header: "Te: trailers", AnswerBody: "hello", Trailer: "X-Sum: 42\nX-Other: 1\n!X-Late: 2"}},
 	{name: "unannounced trailer only", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello", Trailer: "!X-Late: 2"}},
 	{name: "1xx answers", ex: exchange{
@@ -400,6 +418,17 @@ func TestEquivalence(t *testing.T) {
 			}
 			if tc.wantFwd != nil && (got == nil || !slices.Equal(forwardingLines(got.Header), tc.wantFwd)) {
 				t.Errorf("upstream received %+v\ngot forwarding fields  %q\nwant %q", got, forwardingLines(got.Header), tc.wantFwd)
+			}
+			if tc.wantKept != nil && got != nil {
+				var kept []string
+				for k := range got.Header {
+					if strings.Contains(k, "_") {
+						kept = append(kept, k)
+					}
+				}
+				if slices.Sort(kept); !slices.Equal(kept, tc.wantKept) {
+					t.Errorf("upstream received fields with underscores %q, want %q", kept, tc.wantKept)
+				}
 			}
 		})
 	}
