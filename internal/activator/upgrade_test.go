@@ -4,6 +4,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,4 +65,68 @@ func TestNoHTTPUpgradeAskedOfTenant(t *testing.T) {
 			})
 		}
 	}
+}
+
+// FuzzWithoutHTTPUpgrade: for any Upgrade and Connection values, withoutHTTPUpgrade leaves the request
+// it was given untouched, and returns one whose Upgrade names no HTTP protocol, keeps every other token
+// in order, has no HTTP2-Settings once a token went, and, with no token left, no Upgrade and no
+// "upgrade" connection option.
+func FuzzWithoutHTTPUpgrade(f *testing.F) {
+	for _, s := range [][2]string{
+		{"h2c", "Upgrade, HTTP2-Settings"}, {"websocket", "Upgrade"}, {"h2c, websocket", "keep-alive, upgrade"},
+		{"HTTP/2.0, ,tcp", "Upgrade"}, {"H2C", ""}, {"h2", "close"}, {"http", "Upgrade,,x-hop"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	tokens := func(vv []string) []string {
+		var out []string
+		for _, v := range vv {
+			for t := range strings.SplitSeq(v, ",") {
+				if t = textproto.TrimString(t); t != "" { // as withoutHTTPUpgrade and the ReverseProxy trim
+					out = append(out, t)
+				}
+			}
+		}
+		return out
+	}
+	f.Fuzz(func(t *testing.T, upgrade, connection string) {
+		r, err := http.NewRequest(http.MethodGet, "http://app.test/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Header = http.Header{"Upgrade": {upgrade}, "Connection": {connection}, "Http2-Settings": {"AAMAAABkAARAAAAAAAIAAAAA"}}
+		before := r.Header.Clone()
+		got := withoutHTTPUpgrade(r)
+		if !reflect.DeepEqual(r.Header, before) {
+			t.Fatalf("the request given was changed: %q, was %q", r.Header, before)
+		}
+		var want []string
+		for _, tok := range tokens([]string{upgrade}) {
+			if !httpUpgrade(tok) {
+				want = append(want, tok)
+			}
+		}
+		if got == r {
+			if len(want) != len(tokens([]string{upgrade})) {
+				t.Fatalf("Upgrade %q: request returned unchanged", upgrade)
+			}
+			return
+		}
+		if kept := tokens(got.Header["Upgrade"]); !slices.Equal(kept, want) {
+			t.Errorf("Upgrade %q became %q, want tokens %q", upgrade, got.Header["Upgrade"], want)
+		}
+		if got.Header["Http2-Settings"] != nil {
+			t.Errorf("Upgrade %q: HTTP2-Settings kept", upgrade)
+		}
+		if len(want) == 0 {
+			if got.Header["Upgrade"] != nil {
+				t.Errorf("Upgrade %q: Upgrade kept as %q", upgrade, got.Header["Upgrade"])
+			}
+			for _, tok := range tokens(got.Header["Connection"]) {
+				if strings.EqualFold(tok, "upgrade") {
+					t.Errorf("Upgrade %q, Connection %q: became %q", upgrade, connection, got.Header["Connection"])
+				}
+			}
+		}
+	})
 }
