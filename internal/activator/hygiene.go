@@ -162,7 +162,8 @@ func httpUpgrade(t string) bool {
 //     tenant as "GET /x?a HTTP/1.0 HTTP/1.1", a request line each parser splits its own way.
 //   - A :method that is not a token ("GET /y"): it would put a second target in the request line.
 //   - An :authority (or host) that is not a valid Host ("a b.example.com", "a/b.example.com"): a
-//     wildcard route matched it, and the tenant was sent it as its Host.
+//     wildcard route matched it, and Request.Write then cut it down, so the tenant got a Host other
+//     than the one routed on (an empty one).
 func h2Malformed(r *http.Request) string {
 	switch {
 	case strings.IndexByte(r.RequestURI, ' ') >= 0:

@@ -145,8 +145,9 @@ func (c *Client) Serve(w http.ResponseWriter, r *http.Request) {
 
 // Adopt takes conn, an open connection to the upstream on which nothing is pending (the health
 // gate's last probe), into the fast path's idle connections, or closes it when the pool is full or
-// conn holds unread bytes (then telling Options.OnUnasked). A *Conn keeps its buffers. It counts as reused: should the tenant have
-// closed it meanwhile, the request that takes it is retried on a new connection.
+// conn holds unread bytes (then telling Options.OnUnasked). A *Conn keeps its buffers. It counts as
+// reused: should the tenant have closed it meanwhile, the request that takes it is retried on a new
+// connection.
 func (c *Client) Adopt(conn net.Conn) {
 	uc, ok := conn.(*Conn)
 	if !ok {

@@ -196,28 +196,8 @@ func forwardedField(k string) bool {
 // (measured on 990f9bc). nginx drops every field with an underscore by default; the edge drops
 // only those that would speak for it.
 func forwardedAlias(k string) bool {
-	for _, f := range [...]string{"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"} {
-		if len(k) != len(f) {
-			continue
-		}
-		i := 0
-		for ; i < len(k); i++ {
-			c := k[i]
-			switch {
-			case c == '_':
-				c = '-'
-			case 'A' <= c && c <= 'Z':
-				c += 'a' - 'A'
-			}
-			if c != f[i] {
-				break
-			}
-		}
-		if i == len(k) {
-			return true
-		}
-	}
-	return false
+	k = strings.ReplaceAll(k, "_", "-") // allocates, for the rare name with an underscore only
+	return asciiEqualFold(k, "X-Forwarded-For") || asciiEqualFold(k, "X-Forwarded-Host") || asciiEqualFold(k, "X-Forwarded-Proto")
 }
 
 // dropForwardedAliases deletes from h the fields forwardedAlias names: the ReverseProxy's outgoing
