@@ -24,6 +24,9 @@
 // "http") and Forwarded ("for=<peer>;host=<Host>;proto=<scheme>"). A trusted proxy that sends
 // X-Forwarded-* but no Forwarded gets a Forwarded that says what they say, one element per address
 // of its X-Forwarded-For, then for=<peer>. Either way a tenant reading either form learns one client.
+// The other fields proxies describe the client in (X-Real-IP, True-Client-IP, X-Forwarded-Ssl, …:
+// clientField) are passed on from a trusted proxy and dropped from any other peer; these and the four
+// spelled with underscores (forwardedAlias) are dropped from everyone.
 // The client sees 1xx answers passed on, hop-by-hop fields dropped from the answer, trailers announced
 // and passed on, the head of an event stream or a body of unknown length at once and each chunk as it
 // comes, and a failed body copy aborting its connection.
@@ -123,7 +126,7 @@ func newReverseProxy(host string, tr http.RoundTripper, trusted func(netip.Addr)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", host
 			pr.Out.URL.RawQuery = pr.In.URL.RawQuery // ReverseProxy dropped what it could not parse
 			fw := newForwarding(pr.In, trusted)
-			dropForwardedAliases(pr.Out.Header)
+			dropUnbelieved(pr.Out.Header, &fw)
 			fw.setFields(pr.Out.Header)
 			pr.Out.Host = pr.In.Host
 		},

@@ -302,14 +302,15 @@ func cutAlike(fast, slow answered) bool {
 // equivalenceCases are the requests and answers both paths must treat alike; wantURI, when set, is
 // the request-URI the upstream must see, and wantFwd, when set, the forwarding fields it must see
 // (every line of X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Proto and Forwarded, in that order),
-// and wantKept, when set, the fields with underscores the upstream must see: no other field with an
-// underscore may reach it.
+// wantKept, when set, the fields with underscores the upstream must see: no other field with an
+// underscore may reach it; and wantClient, when set, whether each clientField named must reach it.
 var equivalenceCases = []struct {
-	name     string
-	ex       exchange
-	wantURI  string
-	wantFwd  []string
-	wantKept []string
+	name       string
+	ex         exchange
+	wantURI    string
+	wantFwd    []string
+	wantKept   []string
+	wantClient map[string]bool
 }{
 	{name: "plain GET", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello"}, wantURI: "/p"},
 	{name: "semicolon query", ex: exchange{Method: "GET", Target: "/p?a=1;b=2", Host: "app.test"}, wantURI: "/p?a=1;b=2"},
@@ -389,6 +390,22 @@ var equivalenceCases = []struct {
 		Header: "X-Forwarded-For: 203.0.113.9\nX_Forwarded_For: 6.6.6.6",
 	}, wantFwd: []string{"X-Forwarded-For: 203.0.113.9, 192.0.2.10", "X-Forwarded-Host: app.test", "X-Forwarded-Proto: http",
 		"Forwarded: for=203.0.113.9;host=app.test;proto=http, for=192.0.2.10"}, wantKept: []string{}},
+	{name: "client fields from a client", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test",
+		Header: "True-Client-IP: 6.6.6.6\nX-Real-IP: 6.6.6.7\nX-Forwarded-Ssl: on\nx_real_ip: 6.6.6.8\nX-Other: 1",
+	}, wantClient: map[string]bool{"True-Client-Ip": false, "X-Real-Ip": false, "X-Forwarded-Ssl": false, "X-Other": true}, wantKept: []string{}},
+	{name: "client fields from a client, POST", ex: exchange{
+		Method: "POST", Target: "/p", Host: "app.test", Body: "ping",
+		Header: "Cf-Connecting-IP: 6.6.6.6\nX-Forwarded-Port: 443\nFront-End-Https: on",
+	}, wantClient: map[string]bool{"Cf-Connecting-Ip": false, "X-Forwarded-Port": false, "Front-End-Https": false}},
+	{name: "client fields from a trusted proxy", ex: exchange{
+		Method: "GET", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711",
+		Header: "True-Client-IP: 203.0.113.9\nX-Forwarded-Ssl: on\nX_Real_IP: 6.6.6.8",
+	}, wantClient: map[string]bool{"True-Client-Ip": true, "X-Forwarded-Ssl": true}, wantKept: []string{}},
+	{name: "client fields from a trusted proxy, POST", ex: exchange{
+		Method: "POST", Target: "/p", Host: "app.test", Peer: "192.0.2.10:4711", Body: "ping",
+		Header: "X-Real-IP: 203.0.113.9\nX-Forwarded-For: 203.0.113.9",
+	}, wantClient: map[string]bool{"X-Real-Ip": true}},
 	{name: "trailers", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", Header: "Te: trailers", AnswerBody: "hello", Trailer: "X-Sum: 42\nX-Other: 1\n!X-Late: 2"}},
 	{name: "unannounced trailer only", ex: exchange{Method: "GET", Target: "/p", Host: "app.test", AnswerBody: "hello", Trailer: "!X-Late: 2"}},
 	{name: "1xx answers", ex: exchange{
@@ -418,6 +435,11 @@ func TestEquivalence(t *testing.T) {
 			}
 			if tc.wantFwd != nil && (got == nil || !slices.Equal(forwardingLines(got.Header), tc.wantFwd)) {
 				t.Errorf("upstream received %+v\ngot forwarding fields  %q\nwant %q", got, forwardingLines(got.Header), tc.wantFwd)
+			}
+			for k, want := range tc.wantClient {
+				if got != nil && (got.Header[k] != nil) != want {
+					t.Errorf("upstream received %s: %v, want %v", k, got.Header[k] != nil, want)
+				}
 			}
 			if tc.wantKept != nil && got != nil {
 				var kept []string

@@ -136,7 +136,8 @@ func writeHead(bw *bufio.Writer, r *http.Request, fw *forwarding, host string) {
 	for k, vv := range r.Header {
 		// Content-Length: the request has no body (forwardable), so there is nothing to declare;
 		// net/http's Request.Write drops a GET's "Content-Length: 0" too.
-		if hopByHop(k) || forwardedField(k) || k == "Content-Length" || (len(connection) > 0 && hasToken(connection, k)) {
+		if hopByHop(k) || forwardedField(k) || k == "Content-Length" || (len(connection) > 0 && hasToken(connection, k)) ||
+			clientField(k) && !fw.believed() {
 			continue
 		}
 		if k == "User-Agent" {
@@ -189,22 +190,23 @@ func forwardedField(k string) bool {
 }
 
 // forwardedAlias reports whether k, a field name with an underscore, reads as one of the X-Forwarded-*
-// fields once its underscores are read as hyphens, in any case ("X_Forwarded_For"). Such a field is
-// never passed on, from anyone. A tenant behind a CGI-style gateway sees field names with hyphens
+// fields or a clientField once its underscores are read as hyphens, in any case ("X_Forwarded_For",
+// "x_real_ip"). Such a field is never passed on, from anyone: no proxy spells its fields so. A tenant behind a CGI-style gateway sees field names with hyphens
 // turned into underscores (HTTP_X_FORWARDED_FOR), and Python's wsgiref then merged a client's
 // "X_Forwarded_For: 6.6.6.6" with the edge's X-Forwarded-For: the tenant read "6.6.6.6,127.0.0.1"
 // (measured on 990f9bc). nginx drops every field with an underscore by default; the edge drops
 // only those that would speak for it.
 func forwardedAlias(k string) bool {
-	k = strings.ReplaceAll(k, "_", "-") // allocates, for the rare name with an underscore only
-	return asciiEqualFold(k, "X-Forwarded-For") || asciiEqualFold(k, "X-Forwarded-Host") || asciiEqualFold(k, "X-Forwarded-Proto")
+	k = textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-")) // allocates, for the rare name with an underscore only
+	return k == "X-Forwarded-For" || k == "X-Forwarded-Host" || k == "X-Forwarded-Proto" || clientField(k)
 }
 
-// dropForwardedAliases deletes from h the fields forwardedAlias names: the ReverseProxy's outgoing
-// header, whose canonical forwarding fields Rewrite mode has already dropped.
-func dropForwardedAliases(h http.Header) {
+// dropUnbelieved deletes from h, the ReverseProxy's outgoing header (whose four forwarding fields
+// Rewrite mode has already dropped), the fields forwardedAlias names, and the clientFields unless fw's
+// peer is a trusted proxy: the fields the fast path's writeHead leaves out.
+func dropUnbelieved(h http.Header, fw *forwarding) {
 	for k := range h {
-		if strings.IndexByte(k, '_') >= 0 && forwardedAlias(k) {
+		if strings.IndexByte(k, '_') >= 0 && forwardedAlias(k) || clientField(k) && !fw.believed() {
 			delete(h, k)
 		}
 	}
