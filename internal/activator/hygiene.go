@@ -16,6 +16,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,21 +106,9 @@ func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseW
 // implements no h2c upgrade of its own (its h2c is prior knowledge, RFC 9113 deprecates the upgrade),
 // so none is asked of a tenant on a client's behalf, as Envoy and Traefik do.
 func withoutHTTPUpgrade(r *http.Request) *http.Request {
-	var kept []string
-	dropped := false
-	for _, v := range r.Header["Upgrade"] {
-		for t := range strings.SplitSeq(v, ",") {
-			if t = textproto.TrimString(t); t == "" {
-				continue
-			}
-			if httpUpgrade(t) {
-				dropped = true
-				continue
-			}
-			kept = append(kept, t)
-		}
-	}
-	if !dropped {
+	all := headerTokens(r.Header["Upgrade"])
+	kept := slices.DeleteFunc(slices.Clone(all), httpUpgrade)
+	if len(kept) == len(all) {
 		return r
 	}
 	r2 := new(http.Request)
@@ -130,20 +119,29 @@ func withoutHTTPUpgrade(r *http.Request) *http.Request {
 		h["Upgrade"] = []string{strings.Join(kept, ", ")}
 	} else {
 		h.Del("Upgrade")
-		var options []string
-		for _, v := range h["Connection"] {
-			for t := range strings.SplitSeq(v, ",") {
-				if t = textproto.TrimString(t); t != "" && !strings.EqualFold(t, "upgrade") && !strings.EqualFold(t, "http2-settings") {
-					options = append(options, t)
-				}
-			}
-		}
+		options := slices.DeleteFunc(headerTokens(h["Connection"]), func(t string) bool {
+			return strings.EqualFold(t, "upgrade") || strings.EqualFold(t, "http2-settings")
+		})
 		if h.Del("Connection"); len(options) > 0 {
 			h["Connection"] = []string{strings.Join(options, ", ")}
 		}
 	}
 	r2.Header = h
 	return r2
+}
+
+// headerTokens returns the comma-separated tokens of a field's values, trimmed as the ReverseProxy
+// trims them (textproto.TrimString), empty ones left out.
+func headerTokens(values []string) []string {
+	var out []string
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = textproto.TrimString(t); t != "" {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
 }
 
 // httpUpgrade reports whether the Upgrade token t (protocol-name ["/" protocol-version]) names HTTP

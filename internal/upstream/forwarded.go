@@ -34,7 +34,6 @@ func newForwarding(r *http.Request, trusted func(netip.Addr) bool) forwarding {
 	}
 	ip, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		f.asked = true // no address, no proxy
 		return f
 	}
 	f.peer = ip
