@@ -41,8 +41,9 @@ pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: lin
 kver=${pkg#linux-image-}
 
 # The stamp is the kernel package and the initramfs's version: a guest built by an older script is
-# rebuilt. init-2: the power button is opened before httpd starts.
-stamp="$pkg init-2"
+# rebuilt. init-2: the power button is opened before httpd starts. init-3: a test can ask for it late
+# (activator_test.button_late).
+stamp="$pkg init-3"
 if [ "$force" = 0 ] && [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] &&
 	[ -s "$out/vmlinux" ] && [ -s "$out/initrd.img" ] && [ -s "$out/append" ]; then
 	log "reusing $out ($stamp)"
@@ -142,20 +143,31 @@ cat /proc/sys/kernel/random/boot_id >/www/boot_id
 # Power off on the ACPI power button (QMP system_powerdown): wait for one input event from it. The
 # button's device is opened (fd 3) before httpd starts: evdev gives a reader only the events after its
 # open, and a host that presses the button as soon as the guest answers must not press it unheard.
-button=
-for n in /sys/class/input/event*; do
-	grep -q 'Power Button' "$n/device/name" 2>/dev/null && button=/dev/${n##*/sys/class/}
-done
-if [ -n "$button" ]; then
-	exec 3<"$button"
-	(dd of=/dev/null bs=24 count=1 <&3 2>/dev/null
-	 echo "activator-test-guest: power button, powering off"
-	 poweroff -f) &
-else
-	echo "activator-test-guest: no power button found"
-fi
+# activator_test.button_late=SECONDS on the kernel command line opens it that long after httpd starts
+# instead, as in a guest whose power-button handler starts after its web server (TestPoweroffPressesAgain).
+watch_button() {
+	button=
+	for n in /sys/class/input/event*; do
+		grep -q 'Power Button' "$n/device/name" 2>/dev/null && button=/dev/${n##*/sys/class/}
+	done
+	if [ -n "$button" ]; then
+		exec 3<"$button"
+		(dd of=/dev/null bs=24 count=1 <&3 2>/dev/null
+		 echo "activator-test-guest: power button, powering off"
+		 poweroff -f) &
+	else
+		echo "activator-test-guest: no power button found"
+	fi
+}
+late=$(sed -n 's/.*activator_test\.button_late=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
+[ -z "$late" ] && watch_button
 httpd -p 80 -h /www
 echo "activator-test-guest: serving on 10.0.2.15:80"
+if [ -n "$late" ]; then
+	sleep "$late"
+	watch_button
+	echo "activator-test-guest: power button opened ${late}s after httpd"
+fi
 while :; do sleep 3600; done
 EOF
 chmod 755 initramfs/init

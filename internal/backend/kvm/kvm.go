@@ -579,25 +579,61 @@ func (b *Backend) asleep(inst *instance, forget bool) {
 	}
 }
 
-// poweroff presses the ACPI power button and waits up to the powerdown budget for the guest to power
-// off; then QEMU is told to quit (and killed past the quit budget).
+// poweroff presses the ACPI power button, and again at each fifth of the powerdown budget (at least
+// a second apart) while the guest runs, for up to the budget; then QEMU is told to quit (and killed
+// past the quit budget). One press is not enough: a guest whose power-button handler (acpid,
+// systemd-logind) starts after its web server can be woken, pass its gate and be put to sleep before
+// it listens to the button, and the press is lost; QEMU's quit is then a cut of the power. OpenStack
+// Nova presses again for the same reason (shutdown_retry_interval).
 func (b *Backend) poweroff(ctx context.Context, inst *instance) error {
 	b.asleep(inst, true)
 	inst.setWantRun(false)
-	pctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Powerdown.D())
+	budget := b.s.Budgets.Powerdown.D()
+	pctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	if err := inst.mon.run(pctx, nil, "system_powerdown", nil); err != nil {
-		b.log.Warn("system_powerdown failed", "err", err)
+	began := time.Now()
+	again := time.NewTicker(pressEvery(budget))
+	defer again.Stop()
+	presses := 0
+	press := func() {
+		presses++
+		err := inst.mon.run(pctx, nil, "system_powerdown", nil)
+		select {
+		case <-inst.fatal: // the guest is powering off: the monitor may already be gone
+		default:
+			if err != nil {
+				b.log.Warn("system_powerdown failed", "press", presses, "err", err)
+			}
+		}
 	}
-	select {
-	case <-inst.gone:
-	case <-pctx.Done():
-		b.log.Warn("guest did not power off within the budget; quitting qemu", "budget", b.s.Budgets.Powerdown.D())
-		inst.quit(context.Background(), b.s.Budgets.Quit.D())
+	press()
+	fatal := inst.fatal
+wait:
+	for {
+		select {
+		case <-inst.gone:
+			b.log.Info("guest powered off", "presses", presses, "took", time.Since(began).Round(time.Millisecond))
+			break wait
+		case <-fatal:
+			// Shutting down (SHUTDOWN seen): no more presses; wait for QEMU's end, or the budget.
+			fatal = nil
+			again.Stop()
+		case <-again.C:
+			press()
+		case <-pctx.Done():
+			b.log.Warn("guest did not power off within the budget; quitting qemu", "budget", budget, "presses", presses)
+			inst.quit(context.Background(), b.s.Budgets.Quit.D())
+			break wait
+		}
 	}
 	inst.close()
 	removeStale(b.p)
 	return nil
+}
+
+// pressEvery is how often poweroff presses the power button again within budget.
+func pressEvery(budget time.Duration) time.Duration {
+	return max(budget/5, time.Second)
 }
 
 // Adopt finds a QEMU of this route still running from an earlier activator (pid file and QMP socket

@@ -393,6 +393,33 @@ func TestGuestEndsOnItsOwn(t *testing.T) {
 	}
 }
 
+// TestPoweroffPressesAgain: a guest whose power-button handler starts after its web server (here the
+// test guest asked, on its kernel command line, to open the button 5 s after httpd starts) does not
+// hear a press that comes as soon as it answers. The poweroff sleep presses again at each fifth of
+// budgets.powerdown, so the guest powers itself off at a later press instead of having its power
+// cut (QEMU quit) when the budget ends.
+func TestPoweroffPressesAgain(t *testing.T) {
+	g := needGuest(t)
+	g.append += " activator_test.button_late=5"
+	r := route(t, g, SleepPoweroff, "budgets:\n  powerdown: 30s\n")
+	b := open(t, r)
+	wake(t, b, r.Upstream, tenant.Discard)
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := b.Sleep(ctx); err != nil {
+		t.Fatalf("Sleep: %v", err)
+	}
+	inst.mu.Lock()
+	reason := inst.reason
+	inst.mu.Unlock()
+	if want := "guest shut down (guest-shutdown)"; reason != want {
+		t.Fatalf("QEMU ended with %q, want %q: the guest did not power itself off", reason, want)
+	}
+}
+
 // TestReloadChangesModeWhileParked: a reload that changes a paused guest's sleep mode gives the route
 // a new backend, which adopts the guest the old one left paused (keep_running_on_exit). The paused
 // guest is asleep, not awake: the next Wake continues it (same boot), and the new mode's Sleep then
