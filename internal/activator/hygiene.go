@@ -59,14 +59,18 @@ func (s *Server) hygiene(w http.ResponseWriter, r *http.Request) (http.ResponseW
 		w = &closingWriter{ResponseWriter: w}
 	}
 	var err error
+	var malformed string
+	if r.ProtoMajor == 2 {
+		malformed = h2Malformed(r)
+	}
 	switch {
 	case r.Method == http.MethodConnect || r.Method == http.MethodTrace:
 		if r.Method == http.MethodConnect && r.ProtoMajor == 1 {
 			w.Header().Set("Connection", "close")
 		}
 		err = fmt.Errorf("%w: %s", ErrMethod, r.Method)
-	case r.ProtoMajor == 2 && h2Malformed(r) != "":
-		err = fmt.Errorf("%w: %s", ErrMalformed, h2Malformed(r))
+	case malformed != "":
+		err = fmt.Errorf("%w: %s", ErrMalformed, malformed)
 	case !routableTarget(r):
 		err = fmt.Errorf("%w: not a path (origin or absolute form)", ErrTarget)
 	default:
