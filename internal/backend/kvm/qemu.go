@@ -23,10 +23,11 @@ const (
 	sockName    = "qmp.sock"
 	pidName     = "qemu.pid"
 	consoleName = "console.log"
-	logName     = "qemu.log"       // QEMU's messages (-D), e.g. why a snapshot did not load
-	startName   = "qemu-start.log" // the daemonizing parent's output
-	migName     = "mig.sock"       // file mode: the device state's migration socket
-	snapBase    = "guest.snap"     // + ".zst" when compressed
+	logName     = "qemu.log"            // QEMU's messages (-D), e.g. why a snapshot did not load
+	startName   = "qemu-start.log"      // the daemonizing parent's output
+	migName     = "mig.sock"            // file mode: the device state's migration socket
+	writerName  = "snapshot-writer.log" // copy mode: the snapshot writer's (cat, zstd) errors
+	snapBase    = "guest.snap"          // + ".zst" when compressed
 )
 
 // hostFacts is what accel auto looks at. readHostFacts fills it from the running system; tests build
@@ -103,7 +104,7 @@ func moduleList(m []string) string {
 
 // paths are the files of one route.
 type paths struct {
-	sock, pid, console, log, start, mig string
+	sock, pid, console, log, start, mig, writer string
 }
 
 func newPaths(s *Settings) paths {
@@ -114,6 +115,7 @@ func newPaths(s *Settings) paths {
 		log:     filepath.Join(s.RuntimeDir, logName),
 		start:   filepath.Join(s.RuntimeDir, startName),
 		mig:     filepath.Join(s.RuntimeDir, migName),
+		writer:  filepath.Join(s.RuntimeDir, writerName),
 	}
 }
 

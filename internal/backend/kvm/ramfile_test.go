@@ -3,15 +3,19 @@ package kvm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -377,4 +381,117 @@ func TestSwapSidecar(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSnapshotOnAFullDisk: a snapshot sleep whose snapshot_dir runs out of space fails as what it is
+// (the error says so and names the snapshot_dir) and is undone: the guest runs on, the same boot, and
+// no part of a snapshot is left to be restored. Each mode's snapshot_dir is a small file system that a
+// filler takes up once the guest is awake: a tmpfs in copy mode, where the 60 MiB snapshot would fit
+// without the filler; an ext4 in file mode (a RAM file may not be in memory), where the RAM file was
+// allocated at the wake and the device state is what no longer fits. With the filler gone, the next
+// sleep and wake work as usual.
+func TestSnapshotOnAFullDisk(t *testing.T) {
+	g := needGuest(t)
+	for _, mode := range []string{RAMCopy, RAMFile} {
+		t.Run(mode, func(t *testing.T) {
+			r := route(t, g, SleepSnapshot, "snapshot_ram: "+mode)
+			dir := r.Settings.(*Settings).SnapshotDir
+			if mode == RAMCopy {
+				mountSmall(t, dir, "tmpfs", 96<<20)
+			} else {
+				mountSmall(t, dir, "ext4", 160<<20)
+			}
+			b := open(t, r)
+			wake(t, b, r.Upstream, tenant.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			fill(t, filepath.Join(dir, "filler"))
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			err := b.Sleep(ctx)
+			if err == nil {
+				t.Fatal("Sleep on a full snapshot_dir succeeded")
+			}
+			t.Logf("Sleep: %v", err)
+			if msg := strings.ToLower(err.Error()); !strings.Contains(msg, "no space left") || !strings.Contains(msg, dir) {
+				t.Errorf("Sleep's error %q does not say that snapshot_dir %s is full", err, dir)
+			}
+			if boot2 := get(t, r.Upstream, "/boot_id"); boot2 != boot1 {
+				t.Errorf("after the failed sleep the guest serves boot %q, want the same boot %q", boot2, boot1)
+			}
+			for _, f := range []string{snapBase, snapBase + ".tmp", devBase, devBase + genExt, devBase + ".tmp"} {
+				if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+					t.Errorf("%s left in snapshot_dir after the failed sleep", f)
+				}
+			}
+			// With room again, the next sleep is a snapshot and the wake after it restores it.
+			must(t, os.Remove(filepath.Join(dir, "filler")))
+			sleepB(t, b)
+			wake(t, b, r.Upstream, tenant.Discard)
+			if boot3 := get(t, r.Upstream, "/boot_id"); boot3 != boot1 {
+				t.Errorf("after a sleep with room the guest serves boot %q, want the restored boot %q", boot3, boot1)
+			}
+		})
+	}
+}
+
+// mountSmall mounts a file system of kind (tmpfs, or ext4 on a loop device) of size bytes at dir,
+// unmounted at cleanup. It needs root.
+func mountSmall(t *testing.T, dir, kind string, size int64) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "mounting a small %s needs root", kind)
+	}
+	must(t, os.MkdirAll(dir, 0o700))
+	var cmds [][]string
+	switch kind {
+	case "tmpfs":
+		cmds = [][]string{{"mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "tmpfs", dir}}
+	case "ext4":
+		img := filepath.Join(t.TempDir(), "fs.img")
+		f, err := os.Create(img)
+		must(t, err)
+		must(t, f.Truncate(size))
+		must(t, f.Close())
+		cmds = [][]string{{"mkfs.ext4", "-q", "-F", "-m", "0", img}, {"mount", "-o", "loop", img, dir}}
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			testenv.Missing(t, "%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	must(t, os.Chmod(dir, 0o700))
+}
+
+// fill writes zeros to path until the file system is full: until, after a sync, not even one more
+// block can be written (ext4 gives back blocks it had reserved for a file's metadata once the file
+// is on disk).
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	must(t, err)
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for range 64 { // passes; each but the last frees less than the one before
+		wrote := 0
+		for _, n := range []int{1 << 20, 4 << 10} {
+			for range 1 << 12 { // at most 4 GiB: the file systems here are far smaller
+				k, err := f.Write(buf[:n])
+				wrote += k
+				if errors.Is(err, syscall.ENOSPC) {
+					break
+				}
+				must(t, err)
+			}
+		}
+		must(t, f.Sync())
+		if wrote == 0 {
+			return
+		}
+	}
+	t.Fatalf("%s: the file system never filled up", path)
 }

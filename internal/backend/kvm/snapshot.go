@@ -123,21 +123,25 @@ func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, err
 		writer = "zstd -q -1 -c"
 	}
 	// QEMU kills the writer (TERM, then KILL) shortly after closing its pipe; ignoring TERM gives the
-	// writer time to flush, and the rename happens only after a complete write.
+	// writer time to flush, and the rename happens only after a complete write. The writer's errors go
+	// to the runtime dir, not the snapshot dir, which may be the full disk they are about: QEMU itself
+	// only sees its pipe close ("Unable to write to command: Broken pipe").
 	tmp := final + ".tmp"
-	uri := fmt.Sprintf("exec:trap '' TERM; %s > %s && mv -f %s %s", writer, shellQuote(tmp), shellQuote(tmp), shellQuote(final))
+	_ = os.Remove(b.p.writer)
+	defer os.Remove(b.p.writer)
+	uri := fmt.Sprintf("exec:trap '' TERM; %s > %s 2>%s && mv -f %s %s", writer, shellQuote(tmp), shellQuote(b.p.writer), shellQuote(tmp), shellQuote(final))
 	if err := inst.mon.run(ctx, nil, "migrate", map[string]any{"uri": uri}); err != nil {
 		return saved, err
 	}
 	if err := waitMigrated(ctx, inst); err != nil {
-		return saved, b.migrationFailed(inst, err)
+		return saved, b.writerFailed(b.migrationFailed(inst, err))
 	}
 	// The writer finishes moments after QEMU reports completion; bound the wait so a writer that was
 	// killed (no file will come) fails the sleep without using up the whole sleep budget.
 	wctx, cancel := context.WithTimeout(ctx, b.s.Budgets.Quit.D())
 	defer cancel()
 	if err := waitFile(wctx, final, tmp); err != nil {
-		return saved, fmt.Errorf("snapshot: %w", err)
+		return saved, b.writerFailed(fmt.Errorf("snapshot: %w", err))
 	}
 	if fi, err := os.Stat(final); err == nil {
 		saved.dev.Bytes = fi.Size()
@@ -146,6 +150,15 @@ func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, err
 		return saved, fmt.Errorf("sync snapshot: %w", err)
 	}
 	return saved, nil
+}
+
+// writerFailed adds to err what the copy-mode snapshot writer said, such as "cat: write error: No
+// space left on device", when it said anything.
+func (b *Backend) writerFailed(err error) error {
+	if said := logTail(b.p.writer, 512); said != "" {
+		return fmt.Errorf("%w (writing into %s: %s)", err, b.s.SnapshotDir, said)
+	}
+	return err
 }
 
 // migrationFailed cancels a migration that ran out of time and adds QEMU's reason to err.

@@ -32,10 +32,14 @@ func (b *Backend) receiveDevice(ctx context.Context, inst *instance, file string
 		return devSidecar{}, err
 	}
 	dev, rerr := receiveStream(ln, file+".tmp", deadline)
-	if err := waitMigrated(ctx, inst); err != nil {
+	err = waitMigrated(ctx, inst)
+	switch {
+	case rerr != nil && err != nil:
+		// The stream failed on our side (a full disk), so QEMU's failed too: ours is the cause.
+		return devSidecar{}, fmt.Errorf("receive the device state: %w (and so the %w)", rerr, err)
+	case err != nil:
 		return devSidecar{}, err
-	}
-	if rerr != nil {
+	case rerr != nil:
 		return devSidecar{}, fmt.Errorf("receive the device state: %w", rerr)
 	}
 	if err := os.Rename(file+".tmp", file); err != nil {
