@@ -3,12 +3,14 @@ package main
 // Shell completion: `activator completion bash|zsh` prints a script that completes the subcommands,
 // their flags, file names after --config and --token-file, and route names, which it asks the admin
 // API for through `activator status --names` (with the --admin, --config and --token-file already on
-// the command line).
+// the command line), and the states after status --state.
 
 import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/activator/activator/internal/activator"
 )
 
 // completionCommand is a subcommand as the completion scripts offer it.
@@ -21,11 +23,14 @@ type completionCommand struct {
 
 var adminFlagNames = []string{"--admin", "--token-file", "--config"}
 
+// stateNames are the values of status --state (the admin API's route states).
+var stateNames = strings.Join(activator.StateNames(), " ")
+
 // completionCommands is what the scripts complete; keep it in step with main's switch and usage.
 var completionCommands = []completionCommand{
 	{name: "serve", flags: []string{"--config", "--log-format", "--log-level", "--pprof"}},
 	{name: "check", flags: []string{"--config"}},
-	{name: "status", flags: append([]string{"--json", "--watch", "--interval", "--count", "--names"}, adminFlagNames...)},
+	{name: "status", flags: append([]string{"--json", "--watch", "--interval", "--count", "--names", "--state"}, adminFlagNames...), routes: true},
 	{name: "wake", flags: adminFlagNames, routes: true},
 	{name: "sleep", flags: adminFlagNames, routes: true},
 	{name: "explain", flags: append([]string{"--last", "--json"}, adminFlagNames...), routes: true},
@@ -68,6 +73,10 @@ _activator() {
 	case "$prev" in
 	--config|--token-file)
 		COMPREPLY=($(compgen -f -- "$cur"))
+		return
+		;;
+	--state)
+		COMPREPLY=($(compgen -W "` + stateNames + `" -- "$cur"))
 		return
 		;;
 	--admin|--interval|--count|--last|--listen|--log-format|--log-level)
@@ -116,6 +125,7 @@ _activator() {
 	fi
 	case ${words[CURRENT-1]} in
 	--config|--token-file) _files; return ;;
+	--state) compadd -- ` + stateNames + `; return ;;
 	--admin|--interval|--count|--last|--listen|--log-format|--log-level) return ;;
 	esac
 	local -a flags choices

@@ -86,6 +86,8 @@ func TestBashCompletionRoutes(t *testing.T) {
 COMP_WORDS=(activator wake --admin ` + s.admin + ` a); COMP_CWORD=4; _activator; echo "routes: ${COMPREPLY[*]}"
 COMP_WORDS=(activator ex); COMP_CWORD=1; _activator; echo "commands: ${COMPREPLY[*]}"
 COMP_WORDS=(activator explain --l); COMP_CWORD=2; _activator; echo "flags: ${COMPREPLY[*]}"
+COMP_WORDS=(activator status --admin ` + s.admin + ` b); COMP_CWORD=4; _activator; echo "status routes: ${COMPREPLY[*]}"
+COMP_WORDS=(activator status --state aw); COMP_CWORD=3; _activator; echo "states: ${COMPREPLY[*]}"
 `
 	cmd := exec.Command(bash, "-c", probe)
 	cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"))
@@ -93,7 +95,7 @@ COMP_WORDS=(activator explain --l); COMP_CWORD=2; _activator; echo "flags: ${COM
 	if err != nil {
 		t.Fatalf("bash: %v\n%s", err, out)
 	}
-	for _, want := range []string{"routes: alpha\n", "commands: explain\n", "flags: --last\n"} {
+	for _, want := range []string{"routes: alpha\n", "commands: explain\n", "flags: --last\n", "status routes: beta\n", "states: awake\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("completion: want %q in:\n%s", want, out)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,5 +84,50 @@ func TestStatusWatchAndNames(t *testing.T) {
 	}
 	if code, out := runMain(t, "status", "--admin", s.admin, "--names"); code != 0 || out != "one\ntwo\n" {
 		t.Errorf("status --names: exit %d, output %q, want \"one\\ntwo\\n\"", code, out)
+	}
+}
+
+// TestStatusSelects: `activator status` lists only the routes named (before, between or after the
+// flags) and in the --state given, as the admin API selects them; a route that does not exist or a
+// state that is not one fails with the admin API's reason.
+func TestStatusSelects(t *testing.T) {
+	s := startServed(t, configYAML(t, appRoute{Name: "one"}, appRoute{Name: "two"}, appRoute{Name: "three"}))
+	if code, out := runMain(t, "wake", "two", "--admin", s.admin); code != 0 {
+		t.Fatalf("wake two: exit %d:\n%s", code, out)
+	}
+	routesIn := func(out string) []string {
+		var names []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			names = append(names, strings.Fields(line)[0])
+		}
+		return names
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--state", "awake"}, []string{"two"}},
+		{[]string{"--state", "asleep"}, []string{"one", "three"}},
+		{[]string{"three", "--state", "asleep,awake", "one"}, []string{"one", "three"}},
+		{[]string{"three", "two"}, []string{"two", "three"}},
+	} {
+		code, out := runMain(t, append([]string{"status", "--admin", s.admin}, c.args...)...)
+		if got := routesIn(out); code != 0 || !slices.Equal(got, c.want) {
+			t.Errorf("status %v: exit %d, routes %v, want %v:\n%s", c.args, code, got, c.want, out)
+		}
+	}
+	if code, out := runMain(t, "status", "--admin", s.admin, "--names", "--state", "asleep"); code != 0 || out != "one\nthree\n" {
+		t.Errorf("status --names --state asleep: exit %d, output %q, want \"one\\nthree\\n\"", code, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nope"}, `activator status: GET /routes: route: no such route: "nope"`},
+		{[]string{"--state", "up"}, `activator status: GET /routes: state: "up" is not a state (asleep, waking, awake, stopping, failed)`},
+	} {
+		if code, out := runMain(t, append([]string{"status", "--admin", s.admin}, c.args...)...); code != 1 || strings.TrimSpace(out) != c.want {
+			t.Errorf("status %v: exit %d, output %q, want 1 and %q", c.args, code, out, c.want)
+		}
 	}
 }

@@ -3,7 +3,7 @@
 //
 //	activator serve  --config FILE     run the edge and the admin API
 //	activator check  --config FILE     validate a config; print every problem; exit 1 if any
-//	activator status [--admin ADDR]    a table of routes from the admin API
+//	activator status [ROUTE...]        a table of routes from the admin API (--state to select)
 //	activator wake   ROUTE             wake a route, showing its phases as they happen
 //	activator sleep  ROUTE             put a route to sleep
 //	activator explain ROUTE            the route's recent wakes and sleeps as a timeline
@@ -23,7 +23,7 @@ const usage = `activator: an HTTP edge that wakes sleeping tenants on demand.
 Usage:
   activator serve  --config FILE [--log-format text|json] [--log-level info] [--pprof]
   activator check  --config FILE
-  activator status [--admin 127.0.0.1:9090] [--json] [--watch [--interval 2s] [--count N]]
+  activator status [ROUTE...] [--state awake,waking] [--admin 127.0.0.1:9090] [--json] [--watch [--interval 2s] [--count N]]
   activator wake   ROUTE [--admin ADDR]
   activator sleep  ROUTE [--admin ADDR]
   activator explain ROUTE [--last 10] [--json] [--admin ADDR]

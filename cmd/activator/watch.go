@@ -17,7 +17,7 @@ import (
 // watchStatus redraws the status table every interval until SIGINT, or until count tables were drawn
 // when count > 0. On a terminal it clears the screen before each; otherwise a separator line with the
 // time parts them.
-func watchStatus(c *adminClient, interval time.Duration, count int) int {
+func watchStatus(c *adminClient, list string, interval time.Duration, count int) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	tty := isTerminal(os.Stdout)
@@ -31,7 +31,7 @@ func watchStatus(c *adminClient, interval time.Duration, count int) int {
 				return 0
 			}
 		}
-		sts, err := fetchStatuses(c)
+		sts, err := fetchStatuses(c, list)
 		switch {
 		case tty:
 			fmt.Print("\x1b[H\x1b[2J") // home, clear the screen
@@ -47,21 +47,31 @@ func watchStatus(c *adminClient, interval time.Duration, count int) int {
 	return 0
 }
 
-// printNames prints the route names, one a line.
-func printNames(c *adminClient) int {
-	sts, err := fetchStatuses(c)
+// printNames prints the route names that list (a GET /routes?names=true) answers, one a line.
+func printNames(c *adminClient, list string) int {
+	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s", answerError(body, code))
+	}
+	var names []string
+	if err == nil {
+		if jerr := json.Unmarshal(body, &names); jerr != nil {
+			err = fmt.Errorf("bad answer from the admin API: %w", jerr)
+		}
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activator status:", err)
 		return 1
 	}
-	for _, s := range sts {
-		fmt.Println(s.Route)
+	for _, n := range names {
+		fmt.Println(n)
 	}
 	return 0
 }
 
-func fetchStatuses(c *adminClient) ([]activator.Status, error) {
-	body, code, err := c.call(http.MethodGet, "/routes", 10*time.Second)
+// fetchStatuses asks the admin API for list (a GET /routes, with its selection).
+func fetchStatuses(c *adminClient, list string) ([]activator.Status, error) {
+	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}

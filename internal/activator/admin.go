@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -18,7 +20,8 @@ import (
 // AdminHandler serves the admin API:
 //
 //	GET  /healthz               200 "ok" while the server runs
-//	GET  /routes                every route's Status (JSON)
+//	GET  /routes                every route's Status (JSON); ?state=, ?route= and ?names=true select
+//	                            (listQuery)
 //	GET  /routes/{name}         one route's Status
 //	GET  /routes/{name}/wakes   the route's history: its last wakes and sleeps, oldest first (?last=N)
 //	POST /routes/{name}/wake    wake and wait for the result (?wait=false to return at once)
@@ -37,8 +40,18 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 	if metrics != nil {
 		r.Handle("/metrics", metrics)
 	}
-	r.Get("/routes", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSONList(w, s.table.Load().order, (*instance).status)
+	r.Get("/routes", func(w http.ResponseWriter, req *http.Request) {
+		q, code, err := s.parseListQuery(req.URL.Query())
+		if err != nil {
+			writeJSON(w, code, map[string]string{"error": "GET /routes: " + err.Error()})
+			return
+		}
+		list := q.filter(s.table.Load().order)
+		if q.names {
+			writeJSONList(w, list, func(in *instance) string { return in.route.Name })
+			return
+		}
+		writeJSONList(w, list, (*instance).status)
 	})
 	r.Get("/routes/{name}", func(w http.ResponseWriter, req *http.Request) {
 		in := s.instance(chi.URLParam(req, "name"))
@@ -83,6 +96,85 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 		s.adminAct(w, req, chi.URLParam(req, "name"), s.Sleep)
 	})
 	return r
+}
+
+// listQuery is what GET /routes was asked for: at 100,000 routes the whole list is 28 MB, and an
+// operator looking for the few that are awake, or a shell completing a name, needs far less.
+//
+//	state=awake,waking  only routes in one of these states (asleep, waking, awake, stopping, failed)
+//	route=blog,shop     only these routes and instances (each must exist: 404 otherwise)
+//	names=true          the names alone, a JSON array of strings, instead of each Status
+//
+// A key given more than once adds to its list. Any other key is an error: a misspelt filter must not
+// answer with every route.
+type listQuery struct {
+	states map[State]bool // nil: any state
+	routes map[string]bool
+	names  bool
+}
+
+// parseListQuery reads GET /routes's query, or says what is wrong with it and the status to answer.
+func (s *Server) parseListQuery(v url.Values) (listQuery, int, error) {
+	var q listQuery
+	for key, vals := range v {
+		switch key {
+		case "state":
+			q.states = map[State]bool{}
+			if len(headerTokens(vals)) == 0 {
+				return q, http.StatusBadRequest, fmt.Errorf("state: empty; want one or more of %s", strings.Join(StateNames(), ", "))
+			}
+			for _, name := range headerTokens(vals) {
+				st, ok := parseState(name)
+				if !ok {
+					return q, http.StatusBadRequest, fmt.Errorf("state: %q is not a state (%s)", name, strings.Join(StateNames(), ", "))
+				}
+				q.states[st] = true
+			}
+		case "route":
+			q.routes = map[string]bool{}
+			if len(headerTokens(vals)) == 0 {
+				return q, http.StatusBadRequest, errors.New("route: empty; want one or more route names")
+			}
+			for _, name := range headerTokens(vals) {
+				if s.instance(name) == nil {
+					return q, http.StatusNotFound, fmt.Errorf("route: no such route: %q", name)
+				}
+				q.routes[name] = true
+			}
+		case "names":
+			b, err := strconv.ParseBool(vals[len(vals)-1])
+			if err != nil {
+				return q, http.StatusBadRequest, fmt.Errorf("names: want true or false, got %q", vals[len(vals)-1])
+			}
+			q.names = b
+		default:
+			return q, http.StatusBadRequest, fmt.Errorf("unknown parameter %q (known: state, route, names)", key)
+		}
+	}
+	return q, 0, nil
+}
+
+// filter returns the instances of list that q selects, in list's order; list itself when q selects all.
+func (q listQuery) filter(list []*instance) []*instance {
+	if q.states == nil && q.routes == nil {
+		return list
+	}
+	var out []*instance
+	for _, in := range list {
+		if q.routes != nil && !q.routes[in.route.Name] {
+			continue
+		}
+		if q.states != nil {
+			in.mu.Lock()
+			st := in.state
+			in.mu.Unlock()
+			if !q.states[st] {
+				continue
+			}
+		}
+		out = append(out, in)
+	}
+	return out
 }
 
 func (s *Server) adminAct(w http.ResponseWriter, req *http.Request, name string, act func(context.Context, string) error) {

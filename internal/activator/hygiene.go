@@ -134,8 +134,9 @@ func withoutHTTPUpgrade(r *http.Request) *http.Request {
 	return r2
 }
 
-// headerTokens returns the comma-separated tokens of a field's values, trimmed as the ReverseProxy
-// trims them (textproto.TrimString), empty ones left out.
+// headerTokens returns the comma-separated tokens of a field's values (or of a query parameter's, for
+// the admin API's lists), trimmed as the ReverseProxy trims them (textproto.TrimString), empty ones
+// left out.
 func headerTokens(values []string) []string {
 	var out []string
 	for _, v := range values {

@@ -43,6 +43,25 @@ func (s State) String() string {
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
+// parseState is State.String's inverse.
+func parseState(name string) (State, bool) {
+	for s := Asleep; s <= Failed; s++ {
+		if s.String() == name {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// StateNames are the names of the states a route can be in, as Status.State gives them.
+func StateNames() []string {
+	var names []string
+	for s := Asleep; s <= Failed; s++ {
+		names = append(names, s.String())
+	}
+	return names
+}
+
 // Sleep reasons, as in activator_sleeps_total{reason}.
 const (
 	ReasonIdle   = "idle"
