@@ -440,14 +440,19 @@ func lockRAM(path string, create bool) (*os.File, error) {
 }
 
 // resetRAM empties f and gives it size bytes of zeros, allocated on disk where the filesystem can: a
-// guest that touches a page of a sparse file on a full disk kills QEMU (SIGBUS).
+// guest that touches a page of a sparse file on a full disk kills QEMU (SIGBUS). When the disk has not
+// the room, f is left empty: an allocation that failed half-way must not keep what it took of a
+// disk that is already short of space.
 func resetRAM(f *os.File, size int64) error {
 	if err := f.Truncate(0); err != nil {
 		return err
 	}
 	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
-	if errors.Is(err, unix.EOPNOTSUPP) {
+	switch {
+	case errors.Is(err, unix.EOPNOTSUPP):
 		return f.Truncate(size)
+	case err != nil:
+		_ = f.Truncate(0)
 	}
 	return err
 }

@@ -434,6 +434,31 @@ func TestSnapshotOnAFullDisk(t *testing.T) {
 	}
 }
 
+// TestWakeOnAFullDisk: a file-mode guest whose RAM file does not fit its snapshot_dir does not start
+// (a guest touching a page of a file the disk cannot hold would be killed by SIGBUS): the wake fails
+// saying so, no QEMU is left, and the RAM file keeps none of the disk it could not finish taking.
+func TestWakeOnAFullDisk(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepSnapshot, "snapshot_ram: file")
+	dir := r.Settings.(*Settings).SnapshotDir
+	mountSmall(t, dir, "ext4", 64<<20) // the guest has 128 MiB
+	b := open(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := b.Wake(ctx, tenant.Discard)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), b.ramPath()) {
+		t.Fatalf("Wake = %v, want an error saying the RAM file %s has no space", err, b.ramPath())
+	}
+	if pid := qemuPid(b.p); pid != 0 {
+		t.Errorf("QEMU %d runs after the failed wake", pid)
+	}
+	var st unix.Stat_t
+	must(t, unix.Stat(b.ramPath(), &st))
+	if st.Blocks != 0 {
+		t.Errorf("the RAM file holds %d KiB of the full disk after the failed wake, want none", st.Blocks/2)
+	}
+}
+
 // mountSmall mounts a file system of kind (tmpfs, or ext4 on a loop device) of size bytes at dir,
 // unmounted at cleanup. It needs root.
 func mountSmall(t *testing.T, dir, kind string, size int64) {
