@@ -120,10 +120,11 @@ func (s *Server) parseListQuery(v url.Values) (listQuery, int, error) {
 		switch key {
 		case "state":
 			q.states = map[State]bool{}
-			if len(headerTokens(vals)) == 0 {
+			names := headerTokens(vals)
+			if len(names) == 0 {
 				return q, http.StatusBadRequest, fmt.Errorf("state: empty; want one or more of %s", strings.Join(StateNames(), ", "))
 			}
-			for _, name := range headerTokens(vals) {
+			for _, name := range names {
 				st, ok := parseState(name)
 				if !ok {
 					return q, http.StatusBadRequest, fmt.Errorf("state: %q is not a state (%s)", name, strings.Join(StateNames(), ", "))
@@ -132,10 +133,11 @@ func (s *Server) parseListQuery(v url.Values) (listQuery, int, error) {
 			}
 		case "route":
 			q.routes = map[string]bool{}
-			if len(headerTokens(vals)) == 0 {
+			names := headerTokens(vals)
+			if len(names) == 0 {
 				return q, http.StatusBadRequest, errors.New("route: empty; want one or more route names")
 			}
-			for _, name := range headerTokens(vals) {
+			for _, name := range names {
 				if s.instance(name) == nil {
 					return q, http.StatusNotFound, fmt.Errorf("route: no such route: %q", name)
 				}
