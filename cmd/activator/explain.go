@@ -107,8 +107,8 @@ func answerError(body []byte, code int) string {
 }
 
 // printTimeline prints events, oldest first, one block each: the time, kind, trigger or reason, result
-// and duration; then a wake's phases (start from the wake's start, duration, budget), its notes, the
-// error and the output tail.
+// and duration; then a wake's phases (start from the wake's start, duration, budget), its notes (a
+// sleep's too), the error and the output tail.
 func printTimeline(w io.Writer, evs []activator.Event) {
 	for i, ev := range evs {
 		if i > 0 {
@@ -207,6 +207,9 @@ func printMember(w io.Writer, m activator.MemberRecord, indent string) {
 
 func printSleep(w io.Writer, r *activator.SleepRecord) {
 	fmt.Fprintf(w, "%s  sleep  reason %s  result %s  %s\n", stamp(r.Started), r.Reason, r.Result, short(r.Duration))
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
 	printFailure(w, r.Error, r.OutputTail)
 }
 

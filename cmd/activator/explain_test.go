@@ -10,12 +10,14 @@ import (
 )
 
 // TestExplainAndLiveWake drives a real `activator serve` with the CLI as an operator would: a wake that
-// succeeds and one that fails, shown live (plain lines: the output is no terminal), then explained.
+// succeeds and one that fails, shown live (plain lines: the output is no terminal), then explained;
+// and a sleep that had to kill its tenant, explained with its note.
 func TestExplainAndLiveWake(t *testing.T) {
 	good := appRoute{Name: "good"}
 	bad := appRoute{Name: "bad", BackoffInitial: "20ms", BackoffMax: "40ms",
 		Env: map[string]string{"DEMOAPP_EXIT_CODE": "3", "DEMOAPP_EXIT_MESSAGE": "demo: no database"}}
-	s := startServed(t, configYAML(t, good, bad))
+	stubborn := appRoute{Name: "stubborn", StopGrace: "200ms", Env: map[string]string{"DEMOAPP_IGNORE_TERM": "1"}}
+	s := startServed(t, configYAML(t, good, bad, stubborn))
 
 	code, out := runMain(t, "wake", "good", "--admin", s.admin)
 	if code != 0 {
@@ -68,6 +70,19 @@ func TestExplainAndLiveWake(t *testing.T) {
 
 	if code, out := runMain(t, "explain", "nope", "--admin", s.admin); code != 1 || !strings.Contains(out, "no such route: nope") {
 		t.Errorf("explain nope: exit %d, output:\n%s\nwant 1 naming the route", code, out)
+	}
+
+	// A tenant that ignores its stop signal is killed after stop_grace; the sleep's record says so.
+	if code, out := runMain(t, "wake", "stubborn", "--admin", s.admin); code != 0 {
+		t.Fatalf("wake stubborn: exit %d:\n%s", code, out)
+	}
+	if code, out := runMain(t, "sleep", "stubborn", "--admin", s.admin); code != 0 {
+		t.Fatalf("sleep stubborn: exit %d:\n%s", code, out)
+	}
+	code, out = runMain(t, "explain", "stubborn", "--admin", s.admin, "--last", "1")
+	if want := "sleep  reason admin  result ok"; code != 0 || !strings.Contains(out, want) ||
+		!strings.Contains(out, "\n  note: still running 200ms (stop_grace) after SIGTERM: killed (SIGKILL)\n") {
+		t.Errorf("explain stubborn: exit %d, output:\n%s\nwant the sleep with a note of the SIGKILL", code, out)
 	}
 	if code, out := runMain(t, "explain", "good", "--admin", s.admin, "--last", "0"); code != 2 || !strings.Contains(out, "--last") {
 		t.Errorf("explain --last 0: exit %d, output:\n%s\nwant 2 naming --last", code, out)

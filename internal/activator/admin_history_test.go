@@ -3,9 +3,11 @@ package activator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -74,5 +76,44 @@ func TestAdminWakeHistory(t *testing.T) {
 				t.Errorf("GET %s kinds = %v, want %v (oldest first)", tt.path, kinds, tt.kinds)
 			}
 		})
+	}
+}
+
+// TestSleepRecordNotes: what a backing notes during a sleep (tenant.NoteSleep) is in the sleep's
+// record, whether the sleep succeeded or failed, and a sleep that notes nothing has no notes.
+func TestSleepRecordNotes(t *testing.T) {
+	b := &fakeBackend{}
+	s, _ := newTestServer(t, b, passGate{})
+	in := s.instance("app")
+	sleep := func(say []string, fail error) *SleepRecord {
+		t.Helper()
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepSay, f.sleepErr = say, fail })
+		err := s.Sleep(context.Background(), "app")
+		if (err != nil) != (fail != nil) {
+			t.Fatalf("Sleep = %v, want the error %v", err, fail)
+		}
+		// The newest sleep: a failed one is followed by the wake that takes the tenant back.
+		evs := in.hist.last(0)
+		for i := len(evs) - 1; i >= 0; i-- {
+			if evs[i].Sleep != nil {
+				return evs[i].Sleep
+			}
+		}
+		t.Fatalf("no sleep in the history %+v", evs)
+		return nil
+	}
+	forced := []string{"still running 10s (stop_grace) after SIGTERM: killed (SIGKILL)"}
+	if got := sleep(forced, nil); !slices.Equal(got.Notes, forced) || got.Result != ResultOK {
+		t.Errorf("sleep record %+v, want result ok with the notes %q", got, forced)
+	}
+	if got := sleep(nil, nil); got.Notes != nil {
+		t.Errorf("a sleep that noted nothing has the notes %q", got.Notes)
+	}
+	tried := []string{"tried once"}
+	if got := sleep(tried, errors.New("no")); !slices.Equal(got.Notes, tried) || got.Result != ResultFailed {
+		t.Errorf("failed sleep record %+v, want result failed with the notes %q", got, tried)
 	}
 }

@@ -34,6 +34,9 @@ type SleepRecord struct {
 	Duration time.Duration `json:"duration_ns"`
 	Result   string        `json:"result"` // ResultOK or ResultFailed; "exited" for ReasonExited
 	Error    string        `json:"error,omitempty"`
+	// Notes are what the backing said of how the sleep went (tenant.NoteSleep): what it had to force,
+	// such as a SIGKILL after the stop grace or a guest's power cut after it ignored the power button.
+	Notes []string `json:"notes,omitempty"`
 	// OutputTail is the end of the tenant's output, when the error carries it (see outputTail). It is
 	// for the admin API only: edge error bodies never quote it.
 	OutputTail string `json:"output_tail,omitempty"`
@@ -106,10 +109,11 @@ func (h *history) last(n int) []Event {
 	return out
 }
 
-// recordSleep records a sleep of in's tenant for reason that began at start and ended with err.
-func (in *instance) recordSleep(reason string, start time.Time, err error) {
+// recordSleep records a sleep of in's tenant for reason that began at start and ended with err, with
+// the backing's notes.
+func (in *instance) recordSleep(reason string, start time.Time, err error, notes []string) {
 	rec := SleepRecord{Route: in.route.Name, Backing: in.route.Backing, Reason: reason, Started: start,
-		Duration: in.now().Sub(start), Result: ResultOK}
+		Duration: in.now().Sub(start), Result: ResultOK, Notes: notes}
 	if err != nil {
 		rec.Result, rec.Error, rec.OutputTail = ResultFailed, err.Error(), outputTail(err)
 	}

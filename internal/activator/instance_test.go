@@ -32,6 +32,7 @@ type fakeBackend struct {
 	wakeGate chan struct{} // when non-nil, Wake blocks until it is closed
 	sleepGte chan struct{} // when non-nil, Sleep blocks until it is closed
 	sleepErr error         // when non-nil, Sleep fails with it and the tenant keeps running
+	sleepSay []string      // notes each Sleep makes (tenant.NoteSleep)
 }
 
 func (f *fakeBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
@@ -75,6 +76,9 @@ func (f *fakeBackend) Sleep(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for _, n := range f.sleepSay {
+		tenant.NoteSleep(ctx, n)
+	}
 	if f.sleepErr != nil {
 		return f.sleepErr
 	}

@@ -75,6 +75,7 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	if reason == ReasonReload { // a retiring instance's sleep: its teardown closes the backend next
 		ctx = tenant.LastSleep(ctx)
 	}
+	ctx, notes := tenant.WithSleepNotes(ctx)
 	err := in.backend.Sleep(ctx)
 	cancel()
 	// While Stopping nothing is proxied and no wake starts, so no connection a wake's gate handed over
@@ -83,14 +84,15 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.lastSlp = reason
-	in.recordSleep(reason, start, err)
+	said := notes.List()
+	in.recordSleep(reason, start, err, said)
 	in.series.slept(reason)
 	in.slpErr = nil
 	if err != nil {
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
-		in.logger().Error("sleep failed; taking the tenant back as awake", "reason", reason, "err", err)
+		in.logger().Error("sleep failed; taking the tenant back as awake", "reason", reason, "err", err, "notes", said)
 	} else {
-		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start))
+		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start), "notes", said)
 	}
 	in.series.sleepFailed(err != nil)
 	in.setStateLocked(Asleep)

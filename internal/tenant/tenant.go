@@ -2,12 +2,14 @@
 // database/sql/driver: internal/activator consumes it, each internal/backend/* package implements it,
 // and neither side imports the other. It holds the Backend a route's tenant is driven through, its
 // optional abilities (found by type assertion), the Life that reports a woken tenant's end, the
-// Tracker a wake reports its phases to, and the Opener that builds a route's Backend.
+// Tracker a wake reports its phases to, the SleepNotes a sleep reports to, and the Opener that builds
+// a route's Backend.
 package tenant
 
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -56,6 +58,41 @@ func LastSleep(ctx context.Context) context.Context {
 func IsLastSleep(ctx context.Context) bool {
 	last, _ := ctx.Value(lastSleepKey{}).(bool)
 	return last
+}
+
+// sleepNotesKey carries a Sleep's notes (WithSleepNotes).
+type sleepNotesKey struct{}
+
+// SleepNotes are what a Sleep says of how it went beside its error: that it had to force what it was
+// asked to do politely (a SIGKILL after the stop grace, a guest's power cut after it ignored the
+// power button), or took more than one try. The activator puts them in the sleep's record, as a
+// Tracker's notes go in a wake's. Safe for concurrent use.
+type SleepNotes struct {
+	mu    sync.Mutex
+	notes []string
+}
+
+// WithSleepNotes returns ctx carrying a new SleepNotes for one Sleep, and the notes.
+func WithSleepNotes(ctx context.Context) (context.Context, *SleepNotes) {
+	n := &SleepNotes{}
+	return context.WithValue(ctx, sleepNotesKey{}, n), n
+}
+
+// NoteSleep adds a note to the SleepNotes ctx carries, if any: a backend calls it from Sleep (and
+// whatever Sleep calls, with its ctx) whatever called Sleep.
+func NoteSleep(ctx context.Context, note string) {
+	if n, ok := ctx.Value(sleepNotesKey{}).(*SleepNotes); ok {
+		n.mu.Lock()
+		n.notes = append(n.notes, note)
+		n.mu.Unlock()
+	}
+}
+
+// List returns the notes so far, in the order they were made.
+func (n *SleepNotes) List() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.notes)
 }
 
 // Adopter is implemented by backends whose tenants can outlive the activator (systemd units, QEMU

@@ -335,23 +335,36 @@ func TestReadyMarkerCanceled(t *testing.T) {
 	}
 }
 
+// TestStopGrace: a child that ignores the stop signal is killed after stop_grace, and the sleep says so
+// in its notes (the sleep's record); one that honours it exits within the grace, and the sleep notes
+// nothing.
 func TestStopGrace(t *testing.T) {
 	cases := []struct {
 		name       string
 		block      string
 		wantSignal syscall.Signal // how the child ended
+		wantNotes  []string
 	}{
 		// A short grace: the outcome is SIGKILL however slow the machine.
-		{"ignores_term", "stop_grace: 300ms\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n", syscall.SIGKILL},
+		{"ignores_term", "stop_grace: 300ms\nenv: {DEMOAPP_IGNORE_TERM: \"1\"}\n", syscall.SIGKILL,
+			[]string{"still running 300ms (stop_grace) after SIGTERM: killed (SIGKILL)"}},
 		// A long grace that a child honouring SIGTERM never reaches.
-		{"honours_term", "stop_grace: 1h\n", 0},
+		{"honours_term", "stop_grace: 1h\n", 0, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, testenv.FreeTCP(t), c.block)
 			life := f.wake(t)
 			p := f.b.proc
-			backendtest.Sleep(t, f.subject())
+			ctx, cancel := context.WithTimeout(context.Background(), f.subject().Budget)
+			defer cancel()
+			ctx, notes := tenant.WithSleepNotes(ctx)
+			if err := f.b.Sleep(ctx); err != nil {
+				t.Fatalf("Sleep: %v", err)
+			}
+			if got := notes.List(); !slices.Equal(got, c.wantNotes) {
+				t.Errorf("the sleep noted %q, want %q", got, c.wantNotes)
+			}
 			if !errors.Is(life.Err(), tenant.ErrSlept) {
 				t.Errorf("life ended with %v, want ErrSlept", life.Err())
 			}

@@ -612,7 +612,11 @@ wait:
 	for {
 		select {
 		case <-inst.gone:
-			b.log.Info("guest powered off", "presses", presses, "took", time.Since(began).Round(time.Millisecond))
+			took := time.Since(began).Round(time.Millisecond)
+			b.log.Info("guest powered off", "presses", presses, "took", took)
+			if presses > 1 {
+				tenant.NoteSleep(ctx, fmt.Sprintf("the guest powered off %s after the first press of the power button, at press %d", took, presses))
+			}
 			break wait
 		case <-fatal:
 			// Shutting down (SHUTDOWN seen): no more presses; wait for QEMU's end, or the budget.
@@ -621,7 +625,12 @@ wait:
 		case <-again.C:
 			press()
 		case <-pctx.Done():
-			b.log.Warn("guest did not power off within the budget; quitting qemu", "budget", budget, "presses", presses)
+			within := fmt.Sprintf("budgets.powerdown (%s)", budget)
+			if ctx.Err() != nil {
+				within = "the sleep's time (sleep_budget)"
+			}
+			b.log.Warn("guest did not power off in time; quitting qemu", "within", within, "presses", presses)
+			tenant.NoteSleep(ctx, fmt.Sprintf("the guest did not power off within %s, after %d presses of the power button: QEMU quit, cutting its power", within, presses))
 			inst.quit(context.Background(), b.s.Budgets.Quit.D())
 			break wait
 		}

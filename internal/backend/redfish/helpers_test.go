@@ -51,6 +51,8 @@ type env struct {
 	logs  *syncBuffer
 	addr  string // the node service's address
 	route *registry.Route
+	// sleepNotes are what the last sleep noted (tenant.NoteSleep).
+	sleepNotes []string
 }
 
 type envConfig struct {
@@ -160,7 +162,10 @@ func (e *env) sleep(t testing.TB) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	return e.b.Sleep(ctx)
+	ctx, notes := tenant.WithSleepNotes(ctx)
+	err := e.b.Sleep(ctx)
+	e.sleepNotes = notes.List()
+	return err
 }
 
 // mustWake wakes and fails the test on error.
