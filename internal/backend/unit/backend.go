@@ -491,7 +491,10 @@ func (b *Backend) Stop(ctx context.Context) error {
 	return err
 }
 
-// stopUnit runs a stop job; a unit systemd does not know counts as stopped.
+// stopUnit runs a stop job; a unit systemd does not know counts as stopped. A stop that systemd had
+// to finish with SIGKILL (the unit outlived TimeoutStopSec=) is done too, with the unit's Result
+// "timeout": that is noted for the sleep's record (tenant.NoteSleep), as the exec backing notes its
+// own SIGKILL after stop_grace. It costs a sleep one property Get (readResult).
 func (b *Backend) stopUnit(ctx context.Context) error {
 	res, err := b.job(ctx, "stop")
 	if err != nil {
@@ -501,6 +504,14 @@ func (b *Backend) stopUnit(ctx context.Context) error {
 		return fmt.Errorf("unit %s: stop: %w", b.s.Unit, err)
 	}
 	if res == "done" {
+		var result string
+		err := b.bus.do(ctx, func(l *link) (err error) {
+			result, err = readResult(ctx, l.c, b.s.Unit)
+			return err
+		})
+		if err == nil && result == "timeout" {
+			tenant.NoteSleep(ctx, fmt.Sprintf("unit %s outlived its TimeoutStopSec: systemd killed it (Result=timeout)", b.s.Unit))
+		}
 		return nil
 	}
 	st, _ := b.state(ctx)

@@ -164,6 +164,16 @@ func readQuick(ctx context.Context, c *sddbus.Conn, unit string, freezer bool) (
 	return readProps(ctx, c, unit, names...)
 }
 
+// readResult reads a service's Result (success, timeout, signal, ...) in one property Get.
+func readResult(ctx context.Context, c *sddbus.Conn, unit string) (string, error) {
+	p, err := c.GetServicePropertyContext(ctx, unit, "Result")
+	if err != nil {
+		return "", fmt.Errorf("read Result of %s: %w", unit, err)
+	}
+	res, _ := p.Value.Value().(string)
+	return res, nil
+}
+
 // readLive reads what decides whether a watched unit's awake period goes on, ActiveState and
 // InvocationID, in two property Gets. A watch is checked on every change of either while the unit
 // starts, where readState's two GetAlls kept the manager serialising hundreds of properties while the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -313,6 +314,40 @@ func TestStopDuringStartJob(t *testing.T) {
 	}
 	if st := m.ActiveState(t, f.unit); st == "active" || st == "activating" {
 		t.Fatalf("unit is %s after Stop", st)
+	}
+}
+
+// TestStopTimeoutNoted: a unit that ignores SIGTERM outlives its TimeoutStopSec= and systemd kills it;
+// the stop job is still "done", so the sleep succeeds, and it notes the kill for the sleep's record.
+// A unit that exits on SIGTERM notes nothing.
+func TestStopTimeoutNoted(t *testing.T) {
+	m := systemdtest.Start(t)
+	cases := []struct {
+		name   string
+		demo   systemdtest.Demo
+		killed bool
+	}{
+		{"ignores SIGTERM", systemdtest.Demo{Env: []string{"DEMOAPP_IGNORE_TERM=1"}, Service: []string{"TimeoutStopSec=300ms"}}, true},
+		{"exits on SIGTERM", systemdtest.Demo{Service: []string{"TimeoutStopSec=1h"}}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, m, newProvider(t), SleepStop, c.demo)
+			var want []string
+			if c.killed {
+				want = []string{"unit " + f.unit + " outlived its TimeoutStopSec: systemd killed it (Result=timeout)"}
+			}
+			f.wake(t)
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			ctx, notes := tenant.WithSleepNotes(ctx)
+			if err := f.b.Sleep(ctx); err != nil {
+				t.Fatalf("Sleep: %v", err)
+			}
+			if got := notes.List(); !slices.Equal(got, want) {
+				t.Errorf("the sleep noted %q, want %q", got, want)
+			}
+		})
 	}
 }
 
