@@ -102,18 +102,27 @@ func cmdWake(args []string) int {
 
 // routeStatus reads one route's status from the admin API.
 func (c *adminClient) routeStatus(path string) (*activator.Status, error) {
-	body, code, err := c.call(http.MethodGet, path, 10*time.Second)
-	if err != nil {
+	st := &activator.Status{}
+	if err := c.getJSON(path, st); err != nil {
 		return nil, err
 	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("%s", answerError(body, code))
-	}
-	st := &activator.Status{}
-	if err := json.Unmarshal(body, st); err != nil {
-		return nil, fmt.Errorf("bad answer from the admin API: %w", err)
-	}
 	return st, nil
+}
+
+// getJSON GETs path from the admin API and decodes its 200 answer into v; any other answer is an
+// error carrying the admin API's reason (answerError).
+func (c *adminClient) getJSON(path string, v any) error {
+	body, code, err := c.call(http.MethodGet, path, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("%s", answerError(body, code))
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("bad answer from the admin API: %w", err)
+	}
+	return nil
 }
 
 // wakeProgress prints a wake's phases once each, as they end. On a terminal the phase under way is a

@@ -4,9 +4,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"time"
@@ -49,17 +47,8 @@ func watchStatus(c *adminClient, list string, interval time.Duration, count int)
 
 // printNames prints the route names that list (a GET /routes?names=true) answers, one a line.
 func printNames(c *adminClient, list string) int {
-	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("%s", answerError(body, code))
-	}
 	var names []string
-	if err == nil {
-		if jerr := json.Unmarshal(body, &names); jerr != nil {
-			err = fmt.Errorf("bad answer from the admin API: %w", jerr)
-		}
-	}
-	if err != nil {
+	if err := c.getJSON(list, &names); err != nil {
 		fmt.Fprintln(os.Stderr, "activator status:", err)
 		return 1
 	}
@@ -71,16 +60,9 @@ func printNames(c *adminClient, list string) int {
 
 // fetchStatuses asks the admin API for list (a GET /routes, with its selection).
 func fetchStatuses(c *adminClient, list string) ([]activator.Status, error) {
-	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("%s", answerError(body, code))
-	}
 	var sts []activator.Status
-	if err := json.Unmarshal(body, &sts); err != nil {
-		return nil, fmt.Errorf("bad answer from the admin API: %w", err)
+	if err := c.getJSON(list, &sts); err != nil {
+		return nil, err
 	}
 	return sts, nil
 }
