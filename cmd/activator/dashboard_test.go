@@ -17,13 +17,15 @@ package main
 //     (/api/v1/series), and be in docs/metrics.md; every metric in docs/metrics.md must be on the
 //     dashboard.
 //   - Prometheus loads docs/alerts.yml itself: every rule must evaluate with health "ok", and the two
-//     alerts this scenario provokes (ActivatorWakeFailed for route broken, ActivatorSleepFailed for
-//     route metal) must be active, with the route in their summary.
+//     three alerts this scenario provokes (ActivatorWakeFailed for route broken, ActivatorSleepFailed
+//     for route metal, ActivatorSleepForced for route stubborn) must be active, with the route in
+//     their summary.
 //
 // The scenario: route web (exec, a healthy demo app) is woken by a held request and put to sleep
 // through the admin API; route broken (exec, a demo app that exits 3 before listening) fails its wakes;
 // route metal (redfish, on the simulated BMC of package redfishtest, whose node ignores
-// GracefulShutdown) wakes and then fails to sleep. Each of these happens twice, once on each side of a
+// GracefulShutdown) wakes and then fails to sleep; route stubborn (exec, a demo app that ignores
+// SIGTERM) wakes and is killed at its sleep after stop_grace. Each of these happens twice, once on each side of a
 // scrape, and web is woken a last time so that an instance is awake when the queries run.
 
 import (
@@ -345,6 +347,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	web := appRoute{Name: "web"}
 	broken := appRoute{Name: "broken", BackoffInitial: "20ms", BackoffMax: "40ms",
 		Env: map[string]string{"DEMOAPP_EXIT_CODE": "3", "DEMOAPP_EXIT_MESSAGE": "demo: no database"}}
+	stubborn := appRoute{Name: "stubborn", StopGrace: "100ms", Env: map[string]string{"DEMOAPP_IGNORE_TERM": "1"}}
 	metal := fmt.Sprintf(`  - name: metal
     hosts: [metal.test]
     backing: redfish
@@ -356,7 +359,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
     redfish: {endpoint: %q, sleep: graceful, shutdown_grace: 200ms, poll_interval: 50ms}
     ignore: {preset: monitors}
 `, bmc.ServiceAddr("node-1"), bmc.URL)
-	s := startServed(t, configYAML(t, web, broken)+metal)
+	s := startServed(t, configYAML(t, web, broken, stubborn)+metal)
 
 	prom := startPrometheus(t, promBin, s.admin, alertsAbs)
 	// A second Prometheus with native histograms on asks for protobuf first: the route series
@@ -371,7 +374,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
 	defer cancel()
 	for range 2 { // the second round's events are increases over the first's
-		exerciseRoutes(ctx, t, s, hc, web, broken)
+		exerciseRoutes(ctx, t, s, hc, web, broken, stubborn)
 		prom.waitScrape(time.Now())
 	}
 	// web awake again, so that "instances awake" has one.
@@ -472,13 +475,13 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	}
 
 	// Prometheus's own evaluation of the rules: all healthy, and the two provoked alerts active.
-	prom.waitRules(time.Now(), alertNames, map[string]string{"ActivatorWakeFailed": "broken", "ActivatorSleepFailed": "metal"})
+	prom.waitRules(time.Now(), alertNames, map[string]string{"ActivatorWakeFailed": "broken", "ActivatorSleepFailed": "metal", "ActivatorSleepForced": "stubborn"})
 }
 
-// exerciseRoutes wakes web with a held request and puts it to sleep, fails a wake of broken, and wakes
-// metal and fails its sleep, after a monitor's request to metal that its ignore: filters. Each step
-// waits for its own result.
-func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Client, web, broken appRoute) {
+// exerciseRoutes wakes web with a held request and puts it to sleep, fails a wake of broken, wakes
+// metal and fails its sleep, after a monitor's request to metal that its ignore: filters, and wakes
+// stubborn and forces its sleep. Each step waits for its own result.
+func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Client, web, broken, stubborn appRoute) {
 	t.Helper()
 	if a := getFresh(ctx, s.edge, web.host(), "/"); a.err != nil || a.code != http.StatusOK {
 		t.Fatalf("GET web: %d %v %q, want 200", a.code, a.err, a.body)
@@ -511,6 +514,13 @@ func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Clien
 	}
 	if st := s.status("metal"); st.LastSleepError == "" {
 		t.Fatalf("metal: no last_sleep_error after a failed sleep: %+v", st)
+	}
+
+	if code, b := adminPost(t, hc, s.admin, "/routes/"+stubborn.Name+"/wake"); code != http.StatusOK {
+		t.Fatalf("admin wake stubborn: %d %s, want 200", code, b)
+	}
+	if code, b := adminPost(t, hc, s.admin, "/routes/"+stubborn.Name+"/sleep"); code != http.StatusOK {
+		t.Fatalf("admin sleep stubborn: %d %s, want 200 (killed after stop_grace)", code, b)
 	}
 }
 

@@ -206,7 +206,11 @@ func printMember(w io.Writer, m activator.MemberRecord, indent string) {
 }
 
 func printSleep(w io.Writer, r *activator.SleepRecord) {
-	fmt.Fprintf(w, "%s  sleep  reason %s  result %s  %s\n", stamp(r.Started), r.Reason, r.Result, short(r.Duration))
+	result := r.Result
+	if r.Forced {
+		result += ", forced" // the notes below say what was forced
+	}
+	fmt.Fprintf(w, "%s  sleep  reason %s  result %s  %s\n", stamp(r.Started), r.Reason, result, short(r.Duration))
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}

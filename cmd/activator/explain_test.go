@@ -80,9 +80,13 @@ func TestExplainAndLiveWake(t *testing.T) {
 		t.Fatalf("sleep stubborn: exit %d:\n%s", code, out)
 	}
 	code, out = runMain(t, "explain", "stubborn", "--admin", s.admin, "--last", "1")
-	if want := "sleep  reason admin  result ok"; code != 0 || !strings.Contains(out, want) ||
+	if want := "sleep  reason admin  result ok, forced"; code != 0 || !strings.Contains(out, want) ||
 		!strings.Contains(out, "\n  note: still running 200ms (stop_grace) after SIGTERM: killed (SIGKILL)\n") {
-		t.Errorf("explain stubborn: exit %d, output:\n%s\nwant the sleep with a note of the SIGKILL", code, out)
+		t.Errorf("explain stubborn: exit %d, output:\n%s\nwant the sleep, forced, with a note of the SIGKILL", code, out)
+	}
+	if got := scrape(t, s.admin, `activator_sleeps_forced_total{route="stubborn"}`, `activator_sleeps_forced_total{route="good"}`); got[`activator_sleeps_forced_total{route="stubborn"}`] != 1 ||
+		got[`activator_sleeps_forced_total{route="good"}`] != 0 {
+		t.Errorf("activator_sleeps_forced_total %v, want 1 for stubborn and 0 for good", got)
 	}
 	if code, out := runMain(t, "explain", "good", "--admin", s.admin, "--last", "0"); code != 2 || !strings.Contains(out, "--last") {
 		t.Errorf("explain --last 0: exit %d, output:\n%s\nwant 2 naming --last", code, out)

@@ -79,6 +79,20 @@ func TestAdminWakeHistory(t *testing.T) {
 	}
 }
 
+// newestSleep is the record of in's newest sleep; a failed one is followed in the history by the
+// wake that takes the tenant back.
+func newestSleep(t *testing.T, in *instance) *SleepRecord {
+	t.Helper()
+	evs := in.hist.last(0)
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Sleep != nil {
+			return evs[i].Sleep
+		}
+	}
+	t.Fatalf("no sleep in the history %+v", evs)
+	return nil
+}
+
 // TestSleepRecordNotes: what a backing notes during a sleep (tenant.NoteSleep) is in the sleep's
 // record, whether the sleep succeeded or failed, and a sleep that notes nothing has no notes.
 func TestSleepRecordNotes(t *testing.T) {
@@ -95,15 +109,7 @@ func TestSleepRecordNotes(t *testing.T) {
 		if (err != nil) != (fail != nil) {
 			t.Fatalf("Sleep = %v, want the error %v", err, fail)
 		}
-		// The newest sleep: a failed one is followed by the wake that takes the tenant back.
-		evs := in.hist.last(0)
-		for i := len(evs) - 1; i >= 0; i-- {
-			if evs[i].Sleep != nil {
-				return evs[i].Sleep
-			}
-		}
-		t.Fatalf("no sleep in the history %+v", evs)
-		return nil
+		return newestSleep(t, in)
 	}
 	forced := []string{"still running 10s (stop_grace) after SIGTERM: killed (SIGKILL)"}
 	if got := sleep(forced, nil); !slices.Equal(got.Notes, forced) || got.Result != ResultOK {

@@ -37,6 +37,9 @@ type SleepRecord struct {
 	// Notes are what the backing said of how the sleep went (tenant.NoteSleep): what it had to force,
 	// such as a SIGKILL after the stop grace or a guest's power cut after it ignored the power button.
 	Notes []string `json:"notes,omitempty"`
+	// Forced is set when the backing had to force the sleep (tenant.NoteForcedSleep): the tenant is
+	// off, so Result is ResultOK, but it was not let finish what it was doing.
+	Forced bool `json:"forced,omitempty"`
 	// OutputTail is the end of the tenant's output, when the error carries it (see outputTail). It is
 	// for the admin API only: edge error bodies never quote it.
 	OutputTail string `json:"output_tail,omitempty"`
@@ -110,10 +113,10 @@ func (h *history) last(n int) []Event {
 }
 
 // recordSleep records a sleep of in's tenant for reason that began at start and ended with err, with
-// the backing's notes.
-func (in *instance) recordSleep(reason string, start time.Time, err error, notes []string) {
+// the backing's notes and whether it was forced.
+func (in *instance) recordSleep(reason string, start time.Time, err error, notes []string, forced bool) {
 	rec := SleepRecord{Route: in.route.Name, Backing: in.route.Backing, Reason: reason, Started: start,
-		Duration: in.now().Sub(start), Result: ResultOK, Notes: notes}
+		Duration: in.now().Sub(start), Result: ResultOK, Notes: notes, Forced: forced}
 	if err != nil {
 		rec.Result, rec.Error, rec.OutputTail = ResultFailed, err.Error(), outputTail(err)
 	}

@@ -33,6 +33,7 @@ type fakeBackend struct {
 	sleepGte chan struct{} // when non-nil, Sleep blocks until it is closed
 	sleepErr error         // when non-nil, Sleep fails with it and the tenant keeps running
 	sleepSay []string      // notes each Sleep makes (tenant.NoteSleep)
+	forceSay bool          // sleepSay's notes are forced ones (tenant.NoteForcedSleep)
 }
 
 func (f *fakeBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
@@ -77,7 +78,11 @@ func (f *fakeBackend) Sleep(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, n := range f.sleepSay {
-		tenant.NoteSleep(ctx, n)
+		if f.forceSay {
+			tenant.NoteForcedSleep(ctx, n)
+		} else {
+			tenant.NoteSleep(ctx, n)
+		}
 	}
 	if f.sleepErr != nil {
 		return f.sleepErr

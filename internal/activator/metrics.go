@@ -160,14 +160,18 @@ func (im *instanceMetrics) wakeDone(rec WakeRecord) {
 	})
 }
 
-// slept counts a sleep; reason is one of the Reason constants.
-func (im *instanceMetrics) slept(reason string) {
+// slept counts a sleep; reason is one of the Reason constants, and forced says the backing succeeded
+// only by force (tenant.NoteForcedSleep).
+func (im *instanceMetrics) slept(reason string, forced bool) {
 	if im == nil {
 		return
 	}
 	reasons := sleepReasons()
 	if i := slices.Index(reasons[:], reason); i >= 0 {
 		im.rm.sleeps[i].Add(1)
+	}
+	if forced {
+		im.rm.sleepsForced.Add(1)
 	}
 }
 

@@ -119,6 +119,7 @@ func TestRouteSeriesExistFromStart(t *testing.T) {
 		`activator_sleeps_total{reason="admin"}`:   0,
 		`activator_sleeps_total{reason="exited"}`:  0,
 		`activator_sleeps_total{reason="reload"}`:  0,
+		`activator_sleeps_forced_total{}`:          0,
 		`activator_wakes_total{result="ok"}`:       0,
 		`activator_wakes_total{result="failed"}`:   0,
 	}

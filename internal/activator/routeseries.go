@@ -39,6 +39,7 @@ type routeMetrics struct {
 	held          atomic.Int64
 	joined        atomic.Uint64
 	sleepFailures atomic.Uint64
+	sleepsForced  atomic.Uint64
 	sleeps        [numSleepReasons]atomic.Uint64
 	wakes         [numWakeResults]atomic.Uint64
 
@@ -179,13 +180,15 @@ var (
 				series(reason, int64(r.rm.sleeps[i].Load()))
 			}
 		}}
+	famSleepsForced = routeFamily{"activator_sleeps_forced_total", "Sleeps the backing did only by force: a SIGKILL after the stop grace, a node's ForceOff, a guest's power cut.", false, "",
+		func(r *routeRow, series func(string, int64)) { series("", int64(r.rm.sleepsForced.Load())) }}
 	famWakes = routeFamily{"activator_wakes_total", "Wakes by result.", false, "result",
 		func(r *routeRow, series func(string, int64)) {
 			for i, result := range wakeResults() {
 				series(result, int64(r.rm.wakes[i].Load()))
 			}
 		}}
-	routeFamilies = [...]*routeFamily{&famState, &famHeld, &famJoined, &famSleepFailures, &famSleepFailing, &famSleeps, &famWakes}
+	routeFamilies = [...]*routeFamily{&famState, &famHeld, &famJoined, &famSleepFailures, &famSleepFailing, &famSleeps, &famSleepsForced, &famWakes}
 )
 
 func (f routeFamily) desc() *prometheus.Desc {

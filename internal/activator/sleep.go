@@ -84,15 +84,16 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.lastSlp = reason
-	said := notes.List()
-	in.recordSleep(reason, start, err, said)
-	in.series.slept(reason)
+	// A forced sleep is one that succeeded by force; one that failed is a failure, whatever it tried.
+	said, forced := notes.List(), notes.Forced() && err == nil
+	in.recordSleep(reason, start, err, said, forced)
+	in.series.slept(reason, forced)
 	in.slpErr = nil
 	if err != nil {
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
 		in.logger().Error("sleep failed; taking the tenant back as awake", "reason", reason, "err", err, "notes", said)
 	} else {
-		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start), "notes", said)
+		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start), "forced", forced, "notes", said)
 	}
 	in.series.sleepFailed(err != nil)
 	in.setStateLocked(Asleep)

@@ -98,3 +98,34 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	return 0
 }
+
+// TestForcedSleepIsCounted: a sleep the backing did only by force (tenant.NoteForcedSleep) succeeds,
+// is marked forced in its record and counted in activator_sleeps_forced_total; a sleep with a plain
+// note is neither, and a forced attempt that still failed is a failure, not a forced sleep.
+func TestForcedSleepIsCounted(t *testing.T) {
+	b := &fakeBackend{}
+	s, g := newMetricsServer(t, b, testRoute("app"))
+	in := s.instance("app")
+	sleep := func(force bool, fail error) *SleepRecord {
+		t.Helper()
+		if err := s.Wake(context.Background(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepSay, f.forceSay, f.sleepErr = []string{"a note"}, force, fail })
+		if err := s.Sleep(context.Background(), "app"); (err != nil) != (fail != nil) {
+			t.Fatalf("Sleep = %v, want the error %v", err, fail)
+		}
+		return newestSleep(t, in)
+	}
+	forced := func() float64 { return counterValue(t, g, "activator_sleeps_forced_total") }
+
+	if rec := sleep(false, nil); rec.Forced || forced() != 0 {
+		t.Errorf("a sleep with a plain note: forced %v, activator_sleeps_forced_total %v; want neither", rec.Forced, forced())
+	}
+	if rec := sleep(true, nil); !rec.Forced || rec.Result != ResultOK || forced() != 1 {
+		t.Errorf("a forced sleep: record %+v, activator_sleeps_forced_total %v; want forced, ok, 1", rec, forced())
+	}
+	if rec := sleep(true, errors.New("still on after ForceOff")); rec.Forced || rec.Result != ResultFailed || forced() != 1 {
+		t.Errorf("a forced sleep that failed: record %+v, activator_sleeps_forced_total %v; want failed, not forced, 1", rec, forced())
+	}
+}

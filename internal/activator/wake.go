@@ -429,9 +429,9 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 	in.logger().Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
 	// Before the state changes: a wake after it must keep the connection its gate hands over.
 	in.dropUpstream()
-	in.recordSleep(ReasonExited, in.now(), life.Err(), nil)
+	in.recordSleep(ReasonExited, in.now(), life.Err(), nil, false)
 	in.lastSlp = ReasonExited
-	in.series.slept(ReasonExited)
+	in.series.slept(ReasonExited, false)
 	in.setStateLocked(Asleep)
 }
 

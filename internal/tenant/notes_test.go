@@ -25,3 +25,22 @@ func TestSleepNotes(t *testing.T) {
 		t.Error("List's result shares the notes' storage")
 	}
 }
+
+// TestForcedSleep: NoteForcedSleep adds its note in order with the others and marks the sleep forced;
+// NoteSleep alone does not, and a later plain note does not unmark it.
+func TestForcedSleep(t *testing.T) {
+	NoteForcedSleep(context.Background(), "nobody listens") // must not panic
+	ctx, notes := WithSleepNotes(context.Background())
+	NoteSleep(ctx, "pressed twice")
+	if notes.Forced() {
+		t.Fatal("a plain note marked the sleep forced")
+	}
+	NoteForcedSleep(ctx, "killed")
+	NoteSleep(ctx, "after")
+	if !notes.Forced() {
+		t.Error("NoteForcedSleep did not mark the sleep forced")
+	}
+	if got, want := notes.List(), []string{"pressed twice", "killed", "after"}; !slices.Equal(got, want) {
+		t.Errorf("notes %q, want %q", got, want)
+	}
+}

@@ -68,8 +68,9 @@ type sleepNotesKey struct{}
 // power button), or took more than one try. The activator puts them in the sleep's record, as a
 // Tracker's notes go in a wake's. Safe for concurrent use.
 type SleepNotes struct {
-	mu    sync.Mutex
-	notes []string
+	mu     sync.Mutex
+	notes  []string
+	forced bool
 }
 
 // WithSleepNotes returns ctx carrying a new SleepNotes for one Sleep, and the notes.
@@ -80,12 +81,28 @@ func WithSleepNotes(ctx context.Context) (context.Context, *SleepNotes) {
 
 // NoteSleep adds a note to the SleepNotes ctx carries, if any: a backend calls it from Sleep (and
 // whatever Sleep calls, with its ctx) whatever called Sleep.
-func NoteSleep(ctx context.Context, note string) {
+func NoteSleep(ctx context.Context, note string) { noteSleep(ctx, note, false) }
+
+// NoteForcedSleep is NoteSleep for a sleep that had to force what it asked politely: a SIGKILL
+// after the stop grace, a node's ForceOff, a guest's power cut, systemd's kill after
+// TimeoutStopSec=. The tenant is off, so the sleep succeeded, but whatever it had not written is lost:
+// the activator marks the sleep's record forced and counts it (activator_sleeps_forced_total).
+func NoteForcedSleep(ctx context.Context, note string) { noteSleep(ctx, note, true) }
+
+func noteSleep(ctx context.Context, note string, forced bool) {
 	if n, ok := ctx.Value(sleepNotesKey{}).(*SleepNotes); ok {
 		n.mu.Lock()
 		n.notes = append(n.notes, note)
+		n.forced = n.forced || forced
 		n.mu.Unlock()
 	}
+}
+
+// Forced reports whether NoteForcedSleep was called.
+func (n *SleepNotes) Forced() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.forced
 }
 
 // List returns the notes so far, in the order they were made.

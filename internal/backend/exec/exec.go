@@ -646,10 +646,10 @@ func (b *Backend) stop(ctx context.Context, p *proc, sig syscall.Signal, grace t
 			return nil
 		case <-t.C:
 			b.logger().Warn("still running after the stop grace, killing", "pid", p.pid, "signal", sig.String(), "stop_grace", grace)
-			tenant.NoteSleep(ctx, fmt.Sprintf("still running %s (stop_grace) after %s: killed (SIGKILL)", grace, unix.SignalName(sig)))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("still running %s (stop_grace) after %s: killed (SIGKILL)", grace, unix.SignalName(sig)))
 		case <-ctx.Done():
 			b.logger().Warn("stop interrupted, killing", "pid", p.pid, "err", ctx.Err())
-			tenant.NoteSleep(ctx, fmt.Sprintf("the sleep's time ran out (%v) while the tenant did not exit on %s: killed (SIGKILL)", ctx.Err(), unix.SignalName(sig)))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("the sleep's time ran out (%v) while the tenant did not exit on %s: killed (SIGKILL)", ctx.Err(), unix.SignalName(sig)))
 		}
 	}
 	if err := p.kill(); err != nil {

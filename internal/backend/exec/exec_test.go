@@ -365,6 +365,9 @@ func TestStopGrace(t *testing.T) {
 			if got := notes.List(); !slices.Equal(got, c.wantNotes) {
 				t.Errorf("the sleep noted %q, want %q", got, c.wantNotes)
 			}
+			if got, want := notes.Forced(), c.wantSignal == syscall.SIGKILL; got != want {
+				t.Errorf("the sleep marked forced %v, want %v", got, want)
+			}
 			if !errors.Is(life.Err(), tenant.ErrSlept) {
 				t.Errorf("life ended with %v, want ErrSlept", life.Err())
 			}

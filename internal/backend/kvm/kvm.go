@@ -630,7 +630,7 @@ wait:
 				within = "the sleep's time (sleep_budget)"
 			}
 			b.log.Warn("guest did not power off in time; quitting qemu", "within", within, "presses", presses)
-			tenant.NoteSleep(ctx, fmt.Sprintf("the guest did not power off within %s, after %d presses of the power button: QEMU quit, cutting its power", within, presses))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("the guest did not power off within %s, after %d presses of the power button: QEMU quit, cutting its power", within, presses))
 			inst.quit(context.Background(), b.s.Budgets.Quit.D())
 			break wait
 		}

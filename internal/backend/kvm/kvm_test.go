@@ -403,9 +403,10 @@ func TestPoweroffPressesAgain(t *testing.T) {
 	g := needGuest(t)
 	cases := []struct {
 		name, late, budget, reason, note string
+		forced                           bool
 	}{
-		{"hears the second press", "5", "30s", "guest shut down (guest-shutdown)", "at press 2"},
-		{"hears none", "600", "3s", "guest shut down (host-qmp-quit)", "presses of the power button: QEMU quit, cutting its power"},
+		{"hears the second press", "5", "30s", "guest shut down (guest-shutdown)", "at press 2", false},
+		{"hears none", "600", "3s", "guest shut down (host-qmp-quit)", "presses of the power button: QEMU quit, cutting its power", true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -431,6 +432,9 @@ func TestPoweroffPressesAgain(t *testing.T) {
 			}
 			if got := notes.List(); len(got) != 1 || !strings.Contains(got[0], c.note) {
 				t.Errorf("the sleep noted %q, want one note saying %q", got, c.note)
+			}
+			if notes.Forced() != c.forced {
+				t.Errorf("the sleep marked forced %v, want %v", notes.Forced(), c.forced)
 			}
 		})
 	}

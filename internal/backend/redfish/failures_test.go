@@ -281,8 +281,8 @@ func TestRefusedGracefulShutdown(t *testing.T) {
 		if got := e.sim.Resets("node-1"); !slices.Equal(got, []string{"On", "ForceOff"}) {
 			t.Fatalf("Resets = %v, want [On ForceOff] (GracefulShutdown refused)", got)
 		}
-		if want := []string{"the BMC refused GracefulShutdown for node-1: ForceOff"}; !slices.Equal(e.sleepNotes, want) {
-			t.Errorf("the sleep noted %q, want %q", e.sleepNotes, want)
+		if want := []string{"the BMC refused GracefulShutdown for node-1: ForceOff"}; !slices.Equal(e.sleepNotes, want) || !e.sleepForced {
+			t.Errorf("the sleep noted %q (forced %v), want %q, forced", e.sleepNotes, e.sleepForced, want)
 		}
 		if got := e.sim.PowerState("node-1"); got != redfishtest.Off {
 			t.Fatalf("PowerState = %s, want Off", got)

@@ -51,8 +51,10 @@ type env struct {
 	logs  *syncBuffer
 	addr  string // the node service's address
 	route *registry.Route
-	// sleepNotes are what the last sleep noted (tenant.NoteSleep).
-	sleepNotes []string
+	// sleepNotes are what the last sleep noted (tenant.NoteSleep), and sleepForced whether it marked
+	// the sleep forced (tenant.NoteForcedSleep).
+	sleepNotes  []string
+	sleepForced bool
 }
 
 type envConfig struct {
@@ -164,7 +166,7 @@ func (e *env) sleep(t testing.TB) error {
 	defer cancel()
 	ctx, notes := tenant.WithSleepNotes(ctx)
 	err := e.b.Sleep(ctx)
-	e.sleepNotes = notes.List()
+	e.sleepNotes, e.sleepForced = notes.List(), notes.Forced()
 	return err
 }
 

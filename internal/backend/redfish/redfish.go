@@ -456,10 +456,10 @@ func (b *Backend) powerOff(ctx context.Context, name string) error {
 				return b.sleepErr(PhaseShutdown, err)
 			}
 			b.log.Warn("node ignored GracefulShutdown within shutdown_grace: ForceOff", "shutdown_grace", b.s.ShutdownGrace.D(), "err", err)
-			tenant.NoteSleep(ctx, fmt.Sprintf("%s still on %s (shutdown_grace) after GracefulShutdown: ForceOff", st.ID, b.s.ShutdownGrace.D()))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("%s still on %s (shutdown_grace) after GracefulShutdown: ForceOff", st.ID, b.s.ShutdownGrace.D()))
 		case errors.Is(err, ErrRejected) && canForce && ctx.Err() == nil:
 			b.log.Warn("BMC refused GracefulShutdown: ForceOff", "err", err)
-			tenant.NoteSleep(ctx, fmt.Sprintf("the BMC refused GracefulShutdown for %s: ForceOff", st.ID))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("the BMC refused GracefulShutdown for %s: ForceOff", st.ID))
 		default:
 			return b.sleepErr(PhaseShutdown, err)
 		}

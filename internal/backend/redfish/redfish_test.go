@@ -330,8 +330,8 @@ func TestIgnoredGracefulShutdown(t *testing.T) {
 		if !strings.Contains(e.logs.String(), "ForceOff") {
 			t.Fatal("the fallback to ForceOff was not logged")
 		}
-		if want := []string{"node-1 still on 200ms (shutdown_grace) after GracefulShutdown: ForceOff"}; !slices.Equal(e.sleepNotes, want) {
-			t.Errorf("the sleep noted %q, want %q", e.sleepNotes, want)
+		if want := []string{"node-1 still on 200ms (shutdown_grace) after GracefulShutdown: ForceOff"}; !slices.Equal(e.sleepNotes, want) || !e.sleepForced {
+			t.Errorf("the sleep noted %q (forced %v), want %q, forced", e.sleepNotes, e.sleepForced, want)
 		}
 	})
 	t.Run("no force_off", func(t *testing.T) {

@@ -493,8 +493,8 @@ func (b *Backend) Stop(ctx context.Context) error {
 
 // stopUnit runs a stop job; a unit systemd does not know counts as stopped. A stop that systemd had
 // to finish with SIGKILL (the unit outlived TimeoutStopSec=) is done too, with the unit's Result
-// "timeout": that is noted for the sleep's record (tenant.NoteSleep), as the exec backing notes its
-// own SIGKILL after stop_grace. It costs a sleep one property Get (readResult).
+// "timeout": that is noted for the sleep's record as forced (tenant.NoteForcedSleep), as the exec
+// backing notes its own SIGKILL after stop_grace. It costs a sleep one property Get (readResult).
 func (b *Backend) stopUnit(ctx context.Context) error {
 	res, err := b.job(ctx, "stop")
 	if err != nil {
@@ -510,7 +510,7 @@ func (b *Backend) stopUnit(ctx context.Context) error {
 			return err
 		})
 		if err == nil && result == "timeout" {
-			tenant.NoteSleep(ctx, fmt.Sprintf("unit %s outlived its TimeoutStopSec: systemd killed it (Result=timeout)", b.s.Unit))
+			tenant.NoteForcedSleep(ctx, fmt.Sprintf("unit %s outlived its TimeoutStopSec: systemd killed it (Result=timeout)", b.s.Unit))
 		}
 		return nil
 	}

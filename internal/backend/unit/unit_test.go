@@ -347,6 +347,9 @@ func TestStopTimeoutNoted(t *testing.T) {
 			if got := notes.List(); !slices.Equal(got, want) {
 				t.Errorf("the sleep noted %q, want %q", got, want)
 			}
+			if notes.Forced() != c.killed {
+				t.Errorf("the sleep marked forced %v, want %v", notes.Forced(), c.killed)
+			}
 		})
 	}
 }
