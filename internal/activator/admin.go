@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -116,7 +118,8 @@ type listQuery struct {
 // parseListQuery reads GET /routes's query, or says what is wrong with it and the status to answer.
 func (s *Server) parseListQuery(v url.Values) (listQuery, int, error) {
 	var q listQuery
-	for key, vals := range v {
+	for _, key := range slices.Sorted(maps.Keys(v)) { // in order: a query with two faults names the same one each time
+		vals := v[key]
 		switch key {
 		case "state":
 			q.states = map[State]bool{}
