@@ -25,6 +25,10 @@ var (
 	ErrUnknownHost = errors.New("no route for this host")
 	// ErrClosed: the route is shutting down (activator shutdown or route removed).
 	ErrClosed = errors.New("route is shutting down")
+	// errRetired: the instance a request reached was replaced (or removed) by a reload, and has not
+	// started or joined a wake for it; the edge asks the route's current instance instead
+	// (Server.acquireRouted). Answered like ErrClosed if it ever reaches a client.
+	errRetired = errors.New("route was replaced by a reload")
 	// ErrEdgeFull: the requests held across all routes are at edge.max_held, or keep edge.max_held_bytes;
 	// the wrapping error names which.
 	ErrEdgeFull = errors.New("the edge holds as many requests as it may")
@@ -159,7 +163,7 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return http.StatusGatewayTimeout, 0
 	case errors.Is(err, ErrHoldFull):
 		return http.StatusServiceUnavailable, time.Second
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrClosed), errors.Is(err, errRetired):
 		return http.StatusServiceUnavailable, time.Second
 	case errors.As(err, &be):
 		return http.StatusServiceUnavailable, be.RetryAfter

@@ -153,11 +153,19 @@ type holdSlot struct {
 // the wake it starts (asleep, or failed with the backoff over) or joins (waking; first is the request's
 // first turn, which counts as joining the wake), or the stop in progress (att nil). It returns an error
 // instead when the instance is closed or draining (no wake starts once the activator shuts down),
-// backing off, or holding its maximum.
+// retiring (errRetired), backing off, or holding its maximum.
 func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, att *attempt, err error) {
-	if in.closed || in.draining() {
+	if in.draining() || (in.closed && !in.retiring) {
 		in.noteQuietLocked() // a request held before (behind a stop) leaves: shutdown may wait for that
 		return nil, nil, ErrClosed
+	}
+	if in.retiring && in.state != Waking {
+		// Replaced or removed by a reload: no new wake here, and no wait behind this instance's stop
+		// (it ends in its retirement). The request goes to the route's current instance, whose first
+		// wake waits for this one to retire. A wake already running is joined: it was started for
+		// requests held before the reload, and the tenant it wakes serves them all.
+		in.maybeRetireLocked() // a request held behind the stop leaves: that may have been the last
+		return nil, nil, errRetired
 	}
 	switch in.state {
 	case Stopping:

@@ -166,7 +166,11 @@ func (p *parkedReq) watch() {
 // hold waits out the hold as the edge's handler would (acquireRequest), then stops the watch and hands
 // the connection over, or closes it when the client has gone.
 func (p *parkedReq) hold() {
-	release, err := p.rt.in.acquireRequest(p.req, &p.charge)
+	var (
+		release func()
+		err     error
+	)
+	p.rt, release, err = p.s.acquireRouted(p.rt, p.req, &p.charge)
 	// A herd's requests all leave the hold before any is handed back (awaitSettled).
 	if a := p.charge.handedBy; a != nil {
 		a.awaitSettled(p.req.Context())

@@ -150,8 +150,25 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		next[r.Name] = in
 		opened = append(opened, in)
 	}
+	prev := s.instances
+	s.instances = next
+	for _, r := range cfg.Routes {
+		next[r.Name].pages.page.Store(pages[r.Name])
+	}
+	s.peers.Store(&next)
+	for name := range s.checks {
+		if next[name] == nil {
+			delete(s.checks, name)
+		}
+	}
+	s.table.Store(buildTable(cfg, next))
+	// Only now, with the new table published, are the replaced instances retired. Retired first, they
+	// stopped their tenants while the table still routed to them, for as long as building it took
+	// (hundreds of milliseconds at 100,000 routes): a warm route's requests then woke the tenant again
+	// through the retiring instance, or got 503 once it had closed. A request that looked its route up
+	// before the swap and reaches a retiring instance is handed on (acquireRouted).
 	changes, removals := 0, 0
-	for name, old := range s.instances {
+	for name, old := range prev {
 		if next[name] != old {
 			s.retiring = append(s.retiring, old)
 			old.retire() // it deletes the route's metric series once it has retired, unless next[name] holds them
@@ -167,17 +184,6 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	if changes > namedChanges || removals > namedChanges {
 		s.log.Info("more routes changed or removed than are named one by one", "changed", changes, "removed", removals, "named_at_most", namedChanges)
 	}
-	s.instances = next
-	for _, r := range cfg.Routes {
-		next[r.Name].pages.page.Store(pages[r.Name])
-	}
-	s.peers.Store(&next)
-	for name := range s.checks {
-		if next[name] == nil {
-			delete(s.checks, name)
-		}
-	}
-	s.table.Store(buildTable(cfg, next))
 	for _, in := range opened {
 		in.start()
 		in.prepare(s.prepares)
@@ -431,8 +437,38 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return // held without this goroutine or the connection's buffers
 	}
 	defer body.Close()
-	release, err := rt.in.acquireRequest(r, &charge)
+	var release func()
+	rt, release, err = s.acquireRouted(rt, r, &charge)
 	s.answer(sw, r, rt.in, &charge, release, err)
+}
+
+// reroutes bounds how many times acquireRouted follows a route to its new instance: once per reload
+// that lands while the request is held, which a few cover.
+const reroutes = 4
+
+// acquireRouted is acquireRequest on rt's instance, or, when a reload has replaced that instance
+// (errRetired), on the instance the table routes r to now, which it returns with the release. A
+// request looks its route up once, before it is held; a reload that lands meanwhile retires the
+// instance it found, which serves it if it is awake and else hands it on. The instance is retired only
+// after the new table is published (Apply), and Apply runs under s.mu: taking it once waits out an
+// Apply that is publishing, so the lookup that follows sees the new table. A route the reload removed
+// is answered as an unknown host, as its next request would be.
+func (s *Server) acquireRouted(rt *routed, r *http.Request, c *holdCharge) (*routed, func(), error) {
+	for range reroutes {
+		release, err := rt.in.acquireRequest(r, c)
+		if !errors.Is(err, errRetired) {
+			return rt, release, err
+		}
+		s.mu.Lock()
+		//lint:ignore SA2001 an empty critical section: it waits for an Apply that holds s.mu to finish
+		s.mu.Unlock()
+		next := s.table.Load().lookup(r.Host, r.URL.Path)
+		if next == nil {
+			return rt, nil, fmt.Errorf("%w %q", ErrUnknownHost, hostOnly(r.Host))
+		}
+		rt = next
+	}
+	return rt, nil, ErrClosed
 }
 
 // answer answers r once its hold is over: with err, or through the route's upstream, once a slot is

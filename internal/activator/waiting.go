@@ -107,7 +107,8 @@ func (in *instance) endProgressLocked(att *attempt, out wakeOutcome) {
 // failure page during the failure backoff (the short client message, never the cause unless the route
 // has detailed_errors), else with the waiting page, starting the wake when none runs. The wake does not
 // wait for r, which is answered at once and holds nothing. It reports false when r is to be held as
-// before: the route's page is off, or the route is awake after all, stopping, closed or draining.
+// before: the route's page is off, or the route is awake after all, stopping, retiring, closed or
+// draining.
 func (in *instance) serveWaiting(w http.ResponseWriter, r *http.Request) bool {
 	page := in.pages.page.Load()
 	if page == nil {
@@ -117,7 +118,7 @@ func (in *instance) serveWaiting(w http.ResponseWriter, r *http.Request) bool {
 	failed := false
 	in.mu.Lock()
 	switch {
-	case in.closed || in.draining() || in.state == Awake || in.state == Stopping,
+	case in.closed || in.retiring || in.draining() || in.state == Awake || in.state == Stopping,
 		in.state == Failed && in.now().Before(in.until) && in.lastAtt == nil: // no failed wake to show
 		in.mu.Unlock()
 		return false

@@ -439,7 +439,7 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 func (in *instance) kick() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.closed || in.draining() {
+	if in.closed || in.retiring || in.draining() {
 		return
 	}
 	if in.state == Asleep || (in.state == Failed && !in.now().Before(in.until)) {
