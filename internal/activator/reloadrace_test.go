@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -90,4 +91,41 @@ func TestReloadUnderLoadServesEveryRequest(t *testing.T) {
 	if w := b.wakes.Load(); w > 1+reloads {
 		t.Errorf("wakes = %d over %d instances: retiring instances woke the tenant again", w, 1+reloads)
 	}
+}
+
+// TestRemovedRouteAnswersItsWaitingRequest: a request waiting for its route's tenant to finish
+// stopping when a reload removes the route is answered 404, as the route's next request is, without
+// a wake of the removed route's tenant (the edge's acquireRouted finds no route on its second look).
+func TestRemovedRouteAnswersItsWaitingRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, old := newTestServer(t, b, passGate{})
+		if err := <-request(old); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
+		slept := make(chan error, 1)
+		go func() { slept <- s.Sleep(context.Background(), "app") }()
+		synctest.Wait() // Stopping, its Sleep blocked
+		answered := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			w := httptest.NewRecorder()
+			s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test/", nil))
+			answered <- w
+		}()
+		synctest.Wait() // held behind the stop
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("other")}}); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
+		if err := <-slept; err != nil {
+			t.Fatal(err)
+		}
+		if w := <-answered; w.Code != http.StatusNotFound {
+			t.Errorf("the waiting request of a removed route: %d %q, want 404", w.Code, w.Body)
+		}
+		if n := b.wakes.Load(); n != 1 {
+			t.Errorf("wakes = %d, want 1: the removed route's tenant was woken again", n)
+		}
+	})
 }
