@@ -129,3 +129,40 @@ func TestRemovedRouteAnswersItsWaitingRequest(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminWakeFollowsAReload: an admin wake that waits behind the route's stop when a reload replaces
+// the route wakes the route's new instance, not the old one, and succeeds.
+func TestAdminWakeFollowsAReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, old := newTestServer(t, b, passGate{})
+		if err := <-request(old); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
+		slept := make(chan error, 1)
+		go func() { slept <- s.Sleep(context.Background(), "app") }()
+		synctest.Wait() // Stopping, its Sleep blocked
+		woke := make(chan error, 1)
+		go func() { woke <- s.Wake(context.Background(), "app") }()
+		synctest.Wait() // the admin wake waits behind the stop
+		r := testRoute("app")
+		r.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
+		if err := <-slept; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-woke; err != nil {
+			t.Fatalf("admin wake across the reload: %v", err)
+		}
+		if st := s.instance("app").status(); st.State != "awake" {
+			t.Errorf("the new instance is %s after the admin wake, want awake", st.State)
+		}
+		if n := b.wakes.Load(); n != 2 {
+			t.Errorf("wakes = %d, want 2 (the first instance's, then the new one's)", n)
+		}
+	})
+}

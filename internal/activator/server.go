@@ -492,13 +492,20 @@ func (s *Server) answer(sw *statusWriter, r *http.Request, in *instance, charge 
 	in.serve(out, r)
 }
 
-// Wake wakes the named route and waits for the result (admin API).
+// Wake wakes the named route and waits for the result (admin API). A reload that replaces the route's
+// instance while the wake waits to begin (errRetired) sends it to the new one, as acquireRouted does
+// for requests.
 func (s *Server) Wake(ctx context.Context, route string) error {
-	in := s.instance(route)
-	if in == nil {
-		return fmt.Errorf("%w: %q", errNoRoute, route)
+	for range reroutes {
+		in := s.instance(route) // under s.mu: never an instance an Apply has begun to replace
+		if in == nil {
+			return fmt.Errorf("%w: %q", errNoRoute, route)
+		}
+		if err := in.wakeNow(ctx); !errors.Is(err, errRetired) {
+			return err
+		}
 	}
-	return in.wakeNow(ctx)
+	return ErrClosed
 }
 
 // Sleep puts the named route to sleep and waits until it is asleep (admin API).
