@@ -403,6 +403,52 @@ func TestWebSocketKeepsAwake(t *testing.T) {
 	}
 }
 
+// TestWebSocketAcrossAReload: a WebSocket open when a reload changes its route keeps the route's old
+// instance for at most the reload's grace (here half the route's hold.max_time of 4s), then is closed
+// as the old tenant stops, and the request waiting for the new instance is served, not answered 504
+// at its hold.max_time as it was while the socket could keep the old instance for ever.
+func TestWebSocketAcrossAReload(t *testing.T) {
+	app := appRoute{Name: "chat", HoldMaxTime: "4s"}
+	h := newHarness(t, configYAML(t, app))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+h.edgeAddr+"/ws", &websocket.DialOptions{Host: app.host()})
+	if err != nil {
+		t.Fatalf("websocket dial through the edge: %v", err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageText, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { _, _, err := c.Read(ctx); closed <- err }()
+
+	changed := app
+	changed.Idle = "2h"
+	if err := h.srv.Apply(loadConfig(t, h.bk, configYAML(t, changed))); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.get(app.host(), "/"); r.code != http.StatusOK {
+		t.Fatalf("GET after the reload: %d %q, want 200 once the grace ended", r.code, r.body)
+	}
+	if err := <-closed; err == nil {
+		t.Error("the WebSocket read a message after the reload's grace, want it closed")
+	}
+	if got := len(h.spawns(app.Name)); got != 2 {
+		t.Errorf("spawns = %d, want 2 (the old tenant, then the new one)", got)
+	}
+	st := h.status(app.Name)
+	if st.LastWake == nil || len(st.LastWake.Phases) == 0 || st.LastWake.Phases[0].Name != "predecessor" {
+		t.Errorf("the new instance's wake %+v, want its first phase predecessor", st.LastWake)
+	}
+	if len(h.rec.matching("requests still in flight when the reload's grace ended: the replaced instance sleeps under them", "", "")) != 1 {
+		t.Error("no warning that the grace ended with a request in flight")
+	}
+}
+
 // TestSSEStreams: server-sent events pass through the edge one by one, not buffered to the end.
 func TestSSEStreams(t *testing.T) {
 	app := appRoute{Name: "stream"}

@@ -155,6 +155,10 @@ type instance struct {
 	checkErr error       // the route's host check at start-up failed with this (Server.SetCheckError)
 	closed   bool        // no new goroutines once set
 	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
+	// cutDue is set once a retiring instance's grace has ended (retire): from then on its requests
+	// still in flight do not keep it from sleeping and closing. cut is the grace's timer.
+	cutDue bool
+	cut    *time.Timer
 	// idle is the idle clock, armed while Awake with nothing in flight. It is made on the first arm,
 	// then only Reset and Stopped, so the in-flight count dropping to 0 allocates nothing. idleArmed:
 	// Reset and neither stopped since nor seen by idleFired. idleStale counts the firings that a Stop

@@ -280,6 +280,13 @@ func (t *tracker) Note(msg string) {
 	t.rec.Notes = append(t.rec.Notes, msg)
 }
 
+// end ends the phase in progress without starting another (the next Phase, begin or then starts one).
+func (t *tracker) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closePhaseLocked()
+}
+
 func (t *tracker) closePhaseLocked() {
 	if n := len(t.rec.Phases); n > 0 && t.rec.Phases[n-1].Duration == 0 {
 		d := t.now().Sub(t.phaseStart)

@@ -166,3 +166,59 @@ func TestAdminWakeFollowsAReload(t *testing.T) {
 		}
 	})
 }
+
+// TestReloadCutsRequestsThatOutlastTheGrace: a changed route's old instance finishes its in-flight
+// requests for at most the reload's grace (the smaller of shutdown_grace and half the new route's
+// hold.max_time), then sleeps under the ones still open (a WebSocket, an event stream), so that the
+// new instance can wake. Measured on a53f3ac with the real binary: one WebSocket open across a reload
+// that changed its route had every new request to the route held until hold.max_time and answered
+// 504, for as long as the WebSocket stayed open.
+func TestReloadCutsRequestsThatOutlastTheGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, old := newTestServer(t, b, passGate{})
+		long, err := old.acquire(context.Background(), triggerRequest) // a WebSocket, never closed by its client
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := testRoute("app") // hold.max_time 30s: the grace is 15s, half of it
+		r.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}, ShutdownGrace: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		reloaded := time.Now() // synctest's clock
+		held := request(s.instance("app"))
+		time.Sleep(15*time.Second - time.Millisecond)
+		synctest.Wait()
+		if n := b.sleeps.Load(); n != 0 {
+			t.Fatalf("sleeps = %d within the grace, want 0: the old instance cut its request early", n)
+		}
+		select {
+		case err := <-held:
+			t.Fatalf("the new instance's request ended within the grace: %v", err)
+		default:
+		}
+		time.Sleep(time.Millisecond)
+		if err := <-held; err != nil {
+			t.Fatalf("the request held for the new instance: %v, want it served once the grace ended", err)
+		}
+		if took := time.Since(reloaded); took > 15*time.Second {
+			t.Errorf("the request held for the new instance was served %v after the reload, want at the grace's end (15s)", took)
+		}
+		if n := b.sleeps.Load(); n != 1 {
+			t.Errorf("sleeps = %d, want 1 (the old instance's, under its open request)", n)
+		}
+		// The new instance's wake says where its 15 s went.
+		if rec := s.instance("app").status().LastWake; rec == nil || len(rec.Phases) == 0 || rec.Phases[0].Name != phasePredecessor ||
+			rec.Phases[0].Duration < 15*time.Second-time.Millisecond {
+			t.Errorf("the new instance's wake record %+v, want a first phase %q of 15s", rec, phasePredecessor)
+		}
+		long() // the cut request's handler returns at last
+		synctest.Wait()
+		select {
+		case <-old.retired:
+		default:
+			t.Error("the old instance did not retire")
+		}
+	})
+}

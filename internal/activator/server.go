@@ -171,7 +171,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	for name, old := range prev {
 		if next[name] != old {
 			s.retiring = append(s.retiring, old)
-			old.retire() // it deletes the route's metric series once it has retired, unless next[name] holds them
+			old.retire(retireGrace(cfg, next[name])) // it deletes the route's metric series once it has retired, unless next[name] holds them
 			if next[name] == nil {
 				if removals++; removals <= namedChanges {
 					s.log.Info("route removed", "route", name)
@@ -191,6 +191,21 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	}
 	s.pruneRetiredLocked()
 	return nil
+}
+
+// retireGrace is how long a replaced or removed instance's requests in flight may keep it from
+// sleeping (instance.retire): shutdown_grace, as a restart would give them, but at most half of the
+// new instance's hold.max_time, so that a request held for the new instance's first wake, which
+// waits for the old one to retire, keeps half its hold for the old tenant's stop and the new one's
+// wake. 0 (configs built by hand, without either): no bound.
+func retireGrace(cfg *registry.Config, successor *instance) time.Duration {
+	grace := cfg.ShutdownGrace
+	if successor != nil {
+		if half := successor.route.Hold.MaxTime / 2; half > 0 && (grace == 0 || half < grace) {
+			grace = half
+		}
+	}
+	return grace
 }
 
 // openLocked opens r's backend (a fleet's members' backends) and returns its new instance, not yet

@@ -160,17 +160,37 @@ func (in *instance) sleepNow(ctx context.Context, reason string) error {
 // retire marks the instance as removed or replaced: it sleeps (ReasonReload) as soon as no request is
 // in flight or held, then closes its backend and its upstream connections and lets go of the route's
 // metric series. retired is closed when that is done.
-func (in *instance) retire() {
+func (in *instance) retire(grace time.Duration) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.retiring = true
 	in.stopScheduleLocked()
 	in.maybeRetireLocked()
+	if !in.closed && grace > 0 {
+		in.cut = time.AfterFunc(grace, in.graceEnded)
+	}
+}
+
+// graceEnded ends a retiring instance's grace (retire): requests still in flight, a WebSocket or an
+// event stream that could stay open for hours, no longer keep it from sleeping. They go on against a
+// tenant being put to sleep, and end when it stops, as they do when a shutdown's grace ends. Without
+// this, the route's new instance, whose first wake waits for this one to retire, could not wake while
+// a single WebSocket stayed open, and every new request to the route got 504 at its hold.max_time.
+func (in *instance) graceEnded() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed || in.inflight+in.unseen == 0 {
+		return
+	}
+	in.cutDue = true
+	in.logger().Warn("requests still in flight when the reload's grace ended: the replaced instance sleeps under them",
+		"in_flight", in.inflight+in.unseen, "state", in.state.String())
+	in.maybeRetireLocked()
 }
 
 func (in *instance) maybeRetireLocked() {
 	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
-	if !in.retiring || in.closed || in.inflight+in.unseen > 0 || in.held > 0 {
+	if !in.retiring || in.closed || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
 		return
 	}
 	switch in.state {
@@ -178,6 +198,9 @@ func (in *instance) maybeRetireLocked() {
 		in.beginSleepLocked(ReasonReload)
 	case Asleep, Failed:
 		in.closed = true
+		if in.cut != nil {
+			in.cut.Stop()
+		}
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
@@ -252,6 +275,9 @@ func (in *instance) shutdown(ctx context.Context, cut <-chan struct{}) {
 	wasClosed := in.closed
 	in.closed = true
 	in.quiet = nil
+	if in.cut != nil {
+		in.cut.Stop() // a retiring instance's grace: the shutdown's own decides now
+	}
 	in.stopScheduleLocked()
 	in.disarmIdleLocked()
 	if in.state == Awake {

@@ -209,6 +209,22 @@ type wakeOutcome struct {
 // phaseAdopt is the phase of a wake that asks the backend for a tenant already running.
 const phaseAdopt = "adopt"
 
+// phasePredecessor is the phase of a changed route's first wake that waits for the instance the
+// reload replaced (or an earlier one of the same name, removed and added back) to retire.
+const phasePredecessor = "predecessor"
+
+// pending reports whether any of chs is still open.
+func pending(chs []<-chan struct{}) bool {
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		default:
+			return true
+		}
+	}
+	return false
+}
+
 // wakeAndGate starts (or adopts) the tenant and waits for its health gate, on a context detached from
 // every request and bounded by the wake budget. A tenant it started or adopted that never passes the
 // gate is stopped before it returns. It runs without the lock; only the wake goroutine uses in.prober.
@@ -216,7 +232,14 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
 	rec.budgets(in.route.WakeBudget, 0)
-	awaitAll(in.after, ctx.Done(), nil) // past the budget, the wake goes on to fail on ctx
+	if pending(in.after) {
+		// The instance a reload replaced is still putting its tenant to sleep (its requests in flight
+		// keep it for at most the reload's grace: retireGrace). The wake says so, or its record would
+		// show seconds that no phase explains.
+		rec.then(phasePredecessor)
+		awaitAll(in.after, ctx.Done(), nil) // past the budget, the wake goes on to fail on ctx
+		rec.end()
+	}
 	out := wakeOutcome{awake: true}
 	started := false // a tenant runs that a failure must stop
 	if trig == triggerAdopt {
