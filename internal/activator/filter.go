@@ -193,10 +193,14 @@ func (in *instance) acquireRequest(r *http.Request, c *holdCharge) (release func
 // acquireIgnored lets an ignored request through to an awake tenant, counted in unseen rather than in
 // flight: it neither stops nor restarts the idle clock. Otherwise (asleep, waking, stopping, failed,
 // closed, or awake with its sleep due and waiting for ignored requests to end) it returns an
-// *IgnoredError at once.
+// *IgnoredError at once, or errRetired when a reload has replaced the instance and its tenant is not
+// awake: the route's current instance decides then.
 func (in *instance) acquireIgnored() (release func(), err error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.retiring && (in.state != Awake || in.closed) {
+		return nil, errRetired // replaced by a reload: the route's current instance answers it (acquireRouted)
+	}
 	if in.state != Awake || in.closed || in.sleepDueLocked() {
 		in.filter.note(filterRefused)
 		return nil, &IgnoredError{Route: in.route.Name, Status: in.filter.status}

@@ -2,6 +2,7 @@ package activator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -219,6 +220,42 @@ func TestReloadCutsRequestsThatOutlastTheGrace(t *testing.T) {
 		case <-old.retired:
 		default:
 			t.Error("the old instance did not retire")
+		}
+	})
+}
+
+// TestIgnoredRequestFollowsAReload: a monitor's request (ignore:) that reaches an instance a reload
+// has replaced is answered by the route's current instance: served when its tenant is awake.
+func TestIgnoredRequestFollowsAReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, old := newTestServer(t, b, passGate{}, withMonitorsIgnored)
+		r := testRoute("app")
+		withMonitorsIgnored(r)
+		r.Idle = 2 * time.Minute
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the old instance, asleep, has retired
+		if err := <-request(s.instance("app")); err != nil {
+			t.Fatal(err)
+		}
+		monitor := requestAs(http.MethodGet, "/", uptimeRobot)
+		if _, err := old.acquireRequest(monitor, nil); !errors.Is(err, errRetired) {
+			t.Fatalf("an ignored request to the replaced instance: %v, want errRetired", err)
+		}
+		rt, release, err := s.acquireRouted(s.table.Load().lookup("app.test", "/"), monitor, nil)
+		if err != nil || rt.in != s.instance("app") {
+			t.Fatalf("acquireRouted: %v, want the awake new instance to serve it", err)
+		}
+		release()
+		// And from the old instance's routing entry, as a request that looked the route up before the
+		// reload has it.
+		stale := &routed{in: old, count: func(int) {}}
+		if rt, release, err := s.acquireRouted(stale, monitor, nil); err != nil || rt.in != s.instance("app") {
+			t.Fatalf("acquireRouted from the replaced instance: %v, want the new instance to serve it", err)
+		} else {
+			release()
 		}
 	})
 }
