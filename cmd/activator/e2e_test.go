@@ -346,20 +346,16 @@ func TestRequestDuringStop(t *testing.T) {
 	}
 }
 
-// TestWebSocketKeepsAwake: an open WebSocket is a request in flight: the route stays awake past the
-// idle window until the socket closes, then sleeps.
-func TestWebSocketKeepsAwake(t *testing.T) {
-	const idle = 150 * time.Millisecond
-	app := appRoute{Name: "chatty", Idle: idle.String()}
-	h := newHarness(t, configYAML(t, app))
-	ctx, cancel := context.WithTimeout(context.Background(), patience)
-	defer cancel()
+// dialEcho opens a WebSocket through the edge to app's /ws (the demo app's echo), closed when t ends,
+// and returns it with echo, which sends msg and fails t unless msg comes back.
+func dialEcho(ctx context.Context, t *testing.T, h *harness, app appRoute) (*websocket.Conn, func(msg string)) {
+	t.Helper()
 	c, _, err := websocket.Dial(ctx, "ws://"+h.edgeAddr+"/ws", &websocket.DialOptions{Host: app.host()})
 	if err != nil {
 		t.Fatalf("websocket dial through the edge: %v", err)
 	}
-	defer c.CloseNow()
-	echo := func(msg string) {
+	t.Cleanup(func() { c.CloseNow() })
+	return c, func(msg string) {
 		t.Helper()
 		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
 			t.Fatalf("write: %v", err)
@@ -372,6 +368,17 @@ func TestWebSocketKeepsAwake(t *testing.T) {
 			t.Fatalf("echo %q, want %q", got, msg)
 		}
 	}
+}
+
+// TestWebSocketKeepsAwake: an open WebSocket is a request in flight: the route stays awake past the
+// idle window until the socket closes, then sleeps.
+func TestWebSocketKeepsAwake(t *testing.T) {
+	const idle = 150 * time.Millisecond
+	app := appRoute{Name: "chatty", Idle: idle.String()}
+	h := newHarness(t, configYAML(t, app))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	c, echo := dialEcho(ctx, t, h, app)
 	echo("hello")
 
 	// Watch the route across several idle windows: it must stay awake with the socket in flight.
@@ -412,17 +419,8 @@ func TestWebSocketAcrossAReload(t *testing.T) {
 	h := newHarness(t, configYAML(t, app))
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws://"+h.edgeAddr+"/ws", &websocket.DialOptions{Host: app.host()})
-	if err != nil {
-		t.Fatalf("websocket dial through the edge: %v", err)
-	}
-	defer c.CloseNow()
-	if err := c.Write(ctx, websocket.MessageText, []byte("hello")); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := c.Read(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, echo := dialEcho(ctx, t, h, app)
+	echo("hello")
 	closed := make(chan error, 1)
 	go func() { _, _, err := c.Read(ctx); closed <- err }()
 

@@ -411,26 +411,11 @@ func TestReloadKeepsHeldRequests(t *testing.T) {
 // a warm route's tenant six times over through its retiring instances, and two requests got 503.
 func TestRetiringInstanceStartsNoWake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &fakeBackend{}
-		s, old := newTestServer(t, b, passGate{})
-		if err := <-request(old); err != nil {
-			t.Fatal(err)
-		}
-		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
-		slept := make(chan error, 1)
-		go func() { slept <- s.Sleep(context.Background(), "app") }()
-		synctest.Wait() // Stopping, its Sleep blocked
+		s, old, b, finish := stopping(t)
 		held := request(old)
 		synctest.Wait() // held behind the stop
-		r := testRoute("app")
-		r.Idle = 2 * time.Minute
-		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
-			t.Fatal(err)
-		}
-		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
-		if err := <-slept; err != nil {
-			t.Fatal(err)
-		}
+		applyChanged(t, s)
+		finish()
 		if err := <-held; !errors.Is(err, errRetired) {
 			t.Errorf("the request held behind the replaced instance's stop: %v, want errRetired", err)
 		}

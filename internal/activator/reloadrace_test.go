@@ -94,20 +94,48 @@ func TestReloadUnderLoadServesEveryRequest(t *testing.T) {
 	}
 }
 
+// stopping wakes a test server's route "app", then starts an admin sleep whose backend Sleep blocks:
+// the route's instance (old) is Stopping when it returns. finish lets the sleep end, and checks it
+// succeeded. For synctest bubbles.
+func stopping(t *testing.T) (s *Server, old *instance, b *fakeBackend, finish func()) {
+	t.Helper()
+	b = &fakeBackend{}
+	s, old = newTestServer(t, b, passGate{})
+	if err := <-request(old); err != nil {
+		t.Fatal(err)
+	}
+	b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
+	slept := make(chan error, 1)
+	go func() { slept <- s.Sleep(context.Background(), "app") }()
+	synctest.Wait() // Stopping, its Sleep blocked
+	return s, old, b, func() {
+		t.Helper()
+		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
+		if err := <-slept; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// applyChanged reloads s with route "app" changed (its idle window): a new instance replaces the old.
+func applyChanged(t *testing.T, s *Server, mut ...func(*registry.Route)) {
+	t.Helper()
+	r := testRoute("app")
+	r.Idle = 2 * time.Minute
+	for _, m := range mut {
+		m(r)
+	}
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRemovedRouteAnswersItsWaitingRequest: a request waiting for its route's tenant to finish
 // stopping when a reload removes the route is answered 404, as the route's next request is, without
 // a wake of the removed route's tenant (the edge's acquireRouted finds no route on its second look).
 func TestRemovedRouteAnswersItsWaitingRequest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &fakeBackend{}
-		s, old := newTestServer(t, b, passGate{})
-		if err := <-request(old); err != nil {
-			t.Fatal(err)
-		}
-		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
-		slept := make(chan error, 1)
-		go func() { slept <- s.Sleep(context.Background(), "app") }()
-		synctest.Wait() // Stopping, its Sleep blocked
+		s, _, b, finish := stopping(t)
 		answered := make(chan *httptest.ResponseRecorder, 1)
 		go func() {
 			w := httptest.NewRecorder()
@@ -118,10 +146,7 @@ func TestRemovedRouteAnswersItsWaitingRequest(t *testing.T) {
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("other")}}); err != nil {
 			t.Fatal(err)
 		}
-		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
-		if err := <-slept; err != nil {
-			t.Fatal(err)
-		}
+		finish()
 		if w := <-answered; w.Code != http.StatusNotFound {
 			t.Errorf("the waiting request of a removed route: %d %q, want 404", w.Code, w.Body)
 		}
@@ -135,27 +160,12 @@ func TestRemovedRouteAnswersItsWaitingRequest(t *testing.T) {
 // the route wakes the route's new instance, not the old one, and succeeds.
 func TestAdminWakeFollowsAReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &fakeBackend{}
-		s, old := newTestServer(t, b, passGate{})
-		if err := <-request(old); err != nil {
-			t.Fatal(err)
-		}
-		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
-		slept := make(chan error, 1)
-		go func() { slept <- s.Sleep(context.Background(), "app") }()
-		synctest.Wait() // Stopping, its Sleep blocked
+		s, _, b, finish := stopping(t)
 		woke := make(chan error, 1)
 		go func() { woke <- s.Wake(context.Background(), "app") }()
 		synctest.Wait() // the admin wake waits behind the stop
-		r := testRoute("app")
-		r.Idle = 2 * time.Minute
-		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
-			t.Fatal(err)
-		}
-		b.set(func(f *fakeBackend) { close(f.sleepGte); f.sleepGte = nil })
-		if err := <-slept; err != nil {
-			t.Fatal(err)
-		}
+		applyChanged(t, s)
+		finish()
 		if err := <-woke; err != nil {
 			t.Fatalf("admin wake across the reload: %v", err)
 		}
@@ -230,12 +240,7 @@ func TestIgnoredRequestFollowsAReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		s, old := newTestServer(t, b, passGate{}, withMonitorsIgnored)
-		r := testRoute("app")
-		withMonitorsIgnored(r)
-		r.Idle = 2 * time.Minute
-		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
-			t.Fatal(err)
-		}
+		applyChanged(t, s, withMonitorsIgnored)
 		synctest.Wait() // the old instance, asleep, has retired
 		if err := <-request(s.instance("app")); err != nil {
 			t.Fatal(err)
