@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +24,7 @@ const (
 	PhaseState    = "state"    // sigstop and freeze modes: reading the unit's state (is it running, frozen?)
 	PhaseThaw     = "thaw"     // freeze mode: ThawUnit on a frozen unit
 	PhaseContinue = "continue" // sigstop mode: SIGCONT to the unit's processes
+	PhaseStopping = "stopping" // a unit still stopping (deactivating): waiting for its stop to finish
 )
 
 // errBackendClosed ends the Life of a route whose backend was closed while its unit ran.
@@ -41,6 +44,11 @@ type Backend struct {
 	w       *watch       // life's watch on the bus; nil until its start job has finished
 	pending *startJob    // the start job of life, until it finishes or is aborted
 	lastInv []byte       // the InvocationID the unit had when this backend last read it after a start
+	// stopped is true while the backend knows the unit is not still stopping: its own stop job
+	// finished since the unit was last up. Otherwise (a new backend, a stop that outlasted the sleep's
+	// budget, a crash or a stop behind the activator's back) the unit may be deactivating, and Wake
+	// reads its state before a start job (see waitStopped).
+	stopped bool
 }
 
 var (
@@ -79,6 +87,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	if err := b.settle(ctx); err != nil {
 		return nil, err
 	}
+	unread := true // whether the unit's state is still unread
 	if b.s.Sleep != SleepStop {
 		// Its own phase: without it, a SIGCONT wake's record read "start=0.6ms continue=…", as if a
 		// start job had run.
@@ -87,6 +96,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		if err != nil {
 			return nil, err
 		}
+		unread = false
 		t.Note(fmt.Sprintf("%s found %s/%s", b.s.Unit, st.ActiveState, st.SubState)) // the last observed state, for explain
 		if st.LoadState != "loaded" {
 			return nil, notLoaded(b.s.Unit, st.LoadState)
@@ -97,9 +107,20 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			}
 			return b.track(ctx)
 		}
+		if err := b.waitStopped(ctx, t, st); err != nil {
+			return nil, err
+		}
+	} else if !b.knownStopped() {
+		st, err := b.stopState(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.waitStopped(ctx, t, st); err != nil {
+			return nil, err
+		}
 	}
 	t.Phase(tenant.PhaseStart)
-	if err := b.checkForeign(ctx, b.s.Sleep == SleepStop); err != nil {
+	if err := b.checkForeign(ctx, unread); err != nil {
 		return nil, err
 	}
 	ch, l, err := b.queueJob(ctx, "start")
@@ -127,7 +148,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		jctx, p.cancel = context.WithCancel(jctx)
 	}
 	b.mu.Lock()
-	b.life, b.pending = life, p
+	b.life, b.pending, b.stopped = life, p, false
 	b.mu.Unlock()
 	go b.finishStart(jctx, p, ch, l)
 	return life, nil
@@ -138,6 +159,9 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 // a .socket is not checked (systemd's socket listens there by design). unread says the unit's state
 // was not read yet (stop mode skips that read): then a held address may be the unit itself, active
 // behind the backend's back, which is read only when the address is held.
+//
+// A holder inside the unit's own control group is the unit too, whatever its state (activating,
+// say, under someone else's start job, which the wake's merges with): not a stranger.
 func (b *Backend) checkForeign(ctx context.Context, unread bool) error {
 	if b.s.Socket != "" || b.upstream.Address == "" {
 		return nil
@@ -151,7 +175,83 @@ func (b *Backend) checkForeign(ctx context.Context, unread bool) error {
 			return nil
 		}
 	}
+	if he, ok := errors.AsType[*foreign.HeldError](err); ok && he.PID > 0 && b.owns(ctx, he.PID) {
+		return nil
+	}
 	return fmt.Errorf("unit %s not started: %w", b.s.Unit, err)
+}
+
+// owns reports whether process pid runs in the unit's control group (or one below it).
+func (b *Backend) owns(ctx context.Context, pid int) bool {
+	var cg string
+	err := b.bus.do(ctx, func(l *link) error {
+		p, err := l.c.GetServicePropertyContext(ctx, b.s.Unit, "ControlGroup")
+		if err == nil {
+			cg, _ = p.Value.Value().(string)
+		}
+		return err
+	})
+	if err != nil || cg == "" {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	return err == nil && inCgroup(string(data), cg)
+}
+
+// inCgroup reports whether a /proc/PID/cgroup text places the process in cgroup cg or below it, in
+// any hierarchy (systemd names the unit's group by the same path in each).
+func inCgroup(procCgroup, cg string) bool {
+	for line := range strings.Lines(procCgroup) {
+		_, path, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		if _, path, ok = strings.Cut(path, ":"); ok && (path == cg || strings.HasPrefix(path, cg+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
+// knownStopped reports whether the backend knows the unit is not still stopping (see Backend.stopped).
+func (b *Backend) knownStopped() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stopped
+}
+
+// stopState reads what waitStopped decides on, ActiveState and SubState, in two property Gets.
+func (b *Backend) stopState(ctx context.Context) (st UnitState, err error) {
+	err = b.bus.do(ctx, func(l *link) (err error) {
+		st, err = readProps(ctx, l.c, b.s.Unit, "ActiveState", "SubState")
+		return err
+	})
+	return st, err
+}
+
+// waitStopped waits, when st says the unit is still stopping (deactivating), for that stop to finish:
+// a stop job of its own, which systemd merges with the one running. The stop may be a sleep's that
+// outlasted sleep_budget (a tenant that drains, or ignores SIGTERM until TimeoutStopSec= kills it), or
+// one behind the activator's back. A start job queued instead would wait behind the stop while the
+// old processes still answered, so the health gate could pass on a tenant about to be killed (and
+// without a .socket, checkForeign would call the unit's own process a stranger).
+func (b *Backend) waitStopped(ctx context.Context, t tenant.Tracker, st UnitState) error {
+	if st.ActiveState != "deactivating" {
+		return nil
+	}
+	t.Phase(PhaseStopping)
+	t.Note(fmt.Sprintf("unit %s was still stopping (%s/%s): the start waits for the stop to finish", b.s.Unit, st.ActiveState, st.SubState))
+	res, err := b.job(ctx, "stop")
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("unit %s was still stopping (SubState=%s) when the wake's budget ran out: %w", b.s.Unit, st.SubState, err)
+	case err != nil:
+		return fmt.Errorf("unit %s: waiting for its stop to finish: %w", b.s.Unit, err)
+	case res != "done":
+		st, _ := b.state(ctx)
+		return &JobError{Unit: b.s.Unit, Job: "stop", Result: res, State: st}
+	}
+	return nil
 }
 
 // notLoaded is the terminal error of a unit the manager cannot load (not-found, masked, bad-setting):
@@ -377,7 +477,7 @@ func (b *Backend) track(ctx context.Context) (*tenant.Life, error) {
 		return nil, err
 	}
 	b.mu.Lock()
-	b.life, b.w = life, w
+	b.life, b.w, b.stopped = life, w, false
 	b.mu.Unlock()
 	return life, nil
 }
@@ -499,11 +599,17 @@ func (b *Backend) stopUnit(ctx context.Context) error {
 	res, err := b.job(ctx, "stop")
 	if err != nil {
 		if dbusErrorName(err) == "org.freedesktop.systemd1.NoSuchUnit" {
+			b.setStopped()
 			return nil
+		}
+		if ctx.Err() != nil {
+			// The job goes on in systemd: the unit is still stopping, which the next Wake waits for.
+			return fmt.Errorf("unit %s: still stopping when the budget ran out (systemd carries on with the stop; is its TimeoutStopSec= longer than sleep_budget?): %w", b.s.Unit, err)
 		}
 		return fmt.Errorf("unit %s: stop: %w", b.s.Unit, err)
 	}
 	if res == "done" {
+		b.setStopped()
 		var result string
 		err := b.bus.do(ctx, func(l *link) (err error) {
 			result, err = readResult(ctx, l.c, b.s.Unit)
@@ -516,6 +622,13 @@ func (b *Backend) stopUnit(ctx context.Context) error {
 	}
 	st, _ := b.state(ctx)
 	return &JobError{Unit: b.s.Unit, Job: "stop", Result: res, State: st}
+}
+
+// setStopped records that the unit's stop finished (see Backend.stopped).
+func (b *Backend) setStopped() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
 }
 
 func (b *Backend) freeze(ctx context.Context) error {

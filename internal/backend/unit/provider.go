@@ -17,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"syscall"
+	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 
@@ -148,6 +150,53 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 			"route", r.Name, "unit", s.Unit, "start_limit_interval_usec", st.StartLimitIntervalUSec, "start_limit_burst", st.StartLimitBurst)
 	}
 	return errors.Join(errs...)
+}
+
+// Notes warns about unit settings that work against sleeping (tenant.Noter), so that `activator check`
+// says so before serve's log does: enabled start limits, which fast sleep/wake cycles trip, and a
+// TimeoutStopSec= not below the route's sleep_budget, under which a tenant slow to stop fails its
+// sleep while systemd carries on stopping it. Nothing when the unit cannot be read (Check says why).
+func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
+	s, err := settingsOf(r)
+	if err != nil {
+		return nil
+	}
+	var st UnitState
+	if err := p.bus(s.Bus).do(ctx, func(l *link) (err error) {
+		st, err = readState(ctx, l.c, s.Unit)
+		return err
+	}); err != nil || st.LoadState != "loaded" {
+		return nil
+	}
+	return unitNotes(s.Unit, st, r.SleepBudget)
+}
+
+var _ tenant.Noter = (*Provider)(nil)
+
+// unitNotes are Notes' warnings for a loaded unit in state st on a route with the given sleep budget.
+func unitNotes(unit string, st UnitState, sleepBudget time.Duration) []string {
+	var notes []string
+	if st.StartLimitIntervalUSec != 0 {
+		notes = append(notes, fmt.Sprintf("warning: %s has start limits enabled (StartLimitIntervalSec=%v, StartLimitBurst=%d): fast sleep/wake cycles will trip them; set StartLimitIntervalSec=0 (the activator's backoff takes over)",
+			unit, time.Duration(st.StartLimitIntervalUSec)*time.Microsecond, st.StartLimitBurst))
+	}
+	if stop, ok := usec(st.TimeoutStopUSec); sleepBudget > 0 && (!ok || stop >= sleepBudget) {
+		limit := "infinity"
+		if ok {
+			limit = stop.String()
+		}
+		notes = append(notes, fmt.Sprintf("warning: %s has TimeoutStopSec=%s, not below the route's sleep_budget %v: a tenant slow to stop fails its sleep while systemd carries on stopping it, and the next wake waits for that stop; set TimeoutStopSec= below sleep_budget",
+			unit, limit, sleepBudget))
+	}
+	return notes
+}
+
+// usec converts a systemd µs property to a Duration; false for infinity or a value too large.
+func usec(v uint64) (time.Duration, bool) {
+	if v > uint64(math.MaxInt64/int64(time.Microsecond)) {
+		return 0, false
+	}
+	return time.Duration(v) * time.Microsecond, true
 }
 
 // readLoadState reads a unit's LoadState.

@@ -31,10 +31,11 @@ type UnitState struct {
 	FreezerState string // running, freezing, frozen, thawing ("" on systemd without a freezer)
 	InvocationID []byte // changes on every start
 	// Service properties.
-	Result         string // success, exit-code, signal, timeout, core-dump, start-limit-hit, ...
-	MainPID        uint32
-	ExecMainCode   int32 // CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3); 0 when never ran
-	ExecMainStatus int32 // exit status or signal number
+	Result          string // success, exit-code, signal, timeout, core-dump, start-limit-hit, ...
+	MainPID         uint32
+	ExecMainCode    int32  // CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3); 0 when never ran
+	ExecMainStatus  int32  // exit status or signal number
+	TimeoutStopUSec uint64 // TimeoutStopSec=, in µs (math.MaxUint64: infinity)
 	// Start limits (0 interval: disabled).
 	StartLimitIntervalUSec uint64
 	StartLimitBurst        uint32
@@ -149,6 +150,7 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, err
 	st.MainPID, _ = sp["MainPID"].(uint32)
 	st.ExecMainCode, _ = sp["ExecMainCode"].(int32)
 	st.ExecMainStatus, _ = sp["ExecMainStatus"].(int32)
+	st.TimeoutStopUSec, _ = sp["TimeoutStopUSec"].(uint64)
 	return st, nil
 }
 

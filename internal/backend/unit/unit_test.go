@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -867,5 +868,125 @@ func waitListening(t *testing.T, addr string) {
 			t.Fatalf("%s does not accept: %v", addr, err)
 		}
 		<-tick.C
+	}
+}
+
+// phaseLog is a tenant.Tracker that records phases and notes.
+type phaseLog struct {
+	phases, notes []string
+}
+
+func (p *phaseLog) Phase(name string) { p.phases = append(p.phases, name) }
+func (p *phaseLog) Note(n string)     { p.notes = append(p.notes, n) }
+
+// TestWakeWaitsForAStopStillRunning: a unit slow to stop (it ignores SIGTERM until systemd's
+// TimeoutStopSec= kills it) outlasts the sleep's budget, so the sleep fails while systemd's stop job
+// carries on. The next wake finds the unit deactivating with its old process still listening. It must
+// wait for the stop, then start the unit afresh: before, it called the unit's own main process a
+// stranger holding the upstream and failed the route with a terminal fault until systemd killed it.
+func TestWakeWaitsForAStopStillRunning(t *testing.T) {
+	m := systemdtest.Start(t)
+	f := newFixture(t, m, newProvider(t), SleepStop, systemdtest.Demo{
+		Env:     []string{"DEMOAPP_IGNORE_TERM=1"},
+		Service: []string{"TimeoutStopSec=1500ms"},
+	})
+	f.wake(t)
+	old := m.MainPID(t, f.unit)
+	sctx, scancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err := f.b.Sleep(sctx)
+	scancel()
+	if err == nil || !strings.Contains(err.Error(), "still stopping") {
+		t.Fatalf("Sleep within 100ms of a unit that takes 1.5s to stop: %v, want an error saying the unit is still stopping", err)
+	}
+	if st := m.ActiveState(t, f.unit); st != "deactivating" {
+		t.Fatalf("unit %s after the sleep gave up, want deactivating (the test needs the stop still running)", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	var log phaseLog
+	life, err := f.b.Wake(ctx, &log)
+	if err != nil {
+		t.Fatalf("Wake while the unit was still stopping: %v", err)
+	}
+	if !slices.Contains(log.phases, PhaseStopping) {
+		t.Errorf("wake phases %q, want %q among them", log.phases, PhaseStopping)
+	}
+	if !slices.ContainsFunc(log.notes, func(n string) bool { return strings.Contains(n, "still stopping") }) {
+		t.Errorf("wake notes %q, want one saying the unit was still stopping", log.notes)
+	}
+	waitListening(t, f.r.Upstream.Address)
+	backendtest.Get(t, f.subject())
+	if pid := m.MainPID(t, f.unit); pid == old || pid == 0 {
+		t.Errorf("MainPID %d after the wake, want a new process (the old one was %d)", pid, old)
+	}
+	if life.Err() != nil {
+		t.Errorf("Life ended: %v", life.Err())
+	}
+}
+
+// TestInCgroup: a holder is the unit's own process when /proc/PID/cgroup places it in the unit's
+// control group or below, in any hierarchy of a hybrid layout; a sibling whose name extends the unit's
+// is not.
+func TestInCgroup(t *testing.T) {
+	const cg = "/user.slice/user@0.service/app.slice/web.service"
+	hybrid := "12:cpu,cpuacct:/user.slice\n1:name=systemd:" + cg + "\n0::/user.slice/user@0.service/app.slice/web.service/sub\n"
+	cases := []struct {
+		name, text string
+		want       bool
+	}{
+		{"hybrid, named hierarchy and a child group", hybrid, true},
+		{"v2 only", "0::" + cg + "\n", true},
+		{"a sibling with a longer name", "0::" + cg + "-2\n", false},
+		{"another unit", "1:name=systemd:/user.slice/other.service\n0::/user.slice/other.service\n", false},
+		{"garbage", "nonsense\n\n", false},
+	}
+	for _, c := range cases {
+		if got := inCgroup(c.text, cg); got != c.want {
+			t.Errorf("%s: inCgroup = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestUnitNotes: check warns about start limits and about a TimeoutStopSec= that is not below the
+// route's sleep_budget (infinity included), and says nothing about a unit set up as app@.service is.
+func TestUnitNotes(t *testing.T) {
+	sec := func(s int) uint64 { return uint64(s) * 1_000_000 }
+	cases := []struct {
+		name string
+		st   UnitState
+		want []string // a part of each note, in order
+	}{
+		{"as app@.service", UnitState{TimeoutStopUSec: sec(20)}, nil},
+		{"systemd's defaults", UnitState{TimeoutStopUSec: sec(90), StartLimitIntervalUSec: sec(10), StartLimitBurst: 5},
+			[]string{"StartLimitIntervalSec=10s, StartLimitBurst=5", "TimeoutStopSec=1m30s, not below the route's sleep_budget 30s"}},
+		{"equal to the budget", UnitState{TimeoutStopUSec: sec(30)}, []string{"TimeoutStopSec=30s"}},
+		{"infinity", UnitState{TimeoutStopUSec: math.MaxUint64}, []string{"TimeoutStopSec=infinity"}},
+	}
+	for _, c := range cases {
+		got := unitNotes("web.service", c.st, 30*time.Second)
+		if len(got) != len(c.want) {
+			t.Errorf("%s: notes %q, want %d", c.name, got, len(c.want))
+			continue
+		}
+		for i, part := range c.want {
+			if !strings.Contains(got[i], part) || !strings.Contains(got[i], "web.service") {
+				t.Errorf("%s: note %q, want it to name web.service and contain %q", c.name, got[i], part)
+			}
+		}
+	}
+}
+
+// TestNotesReadTheUnit: Notes reads the live unit: a demo unit with systemd's default stop timeout
+// (90 s) on a route with a 30 s sleep budget gets the warning.
+func TestNotesReadTheUnit(t *testing.T) {
+	m := systemdtest.Start(t)
+	p := newProvider(t)
+	f := newFixture(t, m, p, SleepStop, systemdtest.Demo{Service: []string{"TimeoutStopSec=90s"}})
+	f.r.SleepBudget = 30 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	notes := p.Notes(ctx, f.r)
+	if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "TimeoutStopSec=1m30s") }) {
+		t.Fatalf("Notes %q, want a warning about TimeoutStopSec=1m30s", notes)
 	}
 }
