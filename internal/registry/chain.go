@@ -74,6 +74,7 @@ func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]Se
 	ents := make([]entry, 0, n)
 	names := make(map[string]entry, n)
 	hosts := make(map[string]string, len(fc.Routes))
+	owned := map[string]string{}
 	for _, list := range lists {
 		var rs []*Route
 		var hc *HostCache
@@ -87,6 +88,7 @@ func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]Se
 			}
 			ents = append(ents, lr.e)
 			checkUnique(l, &ents[len(ents)-1], names, hosts)
+			checkOwned(l, &ents[len(ents)-1], owned)
 		}
 	}
 	return ents
@@ -164,6 +166,54 @@ func checkUnique(l *errs, e *entry, names map[string]entry, hosts map[string]str
 			continue
 		}
 		hosts[k] = e.label
+	}
+}
+
+// Owner is implemented by a backing's decoded settings that name things on the host a route must have
+// to itself, such as a kvm guest's runtime_dir (its QMP socket and pid file) and snapshot_dir (its
+// snapshot and RAM file): two guests sharing one reap and resume each other's. Load reports a value
+// that two routes, instances or fleet members name.
+type Owner interface {
+	Owns() []Owned
+}
+
+// Owned is one thing a route's settings name that must be the route's own: the key that sets it
+// within the backing's block ("runtime_dir") and its value.
+type Owned struct{ Key, Value string }
+
+// checkOwned reports each thing e's settings (each fleet member's, for a fleet) own (Owner) that an
+// earlier entry owns already, and records e's for the entries after it. Values are compared as
+// written, after the backing's defaults and cleaning.
+func checkOwned(l *errs, e *entry, owned map[string]string) {
+	r := e.r
+	type owner struct {
+		who      string
+		settings any
+	}
+	var list []owner
+	if r.Fleet != nil {
+		for _, m := range r.Fleet.Members {
+			list = append(list, owner{fmt.Sprintf("%s %q member %q", e.kind(), r.Name, m.Name), m.Settings})
+		}
+	} else {
+		list = append(list, owner{fmt.Sprintf("%s %q", e.kind(), r.Name), r.Settings})
+	}
+	for _, o := range list {
+		ow, ok := o.settings.(Owner)
+		if !ok {
+			continue
+		}
+		for _, it := range ow.Owns() {
+			if it.Value == "" {
+				continue
+			}
+			key := r.Backing + "." + it.Key
+			if prev, dup := owned[it.Value]; dup {
+				e.add(l, key, KeyLine(e.n, r.Backing), "%s %q is also that of %s: no two may share it", it.Key, it.Value, prev)
+				continue
+			}
+			owned[it.Value] = fmt.Sprintf("%s (%s)", o.who, key)
+		}
 	}
 }
 

@@ -178,6 +178,7 @@ type Backend struct {
 	closed  bool
 
 	retiring chan struct{} // closed once the QEMU the last snapshot sleep quit is gone (retire); guarded by op
+	lost     string        // why retire lost the last snapshot, for the next wake's record; guarded by op after settle
 	begun    bool          // an Adopt or a Wake has run, so what an earlier activator left is settled; guarded by op
 
 	gen      sync.Mutex // guards savedGen and the RAM file's sidecar (ramfile.go)
@@ -260,12 +261,16 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 // instead. It returns the errors a boot would meet too (ctx ended, the RAM file held by another QEMU).
 func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker, sb *instance) (*tenant.Life, error) {
 	life, err := b.restore(ctx, t, sb)
+	lost := b.lost
+	b.lost = ""
 	var re *refusedError
 	switch {
 	case err == nil:
 		return life, nil
 	case ctx.Err() != nil || errors.Is(err, errRAMBusy):
 		return nil, err
+	case errors.Is(err, errNoSnapshot) && lost != "":
+		t.Note(lost + ": cold boot")
 	case errors.Is(err, errNoSnapshot):
 		t.Note("no snapshot file: cold boot")
 	case errors.As(err, &re):
@@ -310,6 +315,12 @@ func (b *Backend) resume(ctx context.Context, t tenant.Tracker, inst *instance) 
 }
 
 // boot cold-boots a new guest; in file mode on a fresh RAM file.
+//
+// A cold boot supersedes every snapshot the route has saved, in whatever mode saved it (unless the
+// route keeps its snapshot by design, keep_snapshot): from here on the guest's disk moves on, and a
+// later wake in snapshot mode must not resume the memory of an older boot. Found with reloads from
+// snapshot to poweroff and back: the guest resumed the RAM of two boots before, over a disk the boots
+// since had written.
 func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	var l launch
 	if b.ram.file {
@@ -318,6 +329,14 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			return nil, fmt.Errorf("%s: qemu not launched: %w", PhaseQEMUStart, err)
 		}
 		l.ram = ram
+	}
+	if !b.s.KeepSnapshot {
+		if err := b.removeSnapshots(); err != nil {
+			if l.ram != nil {
+				l.ram.Close()
+			}
+			return nil, fmt.Errorf("%s: qemu not launched: remove the route's old snapshot: %w", PhaseQEMUStart, err)
+		}
 	}
 	inst, err := b.start(ctx, t, l)
 	if err != nil {

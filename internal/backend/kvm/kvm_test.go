@@ -562,3 +562,41 @@ func TestForeignHolderFailsTheWake(t *testing.T) {
 		t.Fatalf("qemu %d launched although the port is held", pid)
 	}
 }
+
+// TestColdBootSupersedesSnapshot: a snapshot left by one mode is not resumed after the route has
+// cold-booted in another. Found with reloads from snapshot to poweroff and back: the wake after them
+// resumed the guest of two boots before (over a disk, had it one, that the boots since had written).
+func TestColdBootSupersedesSnapshot(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepSnapshot, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	reopen := func(sleep string) *Backend {
+		r2 := *r
+		s2 := *r.Settings.(*Settings)
+		s2.Sleep = sleep
+		r2.Settings = &s2
+		return open(t, &r2)
+	}
+	b1 := open(t, r)
+	wake(t, b1, r.Upstream, tenant.Discard)
+	boot1 := get(t, r.Upstream, "/boot_id")
+	sleepB(t, b1)
+	must(t, b1.Close(ctx))
+
+	b2 := reopen(SleepPoweroff)
+	wake(t, b2, r.Upstream, tenant.Discard)
+	if boot := get(t, r.Upstream, "/boot_id"); boot == boot1 {
+		t.Fatalf("poweroff route resumed boot %s, want a cold boot", boot)
+	}
+	sleepB(t, b2)
+	must(t, b2.Close(ctx))
+
+	b3 := reopen(SleepSnapshot)
+	rec := &recorder{}
+	wake(t, b3, r.Upstream, rec)
+	if boot := get(t, r.Upstream, "/boot_id"); boot == boot1 {
+		phases, notes := rec.get()
+		t.Fatalf("back in snapshot mode the wake resumed boot %s, saved before the poweroff route's cold boot (phases %q, notes %q)", boot, phases, notes)
+	}
+}

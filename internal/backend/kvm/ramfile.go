@@ -327,40 +327,78 @@ func checkDevice(file string) (devSidecar, error) {
 	return dev, nil
 }
 
-// bindSaved binds the device state just saved (dev: its size and hash) to the RAM file, once QEMU
-// has exited (its lock on the RAM file is free, so nothing writes the RAM any more): a new generation
-// goes into the RAM file's sidecar, then into the device state's, which commits the snapshot. Making
-// the save durable is left to syncSaved.
-func (b *Backend) bindSaved(dev devSidecar) error {
+// binding is a device state's binding to the RAM file, written beside both sidecars before QEMU quits
+// (prepareBind) and put in place once it has (commitBind). Writing is what can fail for want of room,
+// and while QEMU still runs the guest a failed write can still be undone: the guest is continued and
+// the sleep fails. Found on a snapshot_dir with room for the device state but not its sidecar: the
+// binding failed after QEMU had quit, the sleep had already said ok, and the guest was lost.
+type binding struct {
+	rs             ramSidecar
+	ramTmp, devTmp string // the sidecars, written beside their final paths
+}
+
+// prepareBind writes the binding of the device state just saved (dev: its size and hash) to the RAM
+// file beside both sidecars: a new generation, in the RAM file's and in the device state's. QEMU has
+// stopped the guest and saved its devices, so the RAM file no longer changes (it keeps its size). On
+// failure nothing of it is left.
+func (b *Backend) prepareBind(dev devSidecar) (*binding, error) {
+	fi, err := os.Stat(b.ramPath())
+	if err != nil {
+		return nil, fmt.Errorf("RAM file: %w", err)
+	}
+	bd := &binding{rs: ramSidecar{Generation: newGeneration(), Bytes: fi.Size(), HostBoot: hostBootID()}}
+	dev.Generation, dev.RAMBytes = bd.rs.Generation, fi.Size()
+	if bd.ramTmp, err = writeSidecarTemp(b.ramPath()+genExt, bd.rs); err != nil {
+		return nil, fmt.Errorf("bind the snapshot to its RAM file: %w", err)
+	}
+	if bd.devTmp, err = writeSidecarTemp(b.devPath()+genExt, dev); err != nil {
+		_ = os.Remove(bd.ramTmp)
+		return nil, fmt.Errorf("bind the snapshot to its RAM file: %w", err)
+	}
+	return bd, nil
+}
+
+// discard removes a binding that will not be committed.
+func (bd *binding) discard() { _ = removeFiles(bd.ramTmp, bd.devTmp) }
+
+// commitBind puts a prepared binding in place once QEMU has exited (its lock on the RAM file is free,
+// so nothing writes the RAM any more): the RAM file's sidecar first, then the device state's, which
+// commits the snapshot. Making the save durable is left to syncSaved.
+func (b *Backend) commitBind(bd *binding) error {
 	f, err := lockRAM(b.ramPath(), false)
 	if err != nil {
+		bd.discard()
 		return fmt.Errorf("RAM file after qemu quit: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
+	if err == nil && fi.Size() != bd.rs.Bytes {
+		err = fmt.Errorf("RAM file is %d bytes after qemu quit, %d at the save", fi.Size(), bd.rs.Bytes)
+	}
 	if err != nil {
+		bd.discard()
 		return err
 	}
-	rs := ramSidecar{Generation: newGeneration(), Bytes: fi.Size(), HostBoot: hostBootID()}
-	dev.Generation, dev.RAMBytes = rs.Generation, fi.Size()
 	b.gen.Lock()
 	defer b.gen.Unlock()
-	if err := writeSidecar(b.ramPath()+genExt, rs); err != nil {
-		return err
+	if err := os.Rename(bd.ramTmp, b.ramPath()+genExt); err != nil {
+		bd.discard()
+		return fmt.Errorf("write sidecar: %w", err)
 	}
-	if err := writeSidecar(b.devPath()+genExt, dev); err != nil {
-		return err
+	if err := os.Rename(bd.devTmp, b.devPath()+genExt); err != nil {
+		bd.discard()
+		return fmt.Errorf("write sidecar: %w", err)
 	}
-	b.savedGen = rs.Generation
+	b.savedGen = bd.rs.Generation
 	b.wg.Add(1)
-	go b.syncSaved(rs)
+	go b.syncSaved(bd.rs)
 	return nil
 }
 
 // syncSaved makes the save of generation rs durable: the RAM file's dirty pages, the device state and
 // its sidecar reach the disk, then the RAM file's sidecar is rewritten with synced set, which lets a
 // restore after a host restart trust the RAM file. A wake or boot that begins meanwhile clears
-// savedGen, and then nothing is rewritten; nor is a sidecar that is no longer the one bindSaved wrote.
+// savedGen, and then nothing is rewritten; nor is a sidecar that is no longer the one commitBind put in place.
 // Close joins it.
 func (b *Backend) syncSaved(rs ramSidecar) {
 	defer b.wg.Done()
@@ -374,7 +412,7 @@ func (b *Backend) syncSaved(rs ramSidecar) {
 	if b.savedGen != rs.Generation {
 		return
 	}
-	// The sidecar as bindSaved wrote it, or nothing: one removed or rewritten meanwhile (by hand, or
+	// The sidecar as commitBind put it in place, or nothing: one removed or rewritten meanwhile (by hand, or
 	// damage) unbinds the RAM file, and rewriting it would bind it again (swapSidecar).
 	side := b.ramPath() + genExt
 	synced := rs
@@ -513,6 +551,7 @@ func writeSidecarTemp(path string, v any) (string, error) {
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		_ = os.Remove(tmp) // a part written before the disk filled, or the empty file
 		return "", fmt.Errorf("write sidecar: %w", err)
 	}
 	return tmp, nil

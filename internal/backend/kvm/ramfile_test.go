@@ -316,7 +316,7 @@ func TestSyncSavedLeavesAChangedSidecar(t *testing.T) {
 	}
 }
 
-// savedFiles is a Backend whose snapshot directory holds a save just bound (bindSaved) and not yet
+// savedFiles is a Backend whose snapshot directory holds a save just bound (commitBind) and not yet
 // made durable: a RAM file and a device state, their sidecars of one generation, rs.
 func savedFiles(t *testing.T) (*Backend, ramSidecar) {
 	b := &Backend{s: &Settings{SnapshotDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
@@ -519,4 +519,41 @@ func fill(t *testing.T, path string) {
 		}
 	}
 	t.Fatalf("%s: the file system never filled up", path)
+}
+
+// TestSnapshotBindFailureKeepsTheGuest: a file-mode snapshot whose binding to the RAM file cannot be
+// written (here a path in the way of the RAM file's sidecar; found on a snapshot_dir with room for the
+// device state but not its sidecar) fails the sleep and keeps the guest running, with nothing of the
+// save left. Before, the binding was written after QEMU had quit: the sleep said ok, the guest was
+// lost, and the next wake cold-booted noting "no snapshot file".
+func TestSnapshotBindFailureKeepsTheGuest(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepSnapshot, "snapshot_ram: file")
+	dir := r.Settings.(*Settings).SnapshotDir
+	b := open(t, r)
+	wake(t, b, r.Upstream, tenant.Discard)
+	boot1 := get(t, r.Upstream, "/boot_id")
+	trap := filepath.Join(dir, ramBase+genExt+".tmp")
+	must(t, os.MkdirAll(filepath.Join(trap, "in-the-way"), 0o700))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := b.Sleep(ctx)
+	if err == nil || !strings.Contains(err.Error(), "bind the snapshot to its RAM file") {
+		t.Fatalf("Sleep with the RAM file's sidecar unwritable = %v, want an error saying the snapshot could not be bound", err)
+	}
+	if boot2 := get(t, r.Upstream, "/boot_id"); boot2 != boot1 {
+		t.Errorf("after the failed sleep the guest serves boot %q, want the same boot %q", boot2, boot1)
+	}
+	for _, f := range []string{devBase, devBase + genExt, devBase + genExt + ".tmp", ramBase + genExt} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			t.Errorf("%s left in snapshot_dir after the failed sleep", f)
+		}
+	}
+	// With the way clear, the next sleep is a snapshot and the wake after it restores it.
+	must(t, os.RemoveAll(trap))
+	sleepB(t, b)
+	wake(t, b, r.Upstream, tenant.Discard)
+	if boot3 := get(t, r.Upstream, "/boot_id"); boot3 != boot1 {
+		t.Errorf("after a sleep with the way clear the guest serves boot %q, want the restored boot %q", boot3, boot1)
+	}
 }

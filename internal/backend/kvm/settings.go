@@ -379,3 +379,12 @@ func (s *Settings) CheckHost(c *registry.HostCache) error {
 	}
 	return nil
 }
+
+// Owns names what a guest must have to itself (registry.Owner): its runtime_dir (QMP socket, pid
+// file: a second guest there is reaped as the first one's orphan), its snapshot_dir (snapshot and RAM
+// file) and its disk image. `activator check` and every load refuse two routes that share one.
+func (s *Settings) Owns() []registry.Owned {
+	return []registry.Owned{{Key: "runtime_dir", Value: filepath.Clean(s.RuntimeDir)}, {Key: "snapshot_dir", Value: filepath.Clean(s.SnapshotDir)}, {Key: "disk", Value: s.Disk}}
+}
+
+var _ registry.Owner = (*Settings)(nil)

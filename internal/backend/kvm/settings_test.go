@@ -292,3 +292,64 @@ func TestCheckHost(t *testing.T) {
 		t.Error("kernel replaced by a directory: CheckHost passed")
 	}
 }
+
+// TestLoadRefusesSharedDirs: two guests that share a runtime_dir reap each other's QEMU as an orphan
+// (found with the real binary: a reload adding the second route killed the first route's guest), and
+// two that share a snapshot_dir or a disk resume or corrupt each other's state. A load refuses each,
+// for routes, instances and fleet members alike, naming both owners; guests with their own directories
+// (the defaults, per route and member) load.
+func TestLoadRefusesSharedDirs(t *testing.T) {
+	kernel, _, disk := fakeFiles(t)
+	d := t.TempDir()
+	cfg := `routes:
+  - name: g1
+    host: g1.test
+    backing: kvm
+    upstream: 127.0.0.1:9101
+    kvm: {kernel: ` + kernel + `, runtime_dir: ` + d + `/run, snapshot_dir: ` + d + `/snap1, disk: ` + disk + `}
+  - name: g2
+    host: g2.test
+    backing: kvm
+    upstream: 127.0.0.1:9102
+    kvm: {kernel: ` + kernel + `, runtime_dir: ` + d + `/run/, snapshot_dir: ` + d + `/snap2}
+  - name: fleet
+    host: f.test
+    backing: kvm
+    kvm: {kernel: ` + kernel + `, runtime_dir: ` + d + `/frun}
+    fleet:
+      members:
+        - {name: a, upstream: 127.0.0.1:9103, kvm: {snapshot_dir: ` + d + `/fa}}
+        - {name: b, upstream: 127.0.0.1:9104, kvm: {snapshot_dir: ` + d + `/fb}}
+instances:
+  - name: i1
+    backing: kvm
+    upstream: 127.0.0.1:9105
+    kvm: {kernel: ` + kernel + `, snapshot_dir: ` + d + `/snap1, disk: ` + disk + `}
+  - name: fine1
+    backing: kvm
+    upstream: 127.0.0.1:9106
+    kvm: {kernel: ` + kernel + `}
+  - name: fine2
+    backing: kvm
+    upstream: 127.0.0.1:9107
+    kvm: {kernel: ` + kernel + `}
+`
+	_, err := registry.Load([]byte(cfg), map[string]registry.SettingsDecoder{"kvm": Decode})
+	if err == nil {
+		t.Fatal("Load of guests sharing directories succeeded")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`runtime_dir "` + d + `/run" is also that of route "g1" (kvm.runtime_dir)`,
+		`runtime_dir "` + d + `/frun" is also that of route "fleet" member "a" (kvm.runtime_dir)`,
+		`snapshot_dir "` + d + `/snap1" is also that of route "g1" (kvm.snapshot_dir)`,
+		`disk "` + disk + `" is also that of route "g1" (kvm.disk)`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("Load's error does not say %q:\n%s", want, msg)
+		}
+	}
+	if n := strings.Count(msg, "is also that of"); n != 4 {
+		t.Errorf("Load found %d shared things, want 4 (fine1 and fine2 have their own defaults):\n%s", n, msg)
+	}
+}

@@ -58,13 +58,17 @@ func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 	} else {
 		saved, err = b.saveCopy(ctx, inst)
 	}
+	var bd *binding
+	if err == nil && shared {
+		bd, err = b.prepareBind(saved.dev)
+	}
 	if err != nil {
 		_ = removeFiles(saved.file+".tmp", saved.file)
 		b.rollback(inst)
 		return err
 	}
 	b.asleep(inst, true)
-	b.retire(inst, saved)
+	b.retire(inst, saved, bd)
 	b.log.Info("guest snapshot written", "file", saved.file, "bytes", saved.dev.Bytes, "ram", saved.mode(), "ms", sinceMs(started))
 	return nil
 }
@@ -175,11 +179,12 @@ func (b *Backend) migrationFailed(inst *instance, err error) error {
 }
 
 // retire has the QEMU of a guest whose snapshot is saved quit (killed past budgets.quit), off the
-// sleep's path, then, in file mode, binds the save to the RAM file (bindSaved needs QEMU gone: it holds
-// the RAM file until it exits), or in copy mode removes a RAM file the guest had; with standby it then
-// starts the standby QEMU (standby.go). b.retiring is closed once that is done; settle waits for it.
-// Called under op.
-func (b *Backend) retire(inst *instance, saved savedState) {
+// sleep's path, then, in file mode, puts the save's binding to the RAM file in place (commitBind needs
+// QEMU gone: it holds the RAM file until it exits), or in copy mode removes a RAM file the guest had;
+// with standby it then starts the standby QEMU (standby.go). b.retiring is closed once that is done;
+// settle waits for it. A binding that cannot be put in place loses the snapshot, which b.lost keeps
+// for the next wake's record. Called under op.
+func (b *Backend) retire(inst *instance, saved savedState, bd *binding) {
 	done := make(chan struct{})
 	b.retiring = done
 	b.wg.Add(1)
@@ -196,8 +201,9 @@ func (b *Backend) retire(inst *instance, saved savedState) {
 			}
 			return
 		}
-		if err := b.bindSaved(saved.dev); err != nil {
+		if err := b.commitBind(bd); err != nil {
 			_ = removeFiles(saved.file)
+			b.lost = fmt.Sprintf("the last sleep's snapshot was saved but could not be bound to its RAM file (%v)", err)
 			b.log.Error("snapshot saved but not bound to its RAM file; the next wake boots", "err", err)
 			return
 		}
