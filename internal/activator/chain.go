@@ -116,7 +116,7 @@ func (in *instance) wakeRequirement(ctx context.Context, name string) requiremen
 		return requirement{part: RequiredWake{Instance: name, State: "failed"}, err: err}
 	}
 	var c holdCharge // no account: it only notes the wake it held on
-	release, err := req.acquireFor(ctx, triggerRequired, &c)
+	release, err := req.awaitWake(ctx, triggerRequired, &c)
 	part := RequiredWake{Instance: name, State: "awake"}
 	if c.wake != nil {
 		w := c.wake.rec.snapshot()

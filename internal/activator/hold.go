@@ -155,26 +155,12 @@ type holdSlot struct {
 // instead when the instance is closed or draining (no wake starts once the activator shuts down),
 // retiring (errRetired), backing off, or holding its maximum.
 func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, att *attempt, err error) {
-	if in.draining() || (in.closed && !in.retiring) {
-		in.noteQuietLocked() // a request held before (behind a stop) leaves: shutdown may wait for that
-		return nil, nil, ErrClosed
+	if err := in.refuseLocked(); err != nil {
+		return nil, nil, err
 	}
-	if in.retiring && in.state != Waking {
-		// Replaced or removed by a reload: no new wake here, and no wait behind this instance's stop
-		// (it ends in its retirement). The request goes to the route's current instance, whose first
-		// wake waits for this one to retire. A wake already running is joined: it was started for
-		// requests held before the reload, and the tenant it wakes serves them all.
-		in.maybeRetireLocked() // a request held behind the stop leaves: that may have been the last
-		return nil, nil, errRetired
-	}
-	switch in.state {
-	case Stopping:
+	if in.state == Stopping {
 		in.held++
 		return in.stopDone, nil, nil
-	case Failed:
-		if left := in.until.Sub(in.now()); left > 0 {
-			return nil, nil, &BackoffError{Route: in.route.Name, RetryAfter: left, Last: in.lastErr}
-		}
 	}
 	if in.held >= in.route.Hold.MaxRequests {
 		return nil, nil, ErrHoldFull
@@ -191,6 +177,101 @@ func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, 
 	att.waiters++
 	in.held++
 	return att.done, att, nil
+}
+
+// refuseLocked says why a caller that found the instance not awake can neither start nor join a wake
+// here (nil when it can): the instance is closed or draining (no wake starts once the activator shuts
+// down), retiring (errRetired), or backing off after a failed wake.
+func (in *instance) refuseLocked() error {
+	if in.draining() || (in.closed && !in.retiring) {
+		in.noteQuietLocked() // a request held before (behind a stop) leaves: shutdown may wait for that
+		return ErrClosed
+	}
+	if in.retiring && in.state != Waking {
+		// Replaced or removed by a reload: no new wake here, and no wait behind this instance's stop
+		// (it ends in its retirement). The request goes to the route's current instance, whose first
+		// wake waits for this one to retire. A wake already running is joined: it was started for
+		// requests held before the reload, and the tenant it wakes serves them all.
+		in.maybeRetireLocked() // a request held behind the stop leaves: that may have been the last
+		return errRetired
+	}
+	if in.state == Failed {
+		if left := in.until.Sub(in.now()); left > 0 {
+			return &BackoffError{Route: in.route.Name, RetryAfter: left, Last: in.lastErr}
+		}
+	}
+	return nil
+}
+
+// awaitWake returns once the instance is awake and counts the caller as in flight, for a caller that
+// is not a request: an admin wake, a dependent's requirement, a schedule. It starts a wake when the
+// instance is asleep, joins the wake in progress (noted in c, which may be nil), and waits out a stop
+// in progress, as acquire does; it is not held, though. It counts in no hold figure (held,
+// hold.max_requests, the hold histogram, a wake record's joined and released requests), and only ctx,
+// the wake's own budget and the activator's shutdown bound it, not hold.max_time. Found with the
+// real binary: on a route whose hold.max_time was below its start time, `activator wake` said it timed
+// out while the wake went on to succeed, a dependent failed its requirement the same way, and an admin
+// wake took a visitor's place in a full hold (or was refused one).
+func (in *instance) awaitWake(ctx context.Context, trig trigger, c *holdCharge) (release func(), err error) {
+	for {
+		in.mu.Lock()
+		if in.state == Awake && !in.closed {
+			in.inflight++
+			in.disarmIdleLocked()
+			in.mu.Unlock()
+			return in.releaseFn, nil
+		}
+		if err := in.refuseLocked(); err != nil {
+			in.mu.Unlock()
+			return nil, err
+		}
+		var att *attempt
+		wait, drain := in.stopDone, in.drain // a stop in progress; once the activator drains, no wake follows it
+		if in.state != Stopping {
+			if att = in.wake; in.state != Waking {
+				att = in.beginWakeLocked(trig)
+			}
+			att.quiet++ // the hand-over counts the caller in flight, as it does held requests
+			wait, drain = att.done, nil
+		}
+		in.mu.Unlock()
+		c.noteWake(att)
+		var err error
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-in.root.Done():
+			err = ErrClosed
+		case <-drain:
+			err = ErrClosed
+		}
+		switch {
+		case att == nil && err != nil:
+			return nil, err
+		case att == nil: // the stop ended: wake the tenant again
+			continue
+		case err != nil:
+			in.giveUpQuiet(att)
+			return nil, err
+		case att.err != nil:
+			return nil, att.err
+		case att.handedOver: // written before done was closed
+			return in.releaseFn, nil
+		}
+	}
+}
+
+// giveUpQuiet is leave for an awaitWake caller on att that gives up: one the wake already counted in
+// flight (it succeeded just as the caller gave up) is released.
+func (in *instance) giveUpQuiet(att *attempt) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if att.handedOver {
+		in.releaseLocked()
+		return
+	}
+	att.quiet--
 }
 
 // admit waits for one of the route's upstream slots; done gives it back. A herd released at once

@@ -148,7 +148,7 @@ func (in *instance) runSchedule(ctx context.Context) {
 // it before its next event.
 func (in *instance) scheduledWake(ctx context.Context, ev ScheduledEvent) {
 	in.logger().Info("scheduled wake", "event", ev.What, "schedule", ev.Text)
-	release, err := in.acquire(ctx, triggerSchedule)
+	release, err := in.awaitWake(ctx, triggerSchedule, nil)
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, ErrClosed) {
 			in.logger().Warn("scheduled wake failed", "event", ev.What, "schedule", ev.Text, "err", err)

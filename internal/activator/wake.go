@@ -32,6 +32,10 @@ type attempt struct {
 	// again: a herd released at once would otherwise queue on that one mutex.
 	waiters    int
 	handedOver bool
+	// quiet counts the callers waiting on this attempt that are not requests (awaitWake: admin wakes,
+	// requirements, schedules), guarded by instance.mu: they are in flight from the hand-over too, but
+	// count in no hold figure.
+	quiet int
 	// pending counts the requests handed over (waiters, at the hand-over) that have not yet left the
 	// hold; the last to leave closes settled (depart), as does a backstop timer a second after the
 	// hand-over. A parked request waits for settled before its connection is handed back (park.go).
@@ -418,7 +422,7 @@ func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
 	in.lastErr = nil
 	in.setStateLocked(Awake)
 	in.held -= att.waiters
-	in.inflight += att.waiters
+	in.inflight += att.waiters + att.quiet
 	att.pending.Store(int64(att.waiters))
 	att.handedOver = true
 	if att.waiters == 0 {
@@ -472,7 +476,7 @@ func (in *instance) kick() {
 
 // wakeNow wakes the instance without a request (admin API) and waits for the result.
 func (in *instance) wakeNow(ctx context.Context) error {
-	release, err := in.acquire(ctx, triggerAdmin)
+	release, err := in.awaitWake(ctx, triggerAdmin, nil)
 	if err != nil {
 		return err
 	}
