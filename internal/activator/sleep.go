@@ -87,7 +87,9 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	// A forced sleep is one that succeeded by force; one that failed is a failure, whatever it tried.
 	said, forced := notes.List(), notes.Forced() && err == nil
 	in.recordSleep(reason, start, err, said, forced)
-	in.series.slept(reason, forced)
+	if err == nil { // a failed sleep counts in activator_sleep_failures_total only
+		in.series.slept(reason, forced)
+	}
 	in.slpErr = nil
 	if err != nil {
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}

@@ -70,6 +70,10 @@ func TestFailedSleepIsReported(t *testing.T) {
 	if got := counterValue(t, m.Gatherer(reg), "activator_sleep_failures_total"); got != 1 {
 		t.Errorf("activator_sleep_failures_total = %v, want 1", got)
 	}
+	// A failed sleep is not a sleep (it was counted as one, under its reason).
+	if got := counterSum(t, m.Gatherer(reg), "activator_sleeps_total"); got != 0 {
+		t.Errorf("activator_sleeps_total summed over reasons = %v after a failed sleep, want 0", got)
+	}
 
 	// The next wake takes the tenant as it is; a sleep that succeeds clears the failure.
 	b.set(func(f *fakeBackend) { f.sleepErr = nil })
@@ -97,6 +101,24 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// counterSum is the sum of a counter family's series.
+func counterSum(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 // TestForcedSleepIsCounted: a sleep the backing did only by force (tenant.NoteForcedSleep) succeeds,
