@@ -30,6 +30,10 @@ func cmdCheck(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "activator check: unexpected %q (the config is --config FILE)\n", fs.Args())
+		return 2
+	}
 	if *cfgPath == "" {
 		fmt.Fprintln(os.Stderr, "activator check: --config FILE is required")
 		return 2
@@ -313,20 +317,9 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 func cmdAct(verb string, args []string) int {
 	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
 	client := adminFlags(fs)
-	// Accept the route before or after the flags.
-	var route string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		route, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if route == "" && fs.NArg() > 0 {
-		route = fs.Arg(0)
-	}
-	if route == "" {
-		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
-		return 2
+	route, code := routeArg(verb, fs, args) // the route before or after the flags
+	if code != 0 {
+		return code
 	}
 	c, err := client()
 	if err != nil {

@@ -50,3 +50,26 @@ func TestPrintStatus(t *testing.T) {
 		t.Errorf("the failed route's line %q does not carry its last error", lines[3])
 	}
 }
+
+// TestOneRouteAtATime: a verb given two routes (or check given a stray argument) is a usage error
+// (exit 2) before it talks to anything; before, `activator wake a b` woke a alone and exited 0.
+// explain's --last is bounded by what a route keeps.
+func TestOneRouteAtATime(t *testing.T) {
+	admin := "--admin=127.0.0.1:1" // nothing listens: a call would fail with 1, not 2
+	cases := []struct {
+		name string
+		run  func() int
+	}{
+		{"wake a b", func() int { return cmdWake([]string{"a", "b", admin}) }},
+		{"wake a --admin … b", func() int { return cmdWake([]string{"a", admin, "b"}) }},
+		{"sleep a b", func() int { return cmdAct("sleep", []string{"a", "b", admin}) }},
+		{"explain a b", func() int { return cmdExplain([]string{"a", "b", admin}) }},
+		{"explain --last 51", func() int { return cmdExplain([]string{"a", "--last", "51", admin}) }},
+		{"check --config x extra", func() int { return cmdCheck([]string{"--config", "x.yaml", "extra"}) }},
+	}
+	for _, c := range cases {
+		if code := c.run(); code != 2 {
+			t.Errorf("%s: exit %d, want 2 (usage)", c.name, code)
+		}
+	}
+}

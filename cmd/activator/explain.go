@@ -26,8 +26,8 @@ func cmdExplain(args []string) int {
 	if code != 0 {
 		return code
 	}
-	if *last < 1 {
-		fmt.Fprintf(os.Stderr, "activator explain: --last must be at least 1, got %d\n", *last)
+	if *last < 1 || *last > activator.HistorySize {
+		fmt.Fprintf(os.Stderr, "activator explain: --last must be from 1 to %d (what the route keeps), got %d\n", activator.HistorySize, *last)
 		return 2
 	}
 	c, err := client()
@@ -78,7 +78,7 @@ func printFiltered(w io.Writer, c *adminClient, route string) {
 }
 
 // routeArg parses fs from args, taking the route before or after the flags. A code other than 0 is the
-// exit code: the flags were bad or the route is missing.
+// exit code: the flags were bad, the route is missing, or more than one argument is left.
 func routeArg(verb string, fs *flag.FlagSet, args []string) (string, int) {
 	var route string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -87,11 +87,17 @@ func routeArg(verb string, fs *flag.FlagSet, args []string) (string, int) {
 	if err := fs.Parse(args); err != nil {
 		return "", 2
 	}
-	if route == "" && fs.NArg() > 0 {
-		route = fs.Arg(0)
+	rest := fs.Args()
+	if route == "" && len(rest) > 0 {
+		route, rest = rest[0], rest[1:]
 	}
 	if route == "" {
 		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
+		return "", 2
+	}
+	if len(rest) > 0 {
+		// Silently acting on the first of two routes left the operator believing both were done.
+		fmt.Fprintf(os.Stderr, "activator %s: one ROUTE at a time; unexpected %q\n", verb, rest)
 		return "", 2
 	}
 	return route, 0

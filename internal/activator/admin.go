@@ -43,7 +43,11 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 		r.Handle("/metrics", metrics)
 	}
 	r.Get("/routes", func(w http.ResponseWriter, req *http.Request) {
-		q, code, err := s.parseListQuery(req.URL.Query())
+		v, err := adminQuery(req)
+		q, code := listQuery{}, http.StatusBadRequest
+		if err == nil {
+			q, code, err = s.parseListQuery(v)
+		}
 		if err != nil {
 			writeJSON(w, code, map[string]string{"error": "GET /routes: " + err.Error()})
 			return
@@ -70,11 +74,15 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
 			return
 		}
+		q, err := adminQuery(req, "last")
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "GET /routes/" + name + "/wakes: " + err.Error()})
+			return
+		}
 		n := 0
-		if v := req.URL.Query().Get("last"); v != "" {
-			var err error
-			if n, err = strconv.Atoi(v); err != nil || n < 1 {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("last: want a number of events from 1 to %d, got %q", HistorySize, v)})
+		if v := q.Get("last"); v != "" || q.Has("last") {
+			if n, err = strconv.Atoi(v); err != nil || n < 1 || n > HistorySize {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("GET /routes/%s/wakes: last: want a number of events from 1 to %d, got %q", name, HistorySize, v)})
 				return
 			}
 		}
@@ -82,7 +90,15 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 	})
 	r.Post("/routes/{name}/wake", func(w http.ResponseWriter, req *http.Request) {
 		name := chi.URLParam(req, "name")
-		if req.URL.Query().Get("wait") == "false" {
+		q, err := adminQuery(req, "wait")
+		if err == nil && q.Has("wait") && q.Get("wait") != "true" && q.Get("wait") != "false" {
+			err = fmt.Errorf("wait: want true or false, got %q", q.Get("wait"))
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "POST /routes/" + name + "/wake: " + err.Error()})
+			return
+		}
+		if q.Get("wait") == "false" {
 			in := s.instance(name)
 			if in == nil {
 				writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
@@ -98,6 +114,25 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 		s.adminAct(w, req, chi.URLParam(req, "name"), s.Sleep)
 	})
 	return r
+}
+
+// adminQuery parses req's query strictly: a pair that does not parse (a bad escape, a semicolon, more
+// pairs than net/url allows) is an error, and so is a key outside known, when known is given.
+// url.Values from URL.Query drops such pairs silently, so a misspelt filter answered with the whole
+// list.
+func adminQuery(req *http.Request, known ...string) (url.Values, error) {
+	v, err := url.ParseQuery(req.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("malformed query: %w", err)
+	}
+	if len(known) > 0 {
+		for _, key := range slices.Sorted(maps.Keys(v)) {
+			if !slices.Contains(known, key) {
+				return nil, fmt.Errorf("unknown query key %q (want %s)", key, strings.Join(known, ", "))
+			}
+		}
+	}
+	return v, nil
 }
 
 // listQuery is what GET /routes was asked for: at 100,000 routes the whole list is 28 MB, and an

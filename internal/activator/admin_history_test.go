@@ -50,6 +50,11 @@ func TestAdminWakeHistory(t *testing.T) {
 		{path: "/routes/nope/wakes", code: 404, errSubstr: "no such route: nope"},
 		{path: "/routes/app/wakes?last=x", code: 400, errSubstr: "last"},
 		{path: "/routes/app/wakes?last=-1", code: 400, errSubstr: "last"},
+		{path: "/routes/app/wakes?last=51", code: 400, errSubstr: "from 1 to 50"}, // the route keeps 50
+		{path: "/routes/app/wakes?last=", code: 400, errSubstr: "last"},
+		{path: "/routes/app/wakes?bogus=1", code: 400, errSubstr: `unknown query key "bogus"`},
+		{path: "/routes/app/wakes?last=1;x", code: 400, errSubstr: "malformed query"},
+		{path: "/routes/app/wakes?last=%zz", code: 400, errSubstr: "malformed query"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
