@@ -267,7 +267,8 @@ func tlsProblem(err error) string {
 		return fmt.Sprintf("the BMC's certificate is not valid (%v): renew it, or fix this host's clock", cie)
 	case errors.As(err, &cve):
 		return fmt.Sprintf("the BMC's certificate cannot be verified (%v): check tls.ca_file", cve.Err)
-	case errors.As(err, &rhe):
+	case errors.As(err, &rhe), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		// net/http turns a record header that looks like HTTP into a plain error of its own.
 		return "the BMC did not answer in TLS: is the endpoint plain http?"
 	case errors.As(err, &ae):
 		return fmt.Sprintf("the BMC refused the TLS handshake (%v)", ae)

@@ -235,6 +235,20 @@ func TestUntrustedCertificateFailsFast(t *testing.T) {
 	}
 }
 
+// TestHTTPSToPlainBMCFailsFast: an https:// endpoint on a BMC that speaks plain HTTP is a TLS fault,
+// terminal at once, naming the likely cause; it was retried as a BMC failing until the wake's budget
+// ran out (net/http reports it as a plain error, not a tls.RecordHeaderError).
+func TestHTTPSToPlainBMCFailsFast(t *testing.T) {
+	e := newEnv(t, envConfig{httpsPlain: true, yaml: "auth: basic\n"})
+	_, err := e.wake(t)
+	if !errors.Is(err, ErrTLS) || !strings.Contains(err.Error(), "plain http") {
+		t.Fatalf("Wake = %v, want ErrTLS saying the endpoint may be plain http", err)
+	}
+	if n := e.sim.Connections(); n != 1 {
+		t.Fatalf("%d connections to the BMC, want exactly 1: no retry", n)
+	}
+}
+
 // TestSilentBMCNamedInTimeout: the BMC stops answering after the Reset; the timeout says so.
 func TestSilentBMCNamedInTimeout(t *testing.T) {
 	e := newEnv(t, envConfig{yaml: "auth: basic\npower_on_budget: 1s\n"})

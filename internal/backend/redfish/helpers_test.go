@@ -58,12 +58,13 @@ type env struct {
 }
 
 type envConfig struct {
-	tls       bool
-	sim       redfishtest.Options // Systems default to one node-1 with a node service
-	password  string              // the password the backend presents (default testPassword)
-	yaml      string              // extra YAML lines for the redfish block
-	noService bool
-	untrusted bool // with tls: leave tls.ca_file out, so the simulator's self-signed certificate is not trusted
+	tls        bool
+	sim        redfishtest.Options // Systems default to one node-1 with a node service
+	password   string              // the password the backend presents (default testPassword)
+	yaml       string              // extra YAML lines for the redfish block
+	noService  bool
+	untrusted  bool // with tls: leave tls.ca_file out, so the simulator's self-signed certificate is not trusted
+	httpsPlain bool // without tls: an https:// endpoint for the simulator's plain HTTP
 }
 
 func newEnv(t testing.TB, c envConfig) *env {
@@ -98,7 +99,11 @@ func newEnv(t testing.TB, c envConfig) *env {
 		t.Fatal(err)
 	}
 	var y strings.Builder
-	fmt.Fprintf(&y, "endpoint: %s\nusername: %s\npassword_file: %s\n", sim.URL, testUser, pwFile)
+	endpoint := sim.URL
+	if c.httpsPlain {
+		endpoint = strings.Replace(endpoint, "http://", "https://", 1)
+	}
+	fmt.Fprintf(&y, "endpoint: %s\nusername: %s\npassword_file: %s\n", endpoint, testUser, pwFile)
 	fmt.Fprintf(&y, "poll_interval: 10ms\nwatch_interval: 20ms\n")
 	if !strings.Contains(c.yaml, "timeout:") {
 		y.WriteString("timeout: 5s\n")
