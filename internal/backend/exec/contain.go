@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,7 +33,7 @@ type Containment struct {
 	root   cgroup.Group // the tenants' parent; valid when cgroups is true
 	cgroup bool         // tenants get cgroups; false: process groups only
 	reason string       // when !cgroup: why not, for the log and for check
-	lock   *os.File     // the flock on root; closed by Close
+	lock   *os.File     // the flock on root; closed by Close; guarded by mu after Contain
 	mark   bool         // this kernel keeps user.* xattrs on cgroups: tenant groups are marked
 
 	noClone3 atomic.Bool // clone3 was refused (ENOSYS): children are moved into their cgroup after start
@@ -72,7 +73,7 @@ func Contain(ctx context.Context, root string, log *slog.Logger) (*Containment, 
 		return c, nil
 	}
 	c.mark = unix.Setxattr(c.root.Dir(), "user.activator.root", []byte("1"), 0) == nil
-	killed, err := c.killOrphans(ctx)
+	killed, err := c.killLeft(ctx, "killed an exec tenant left running by an earlier activator")
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -139,9 +140,10 @@ func (c *Containment) takeRoot(root string) error {
 	return fmt.Errorf("exec: every automatic cgroup_root %s/tenants…tenants-%d is held by a running activator; set cgroup_root", own.Dir(), autoRoots)
 }
 
-// killOrphans kills and removes the tenant groups in the root: none is ours yet, so each was left by
-// an activator that died (it held the root's lock until then).
-func (c *Containment) killOrphans(ctx context.Context) (int, error) {
+// killLeft kills and removes the tenant groups in the root, logging why with each that had processes.
+// At start-up none is ours yet, so each was left by an activator that died (it held the root's lock
+// until then); at Close each is a tenant whose stop outlasted the shutdown.
+func (c *Containment) killLeft(ctx context.Context, why string) (int, error) {
 	kids, err := c.root.Children()
 	if err != nil {
 		return 0, err
@@ -155,16 +157,17 @@ func (c *Containment) killOrphans(ctx context.Context) (int, error) {
 			}
 		}
 		pids, _ := g.Procs()
-		if err := g.Kill(ctx); err != nil {
+		// A group can go while it is killed: its Backend, seeing its tenant die, removes it.
+		if err := g.Kill(ctx); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}
-		if err := g.Remove(); err != nil {
+		if err := g.Remove(); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 		if len(pids) > 0 {
 			n++
-			c.log.Warn("killed an exec tenant left running by an earlier activator", "cgroup", g.Dir(), "pids", pids)
+			c.log.Warn(why, "cgroup", g.Dir(), "pids", pids)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -175,12 +178,52 @@ func (c *Containment) killOrphans(ctx context.Context) (int, error) {
 
 // Close releases the root: it removes the root's directory if it is empty and drops the lock. The
 // tenants' Backends remove their own groups on Close.
+//
+// First it kills every tenant group still there: a tenant whose stop was still running when the
+// shutdown's grace ended (a stop_grace longer than what was left of it, a wake or a sleep cut off by
+// the shutdown). Its main process would die of its parent-death signal, but what left its process
+// group (setsid, a double fork) would outlive the activator in its cgroup, which the docs promise
+// never happens. Found with the real binary: a SIGTERM with such a tenant left its daemonized child
+// running in the cgroup, three runs in three.
 func (c *Containment) Close() error {
 	if c == nil || !c.cgroup {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeKillBound)
+	defer cancel()
+	_, err := c.killLeft(ctx, "killed an exec tenant still running as the activator exits (its stop outlasted the shutdown)")
 	_ = c.root.Remove() // busy if a tenant group remains: then it stays for the next start to clean
-	return c.lock.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Join(err, c.lock.Close())
+}
+
+// closeKillBound bounds Close's kill of the tenants left: cgroup.kill ends them at once, and the
+// activator must exit even if one cannot be.
+const closeKillBound = 5 * time.Second
+
+// retake locks the root again once it has been made anew (see Backend.groupLocked): the root is empty
+// whenever every tenant sleeps, so anyone may remove it, and the lock taken at start-up stays on the
+// removed directory. Without a new lock a second activator could take the root and kill this one's
+// tenants as an earlier activator's orphans (found with the real binary). It fails when another
+// activator holds the new root already.
+func (c *Containment) retake() error {
+	lock, ok, err := c.root.TryLock()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("cgroup_root %s was removed while this activator ran, and another running activator holds it now", c.root.Dir())
+	}
+	if c.mark {
+		_ = unix.Setxattr(c.root.Dir(), "user.activator.root", []byte("1"), 0)
+	}
+	c.mu.Lock()
+	old := c.lock
+	c.lock = lock
+	c.mu.Unlock()
+	c.log.Warn("cgroup_root was removed while this activator ran: made it again and locked it", "cgroup_root", c.root.Dir())
+	return old.Close()
 }
 
 // claim returns the group for a tenant of route, unique among the live Backends: the route's name, or

@@ -530,3 +530,61 @@ func TestUsageSkipsIdleRoutes(t *testing.T) {
 		t.Errorf("Usage of 2,000 never-woken routes allocates %.0f objects, want 0", n)
 	}
 }
+
+// TestCloseKillsTenantsLeft: a tenant still running when the containment closes (a stop that
+// outlasted the shutdown's grace) is killed with everything that left its process group, and its
+// group removed, before the activator exits. Found with the real binary: after a SIGTERM whose grace
+// ended mid-stop, a tenant's setsid child ran on in the cgroup, three runs in three.
+func TestCloseKillsTenantsLeft(t *testing.T) {
+	root := testRoot(t)
+	c, err := Contain(context.Background(), root, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.cgroup {
+		testenv.Missing(t, "no cgroup containment: %s", c.reason)
+	}
+	f := newShellFixture(t, testenv.FreeTCP(t), escapees, "", Options{Containment: c})
+	f.wake(t)
+	backendtest.Get(t, f.subject())
+	waitFor(t, "the wrapper's three processes", func() bool { return len(tagged(f.tag)) == 3 })
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if pids := tagged(f.tag); len(pids) > 0 {
+		t.Fatalf("after the containment closed, the tenant's processes %v still run", pids)
+	}
+	if _, err := os.Stat(c.root.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the root %s is still there after Close (%v)", c.root.Dir(), err)
+	}
+}
+
+// TestRootRemovedIsLockedAgain: the root, empty while every tenant sleeps, can be removed by anyone;
+// the next spawn makes it again and locks it again, so a second activator on the same root is still
+// refused. Before, the lock stayed on the removed directory, and a second activator started, took
+// the new root and killed the first one's tenant as an orphan.
+func TestRootRemovedIsLockedAgain(t *testing.T) {
+	root := testRoot(t)
+	c, err := Contain(context.Background(), root, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.cgroup {
+		testenv.Missing(t, "no cgroup containment: %s", c.reason)
+	}
+	defer c.Close()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.root.Remove())
+	f := newFixtureOpts(t, testenv.FreeTCP(t), "", Options{Logger: testLogger(t), Containment: c})
+	f.wake(t)
+	backendtest.Get(t, f.subject())
+	if _, err := Contain(context.Background(), root, testLogger(t)); err == nil || !strings.Contains(err.Error(), "held by another running activator") {
+		t.Fatalf("second Contain on the root made again = %v, want it refused", err)
+	}
+	backendtest.Get(t, f.subject()) // the first one's tenant was not killed as an orphan
+}

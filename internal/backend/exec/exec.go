@@ -524,8 +524,13 @@ func (b *Backend) groupLocked(ctx context.Context) (*cgroup.Group, error) {
 		}
 		err = unix.Mkdir(g.Dir(), 0o755)
 	}
-	if errors.Is(err, unix.ENOENT) { // the root itself is gone
-		err = g.Make()
+	if errors.Is(err, unix.ENOENT) { // the root itself is gone: make it again, and lock it again
+		if err = b.cont.root.Make(); err == nil {
+			if err = b.cont.retake(); err != nil {
+				return nil, fmt.Errorf("exec: %w", tenant.Terminal(err))
+			}
+			err = unix.Mkdir(g.Dir(), 0o755)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("exec: cgroup: create %s: %w", g.Dir(), err)
