@@ -264,3 +264,32 @@ func TestIgnoredRequestFollowsAReload(t *testing.T) {
 		}
 	})
 }
+
+// TestRenamedRouteWaitsForItsPredecessor: a reload that renames a route (same upstream) gives the new
+// route's first wake the old one's tenant to wait for, as for a route that keeps its name: the two
+// tenants must not run side by side on one address. Found with the real binary: the renamed route's
+// wake found the old tenant still listening and failed, calling it a stranger.
+func TestRenamedRouteWaitsForItsPredecessor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _, b, finish := stopping(t) // "app" awake, then its sleep blocked
+		r := testRoute("renamed")     // the same upstream as "app"
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		held := request(s.instance("renamed"))
+		synctest.Wait()
+		if n := b.wakes.Load(); n != 1 {
+			t.Fatalf("wakes = %d while the old route's tenant still stops, want 1 (the old one's only)", n)
+		}
+		finish()
+		if err := <-held; err != nil {
+			t.Fatalf("the renamed route's request: %v", err)
+		}
+		if n := b.wakes.Load(); n != 2 {
+			t.Errorf("wakes = %d, want 2", n)
+		}
+		if rec := s.instance("renamed").status().LastWake; rec == nil || len(rec.Phases) == 0 || rec.Phases[0].Name != phasePredecessor {
+			t.Errorf("the renamed route's wake record %+v, want a first phase %q", rec, phasePredecessor)
+		}
+	})
+}

@@ -184,7 +184,11 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	if changes > namedChanges || removals > namedChanges {
 		s.log.Info("more routes changed or removed than are named one by one", "changed", changes, "removed", removals, "named_at_most", namedChanges)
 	}
+	gone := s.removedUpstreamsLocked(next)
 	for _, in := range opened {
+		if in.route.Upstream.Address != "" { // a fleet's members have the upstreams
+			in.after = append(in.after, gone[in.route.Upstream]...)
+		}
 		in.start()
 		in.prepare(s.prepares)
 		in.startSchedule()
@@ -291,6 +295,24 @@ func (s *Server) predecessorsLocked(name string) []<-chan struct{} {
 		}
 	}
 	return out
+}
+
+// removedUpstreamsLocked returns, by upstream, the retired channels of the instances still retiring
+// whose route the config being applied (next) no longer has: a route renamed by a reload, or removed
+// while another takes over its upstream. A new route's first wake waits for those at its upstream as
+// for a predecessor of its own name. Found with the real binary: a route renamed while its tenant was
+// awake woke its own tenant beside the old one, found the old one listening, and failed (terminal)
+// calling the activator's own tenant a stranger. A route that keeps its name has its own predecessor
+// wait; counting it here too would make every route that shares an upstream wait for every other.
+// Called once the reload's replaced instances are retiring.
+func (s *Server) removedUpstreamsLocked(next map[string]*instance) map[registry.Upstream][]<-chan struct{} {
+	gone := map[registry.Upstream][]<-chan struct{}{}
+	for _, old := range s.retiring {
+		if next[old.route.Name] == nil && old.route.Upstream.Address != "" {
+			gone[old.route.Upstream] = append(gone[old.route.Upstream], old.retired)
+		}
+	}
+	return gone
 }
 
 func (s *Server) pruneRetiredLocked() {
