@@ -272,7 +272,7 @@ func TestIgnoredRequestFollowsAReload(t *testing.T) {
 func TestRenamedRouteWaitsForItsPredecessor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, _, b, finish := stopping(t) // "app" awake, then its sleep blocked
-		r := testRoute("renamed")     // the same upstream as "app"
+		r := testRoute("renamed")      // the same upstream as "app"
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
 			t.Fatal(err)
 		}
