@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -221,7 +220,7 @@ func cmdStatus(args []string) int {
 		return 0
 	}
 	var sts []activator.Status
-	if err := json.Unmarshal(body, &sts); err != nil {
+	if err := decodeAnswer(body, &sts); err != nil {
 		fmt.Fprintln(os.Stderr, "activator status: bad answer from the admin API:", err)
 		return 1
 	}
@@ -333,7 +332,7 @@ func cmdAct(verb string, args []string) int {
 	}
 	if code != http.StatusOK {
 		var e struct{ Error string }
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		if decodeAnswer(body, &e) == nil && e.Error != "" {
 			fmt.Fprintf(os.Stderr, "activator %s %s: %s\n", verb, route, e.Error)
 		} else {
 			fmt.Fprintf(os.Stderr, "activator %s %s: admin API answered %d\n", verb, route, code)
@@ -341,7 +340,7 @@ func cmdAct(verb string, args []string) int {
 		return 1
 	}
 	var st activator.Status
-	_ = json.Unmarshal(body, &st)
+	_ = decodeAnswer(body, &st)
 	printStatus(os.Stdout, []activator.Status{st}, time.Now())
 	return 0
 }

@@ -73,3 +73,24 @@ func TestOneRouteAtATime(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswersAreScrubbed: what the CLI prints of an answer carries no terminal control sequence a
+// tenant wrote (its output tail is in a failed wake's error): found with a tenant whose exit message
+// cleared the operator's screen, set the terminal's title and overwrote a line through `activator
+// wake` and `activator explain`. Newlines and tabs stay.
+func TestAnswersAreScrubbed(t *testing.T) {
+	body := []byte(`[{"route":"esc","last_wake":{"error":"boom \u001b[31mRED\u001b[0m \u001b]0;pwned\u0007 \u001b[2J cleared\rOVER\nline\ttab \u009b1m","notes":["\u001b[2J"]}}]`)
+	var sts []activator.Status
+	if err := decodeAnswer(body, &sts); err != nil {
+		t.Fatal(err)
+	}
+	got := sts[0].LastWake.Error + sts[0].LastWake.Notes[0]
+	if strings.ContainsFunc(got, unsafeRune) {
+		t.Errorf("decoded answer still has control characters: %q", got)
+	}
+	for _, want := range []string{`\x1b[31mRED`, `\x07`, `cleared\x0dOVER`, "\nline\ttab", `\u009b1m`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("decoded answer %q lacks %q", got, want)
+		}
+	}
+}

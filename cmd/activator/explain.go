@@ -3,7 +3,6 @@ package main
 // `activator explain`: a route's recent wakes and sleeps as a timeline, from GET /routes/{name}/wakes.
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -49,7 +48,7 @@ func cmdExplain(args []string) int {
 		return 0
 	}
 	var evs []activator.Event
-	if err := json.Unmarshal(body, &evs); err != nil {
+	if err := decodeAnswer(body, &evs); err != nil {
 		fmt.Fprintln(os.Stderr, "activator explain: bad answer from the admin API:", err)
 		return 1
 	}
@@ -70,7 +69,7 @@ func printFiltered(w io.Writer, c *adminClient, route string) {
 		return
 	}
 	var st activator.Status
-	if json.Unmarshal(body, &st) != nil || st.Filtered == nil {
+	if decodeAnswer(body, &st) != nil || st.Filtered == nil {
 		return
 	}
 	fmt.Fprintf(w, "\nfiltered by ignore: since the route started: %d refused (tenant asleep, not woken), %d served (awake, idle clock untouched)\n",
@@ -106,7 +105,7 @@ func routeArg(verb string, fs *flag.FlagSet, args []string) (string, int) {
 // answerError is the error an admin API answer of code carries, or the code.
 func answerError(body []byte, code int) string {
 	var e struct{ Error string }
-	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+	if decodeAnswer(body, &e) == nil && e.Error != "" {
 		return e.Error
 	}
 	return fmt.Sprintf("admin API answered %d", code)

@@ -3,7 +3,6 @@ package main
 // `activator wake`: the admin wake, with its phases shown as they happen.
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -75,8 +74,8 @@ func cmdWake(args []string) int {
 			}
 			st := &activator.Status{}
 			if a.code == http.StatusOK {
-				_ = json.Unmarshal(a.body, st)
-			} else if json.Unmarshal(a.body, &ans) == nil && ans.Status != nil {
+				_ = decodeAnswer(a.body, st)
+			} else if decodeAnswer(a.body, &ans) == nil && ans.Status != nil {
 				st = ans.Status
 			}
 			if st.LastWake != nil {
@@ -119,7 +118,7 @@ func (c *adminClient) getJSON(path string, v any) error {
 	if code != http.StatusOK {
 		return fmt.Errorf("%s", answerError(body, code))
 	}
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := decodeAnswer(body, v); err != nil {
 		return fmt.Errorf("bad answer from the admin API: %w", err)
 	}
 	return nil

@@ -23,12 +23,16 @@ const usage = `activator: an HTTP edge that wakes sleeping tenants on demand.
 Usage:
   activator serve  --config FILE [--log-format text|json] [--log-level info] [--pprof]
   activator check  --config FILE
-  activator status [ROUTE...] [--state awake,waking] [--admin 127.0.0.1:9090] [--json] [--watch [--interval 2s] [--count N]]
-  activator wake   ROUTE [--admin ADDR]
-  activator sleep  ROUTE [--admin ADDR]
-  activator explain ROUTE [--last 10] [--json] [--admin ADDR]
+  activator status [ROUTE...] [--state awake,waking] [--json | --names] [--watch [--interval 2s] [--count N]] [ADMIN]
+  activator wake   ROUTE [ADMIN]
+  activator sleep  ROUTE [ADMIN]
+  activator explain ROUTE [--last 10] [--json] [ADMIN]
   activator completion bash|zsh
   activator demo   [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090]
+
+ADMIN: how the CLI reaches the admin API: --admin host:port or unix:/path (env ACTIVATOR_ADMIN),
+--token-file FILE (or the token itself in env ACTIVATOR_ADMIN_TOKEN), or --config FILE to read both from the
+activator's config; the default is 127.0.0.1:9090.
 
 See README.md and docs/ for the config reference.
 `

@@ -212,13 +212,19 @@ func clientMessage(err error) string {
 		return fmt.Sprintf("route %q: upstream failed: %s", ue.Route, upstreamCause(ue.Err))
 	case errors.As(err, &be) && be.Last != nil && !be.Last.Detailed:
 		return fmt.Sprintf("route %q: the last wake failed in phase %s%s; next attempt in %v", be.Route, be.Last.Phase,
-			be.Last.classNote(), be.RetryAfter.Round(time.Second))
+			be.Last.classNote(), retrySeconds(be.RetryAfter)*time.Second) // as Retry-After says it: rounded up
 	case errors.As(err, &we) && !we.Detailed:
 		return fmt.Sprintf("route %q: wake failed in phase %s%s", we.Route, we.Phase, we.classNote())
 	case errors.As(err, &se):
 		return fmt.Sprintf("route %q: sleep failed", se.Route)
 	}
 	return withoutAddresses(err.Error())
+}
+
+// retrySeconds is d in whole seconds, rounded up: what Retry-After and the answer's body both say, so
+// that they agree (the body rounded to the nearest: "next attempt in 1s" beside "Retry-After: 2").
+func retrySeconds(d time.Duration) time.Duration {
+	return time.Duration(math.Ceil(d.Seconds()))
 }
 
 // writeError answers a request with err's status and a short body (clientMessage) naming the failed
@@ -229,7 +235,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	code, retry := statusFor(err)
 	h := w.Header()
 	if retry > 0 {
-		h.Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+		h.Set("Retry-After", strconv.Itoa(int(retrySeconds(retry))))
 	}
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -255,7 +261,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 			body["fault_class"] = class
 		}
 		if retry > 0 {
-			body["retry_after_seconds"] = int(math.Ceil(retry.Seconds()))
+			body["retry_after_seconds"] = int(retrySeconds(retry))
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	case strings.Contains(accept, "text/html"):

@@ -1,0 +1,34 @@
+package activator
+
+import (
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBackoffBodyAgreesWithRetryAfter: a request refused during a backoff is told the same wait in
+// its body as in Retry-After, rounded up. With 1.48 s left the body said "next attempt in 1s" beside
+// "Retry-After: 2", and under half a second "0s".
+func TestBackoffBodyAgreesWithRetryAfter(t *testing.T) {
+	cases := []struct {
+		left         time.Duration
+		header, body string
+	}{
+		{1480 * time.Millisecond, "2", "next attempt in 2s"},
+		{300 * time.Millisecond, "1", "next attempt in 1s"},
+		{2 * time.Second, "2", "next attempt in 2s"},
+	}
+	for _, c := range cases {
+		err := &BackoffError{Route: "app", RetryAfter: c.left, Last: &WakeError{Route: "app", Phase: "health", Err: errors.New("x")}}
+		w := httptest.NewRecorder()
+		writeError(w, httptest.NewRequest("GET", "http://app.test/", nil), err)
+		if got := w.Header().Get("Retry-After"); got != c.header {
+			t.Errorf("%v left: Retry-After %q, want %q", c.left, got, c.header)
+		}
+		if body := w.Body.String(); !strings.Contains(body, c.body) {
+			t.Errorf("%v left: body %q, want it to say %q", c.left, body, c.body)
+		}
+	}
+}
