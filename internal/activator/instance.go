@@ -172,6 +172,10 @@ type instance struct {
 	// quiet is made by shutdown while it waits for the instance to go quiet, and closed (and cleared)
 	// by the next change of what is held, in flight, waking or stopping (noteQuietLocked).
 	quiet chan struct{}
+	// drained is quiet for an admin sleep waiting for the requests in flight (drainInFlight), and
+	// grace how long it waits: the reload's grace (retireGrace), set by Apply.
+	drained chan struct{}
+	grace   time.Duration
 	// holds are this instance's holds on its requirements while it is awake (chain.go); dependents
 	// counts, by name, the dependents holding this one.
 	holds      []func()

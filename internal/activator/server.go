@@ -184,6 +184,9 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	if changes > namedChanges || removals > namedChanges {
 		s.log.Info("more routes changed or removed than are named one by one", "changed", changes, "removed", removals, "named_at_most", namedChanges)
 	}
+	for _, in := range next {
+		in.setGrace(retireGrace(cfg, in))
+	}
 	gone := s.removedUpstreamsLocked(next)
 	for _, in := range opened {
 		if in.route.Upstream.Address != "" { // a fleet's members have the upstreams

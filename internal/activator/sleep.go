@@ -4,6 +4,7 @@ package activator
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/activator/activator/internal/tenant"
@@ -68,6 +69,24 @@ func (in *instance) beginSleepLocked(reason string) chan struct{} {
 	return done
 }
 
+// drainInFlightFor is drainInFlight for an admin sleep; the other sleeps begin with nothing in flight
+// (idle), or after a grace of their own (a reload's, instance.retire).
+func (in *instance) drainInFlightFor(reason string) (left int, grace time.Duration) {
+	if reason != ReasonAdmin {
+		return 0, 0
+	}
+	return in.drainInFlight()
+}
+
+// stopOrSleep stops the tenant whatever its sleep mode (tenant.Stopper), or puts it to sleep when the
+// backend cannot stop it otherwise.
+func (in *instance) stopOrSleep(ctx context.Context) error {
+	if st, ok := in.backend.(tenant.Stopper); ok {
+		return st.Stop(ctx)
+	}
+	return in.backend.Sleep(ctx)
+}
+
 func (in *instance) runSleep(reason string, done chan struct{}) {
 	defer in.wg.Done()
 	start := in.now()
@@ -76,7 +95,15 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 		ctx = tenant.LastSleep(ctx)
 	}
 	ctx, notes := tenant.WithSleepNotes(ctx)
-	err := in.backend.Sleep(ctx)
+	var err error
+	if left, grace := in.drainInFlightFor(reason); left > 0 {
+		// A tenant parked under them (frozen, stopped with SIGSTOP, paused) would leave them unanswered
+		// until its next wake: stopped, they end with it.
+		tenant.NoteSleep(ctx, fmt.Sprintf("%d requests still in flight after %v: the tenant was stopped, whatever its sleep mode, so that they end with it", left, grace))
+		err = in.stopOrSleep(ctx)
+	} else {
+		err = in.backend.Sleep(ctx)
+	}
 	cancel()
 	// While Stopping nothing is proxied and no wake starts, so no connection a wake's gate handed over
 	// is dropped.
@@ -230,6 +257,47 @@ func (in *instance) noteQuietLocked() {
 		close(in.quiet)
 		in.quiet = nil
 	}
+	if in.drained != nil {
+		close(in.drained)
+		in.drained = nil
+	}
+}
+
+// drainInFlight waits, for an admin sleep, until the requests in flight as the sleep began have been
+// answered, for at most the instance's grace (the reload's: shutdown_grace, at most half the route's
+// hold.max_time). The instance is Stopping meanwhile, so new requests wait behind the sleep and the
+// number only falls. It returns how many are still in flight then. Found with the real binary: an
+// admin sleep during a wake sent every request the wake released to a tenant being stopped (502,
+// "connection refused"), and on a `sleep: freeze` route froze the requests in flight, which got no
+// answer at all until their clients gave up.
+func (in *instance) drainInFlight() (left int, grace time.Duration) {
+	var timeout <-chan time.Time
+	for {
+		in.mu.Lock()
+		left, grace = in.inflight+in.unseen, in.grace
+		if left == 0 || grace <= 0 {
+			in.mu.Unlock()
+			return left, grace
+		}
+		ch := make(chan struct{})
+		in.drained = ch
+		in.mu.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			in.mu.Lock()
+			left = in.inflight + in.unseen
+			in.mu.Unlock()
+			return left, grace
+		case <-in.root.Done():
+			return 0, grace // the shutdown decides what happens to them
+		}
+	}
 }
 
 // closableLocked reports whether shutdown may close the instance now: no request is held and no wake or
@@ -316,4 +384,11 @@ func (in *instance) closeBackend(ctx context.Context) {
 			in.logger().Warn("closing the backend failed", "err", err)
 		}
 	}
+}
+
+// setGrace sets how long an admin sleep waits for the requests in flight (drainInFlight).
+func (in *instance) setGrace(d time.Duration) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.grace = d
 }
