@@ -9,12 +9,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
@@ -332,6 +334,52 @@ func TestDrainAnswersRequestsHeldBehindAStop(t *testing.T) {
 		}
 		if got := b.wakes.Load(); got != 1 {
 			t.Errorf("wakes = %d, want 1 (none after the stop)", got)
+		}
+	})
+}
+
+// goneGate passes never: it waits, as the real prober does, until the tenant is gone or ctx ends.
+type goneGate struct{}
+
+func (goneGate) Wait(ctx context.Context, gone <-chan struct{}) error {
+	select {
+	case <-gone:
+		return health.ErrGone
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestShutdownCancelsTheWakeItCutsOff: a wake the shutdown cuts off (at its grace's reserve) is
+// recorded as cancelled by the shutdown, and logged so, not as a failed wake: found with the real
+// binary, where every restart that met a slow wake logged "wake failed" at WARN with the gate's last
+// "connection refused" and counted a failure to alert on.
+func TestShutdownCancelsTheWakeItCutsOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &closingBackend{}
+		var logs syncBuffer
+		s := New(Options{Opener: routeProvider(map[string]tenant.Backend{"slow": b}), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			NewGate: func(*registry.Route) Gate { return goneGate{} }})
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("slow")}}); err != nil {
+			t.Fatal(err)
+		}
+		in := s.instance("slow")
+		held := request(in)
+		synctest.Wait() // in its gate, which never passes
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if err := <-held; !errors.Is(err, ErrClosed) {
+			t.Errorf("the held request: %v, want ErrClosed", err)
+		}
+		rec := in.hist.last(1)
+		if len(rec) != 1 || rec[0].Wake == nil || rec[0].Wake.Outcome != OutcomeCancelled || rec[0].Wake.CancelledBy != CancelShutdown {
+			t.Errorf("the cut-off wake's record %+v, want outcome cancelled by the shutdown", rec)
+		}
+		if out := logs.String(); strings.Contains(out, `msg="wake failed"`) || !strings.Contains(out, `msg="wake cancelled by the shutdown"`) {
+			t.Errorf("the log says:\n%s\nwant the wake cancelled by the shutdown, not failed", out)
 		}
 	})
 }

@@ -409,6 +409,11 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 	att.err = we
 	in.until = in.now().Add(backoff)
 	in.setStateLocked(Failed)
+	if rec.Outcome == OutcomeCancelled { // by the shutdown: no failure to alert on
+		in.logger().Info("wake cancelled by the shutdown", "wake_id", rec.ID, "trigger", rec.Trigger, "phase", rec.FailedPhase,
+			"duration", rec.Duration, "phases", phaseAttr(rec.Phases), "err", out.err)
+		return
+	}
 	in.logger().Warn("wake failed", "wake_id", rec.ID, "trigger", rec.Trigger, "phase", rec.FailedPhase, "duration", rec.Duration,
 		"phases", phaseAttr(rec.Phases), "retry_in", backoff, "err", out.err)
 	in.series.wakeDone(rec)
