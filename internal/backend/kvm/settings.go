@@ -306,12 +306,19 @@ func checkSnapshot(s *Settings, bad func(key, format string, args ...any)) {
 	}
 }
 
-// isReserved reports whether opt (without its dashes) is a QEMU option the backing sets itself, which
-// extra_args may not repeat.
+// isReserved reports whether opt (without its dashes) is a QEMU option the backing sets itself or
+// relies on not being set, which extra_args may not give: a second monitor (qmp-pretty, monitor, mon),
+// QEMU's log that explains a failed restore (D), the process name the backing finds its QEMU by
+// (name), a config file that can set any of them (readconfig), a guest that pauses instead of
+// ending when it powers off (no-shutdown, action), a start from a snapshot of its own (loadvm), and
+// the console and devices the backing sets up (serial, nodefaults, no-user-config, display,
+// nographic).
 func isReserved(opt string) bool {
 	switch opt {
-	case "qmp", "pidfile", "daemonize", "incoming", "S", "monitor", "mon", "serial", "no-reboot",
-		"accel", "enable-kvm", "M", "machine", "m", "smp", "kernel", "initrd", "append":
+	case "qmp", "qmp-pretty", "pidfile", "daemonize", "incoming", "S", "monitor", "mon", "serial", "no-reboot",
+		"accel", "enable-kvm", "M", "machine", "m", "smp", "kernel", "initrd", "append",
+		"D", "name", "readconfig", "no-shutdown", "action", "loadvm", "preconfig",
+		"nodefaults", "no-user-config", "display", "nographic":
 		return true
 	}
 	return false

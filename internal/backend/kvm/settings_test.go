@@ -111,6 +111,9 @@ func TestDecodeErrors(t *testing.T) {
 		{"bad guest port", "127.0.0.1:1", "kernel: " + kernel + "\nnetwork: {guest_port: 70000}\n", []string{"network.guest_port"}, "TCP port"},
 		{"memory", "127.0.0.1:1", "kernel: " + kernel + "\nmemory: 4\n", []string{"memory"}, "out of range"},
 		{"reserved extra arg", "127.0.0.1:1", "kernel: " + kernel + "\nextra_args: [-device, virtio-rng-device, -qmp, 'unix:/x']\n", []string{"extra_args[2]"}, "managed"},
+		// Found with the real binary: check accepted these, each of which undoes something the backing relies on.
+		{"reserved extra args a trial found", "127.0.0.1:1", "kernel: " + kernel + "\nextra_args: [-qmp-pretty, 'unix:/y', -D, /tmp/q.log, -name, x, -readconfig, /tmp/q.cfg, -no-shutdown, -action, shutdown=pause]\n",
+			[]string{"extra_args[0]", "extra_args[2]", "extra_args[4]", "extra_args[6]", "extra_args[8]", "extra_args[9]"}, "managed"},
 		{"long runtime dir", "127.0.0.1:1", "kernel: " + kernel + "\nruntime_dir: /" + strings.Repeat("d", 120) + "\n", []string{"runtime_dir"}, "too long"},
 		{"relative snapshot dir", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_dir: snaps\n", []string{"snapshot_dir"}, "absolute"},
 		{"compress", "127.0.0.1:1", "kernel: " + kernel + "\nsnapshot_compress: gzip\n", []string{"snapshot_compress"}, "none, zstd"},
