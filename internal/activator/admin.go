@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 )
 
 // AdminHandler serves the admin API:
@@ -35,6 +36,10 @@ import (
 func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Handler {
 	r := chi.NewRouter()
 	r.Use(access.Guard)
+	r.Use(middleware.GetHead) // HEAD is a GET without the body, as for /metrics (it was 405 elsewhere)
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such admin path: " + req.URL.Path})
+	})
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
