@@ -49,6 +49,7 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 		TrustedProxy: in.trusted,
 		ErrorHandler: in.upstreamFailed,
 		OnUnasked:    u.note,
+		Logger:       in.logger(),
 	}))
 	return slot.Load()
 }

@@ -45,6 +45,7 @@ package upstream
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -76,6 +77,10 @@ type Options struct {
 	// dropped without a call: that is an idle timeout of its own.) It runs in the request's (or
 	// Adopt's caller's) goroutine and must not block.
 	OnUnasked func()
+	// Logger, which may be nil, is told of an answer that broke off after its head was passed on (the
+	// tenant closed the connection or died mid-body): the client's connection is then closed, which
+	// is all the client learns. The ReverseProxy's own lines go to it too, at WARN.
+	Logger *slog.Logger
 }
 
 // Client is the edge's client to one upstream. It is safe for concurrent use. Its connections live
@@ -86,6 +91,7 @@ type Client struct {
 	proxy     *httputil.ReverseProxy
 	onError   func(http.ResponseWriter, *http.Request, error)
 	trusted   func(netip.Addr) bool
+	log       *slog.Logger // nil: none
 }
 
 // New returns a Client for the upstream; it dials nothing until the first request.
@@ -111,8 +117,12 @@ func New(opts Options) *Client {
 		WriteBufferSize:        32 << 10,
 		ReadBufferSize:         32 << 10,
 	}
-	return &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
-		trusted: opts.TrustedProxy}
+	c := &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
+		trusted: opts.TrustedProxy, log: opts.Logger}
+	if opts.Logger != nil {
+		c.proxy.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
+	}
+	return c
 }
 
 // newReverseProxy builds the proxy for the requests the fast path does not carry, with Rewrite (not

@@ -62,7 +62,7 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 		c.onError(w, r, err)
 		return
 	}
-	writeAnswer(w, resp)
+	c.writeAnswer(w, r, resp)
 }
 
 // writeAnswer passes resp on to the client: the header without hop-by-hop fields, the body (for an
@@ -70,8 +70,9 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 // trailers, announced ones as trailers, others with http.TrailerPrefix. A failed body copy aborts the
 // client's connection, as the ReverseProxy does: the client must not take a cut body for a whole one.
 // An answer with a nil Header had its fields put into w's header by the pool already (plainHead); it
-// has no trailers, and it is the connection's own, not to be read once its body is closed.
-func writeAnswer(w http.ResponseWriter, resp *http.Response) {
+// has no trailers, and it is the connection's own, not to be read once its body is closed. A body that
+// the tenant broke off (not one the client stopped reading) is logged to c.log.
+func (c *Client) writeAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response) {
 	wh := w.Header()
 	plain := resp.Header == nil
 	if !plain {
@@ -98,6 +99,9 @@ func writeAnswer(w http.ResponseWriter, resp *http.Response) {
 	}
 	if err := copyBody(w, resp, fl); err != nil {
 		resp.Body.Close()
+		if re, ok := err.(readError); ok && c.log != nil && r.Context().Err() == nil {
+			c.log.Warn("the tenant's answer broke off before its end: the client's connection is closed", "method", r.Method, "status", resp.StatusCode, "err", re.err)
+		}
 		panic(http.ErrAbortHandler)
 	}
 	resp.Body.Close() // fills resp.Trailer
@@ -280,6 +284,13 @@ func flushEach(length int64, h http.Header) bool {
 
 // copyBody copies the answer's body to the client with a pooled buffer, flushing after each write
 // when fl is not nil. It returns the first error of either side.
+// readError is copyBody's failure to read the answer (the tenant's side), as against a failure to
+// write it (the client's).
+type readError struct{ err error }
+
+func (e readError) Error() string { return e.err.Error() }
+func (e readError) Unwrap() error { return e.err }
+
 func copyBody(w http.ResponseWriter, resp *http.Response, fl http.Flusher) error {
 	if resp.Body == http.NoBody {
 		return nil
@@ -301,7 +312,7 @@ func copyBody(w http.ResponseWriter, resp *http.Response, fl http.Flusher) error
 			if errors.Is(rerr, io.EOF) {
 				return nil
 			}
-			return rerr
+			return readError{rerr}
 		}
 	}
 }
