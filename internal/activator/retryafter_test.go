@@ -32,3 +32,20 @@ func TestBackoffBodyAgreesWithRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestWakeClearsTheHostCheck: a host check that failed at start-up (a BMC's password, since corrected)
+// stops showing in the route's status once the route wakes; before, it stayed there, misleading,
+// until a reload.
+func TestWakeClearsTheHostCheck(t *testing.T) {
+	s, in := newTestServer(t, &fakeBackend{}, passGate{})
+	s.SetCheckError("app", errors.New("credentials rejected"))
+	if st := in.status(); st.CheckError == "" {
+		t.Fatal("the check error is not in the status")
+	}
+	if err := s.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if st := in.status(); st.CheckError != "" {
+		t.Errorf("after a good wake the status still says %q", st.CheckError)
+	}
+}

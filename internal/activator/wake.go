@@ -357,6 +357,12 @@ func wakeResult(trig trigger, awake bool, err error) string {
 // publishLocked applies a wake's outcome: Failed with a backoff, Asleep (an adopt that found nothing),
 // or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
 func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
+	if out.err == nil && out.awake && in.checkErr != nil {
+		// The tenant woke: whatever the host check found at start-up (a BMC's password since corrected,
+		// a port since freed) no longer stands in its way, and the status must stop saying it does.
+		in.logger().Info("the route woke: the host check's finding at start-up no longer holds", "was", in.checkErr)
+		in.checkErr = nil
+	}
 	if out.err != nil && in.checkErr != nil {
 		// What the host check found at start-up (a port held by another process) is likely the cause.
 		out.rec.Notes = append(slices.Clip(out.rec.Notes), "the host check at start-up failed: "+in.checkErr.Error())
