@@ -465,6 +465,12 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 		return // we put it to sleep ourselves
 	}
 	in.logger().Warn("tenant stopped on its own", "err", life.Err(), "inflight", in.inflight)
+	if in.slpErr != nil {
+		// A sleep that failed left the tenant running; it is gone now, and the failure with it (the
+		// status said "the tenant may still run" over a route shown asleep).
+		in.slpErr = nil
+		in.series.sleepFailed(false)
+	}
 	// Before the state changes: a wake after it must keep the connection its gate hands over.
 	in.dropUpstream()
 	in.recordSleep(ReasonExited, in.now(), life.Err(), nil, false)

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -48,4 +49,33 @@ func TestWakeClearsTheHostCheck(t *testing.T) {
 	if st := in.status(); st.CheckError != "" {
 		t.Errorf("after a good wake the status still says %q", st.CheckError)
 	}
+}
+
+// TestTenantGoneClearsAFailedSleep: a sleep that failed leaves the tenant running, and the status
+// says so until a sleep succeeds; a tenant that then dies on its own takes that with it. Before, a
+// guest killed after a failed sleep showed asleep with "sleep (admin) failed; the tenant may still
+// run" beside it.
+func TestTenantGoneClearsAFailedSleep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		s, in := newTestServer(t, b, passGate{})
+		if err := s.Wake(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepErr = errors.New("BMC says no") })
+		if err := s.Sleep(t.Context(), "app"); err == nil {
+			t.Fatal("the sleep did not fail")
+		}
+		if err := s.Wake(t.Context(), "app"); err != nil { // the take-back
+			t.Fatal(err)
+		}
+		if st := in.status(); st.LastSleepError == "" {
+			t.Fatal("the failed sleep is not in the status")
+		}
+		b.set(func(f *fakeBackend) { f.life.End(errors.New("killed")) })
+		synctest.Wait() // the watch notices
+		if st := in.status(); st.State != Asleep.String() || st.LastSleepError != "" {
+			t.Errorf("after the tenant died: %s, last_sleep_error %q; want asleep and none", st.State, st.LastSleepError)
+		}
+	})
 }
