@@ -715,3 +715,30 @@ func TestStatusForBodyErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectNotForwardedOnceBuffered: with request buffering the edge reads the whole body (sending
+// the client its 100 Continue as net/http does) before the tenant sees the request, so the tenant is
+// not asked to Expect one: it answered a second 100 Continue, which reached the client after it had
+// sent its body (found with the real binary).
+func TestExpectNotForwardedOnceBuffered(t *testing.T) {
+	saw := make(chan string, 1)
+	g := newEdgeRig(t, &fakeBackend{}, registry.EdgeLimits{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		saw <- r.Header.Get("Expect")
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "got %d", n)
+	}), func(r *registry.Route) { r.RequestBuffering = true })
+	c := g.dial(t)
+	if err := send(c, "POST /upload HTTP/1.1\nHost: app.test\nExpect: 100-continue\nContent-Length: 5\nConnection: close", []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-saw; got != "" {
+		t.Errorf("the tenant was sent Expect: %q", got)
+	}
+	if n := strings.Count(string(all), "100 Continue"); n > 1 || !strings.Contains(string(all), "got 5") {
+		t.Errorf("the client got %d 100 Continue answers (want at most the edge's one) and:\n%s", n, all)
+	}
+}
