@@ -466,11 +466,18 @@ func (b *bmc) retry(ctx context.Context, attempt func() error) error {
 	}
 	bo.Reset()
 	ambiguous := 0
+	var prev error // the previous attempt's failure
 	for n := 1; ; n++ {
 		err := attempt()
+		if err != nil && prev != nil && ctx.Err() != nil {
+			// The budget ran out during this try, whose error says only that: the tries before say
+			// what the BMC did ("no answer within the per-call timeout" from a BMC that hangs).
+			return fmt.Errorf("%w (the try before: %v)", err, prev)
+		}
 		if err == nil || !retryable(err) || ctx.Err() != nil || n >= maxAttempts {
 			return err
 		}
+		prev = err
 		wait := bo.NextBackOff()
 		var be *BMCError
 		if errors.As(err, &be) && be.RetryAfter > 0 {

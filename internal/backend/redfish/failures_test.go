@@ -249,6 +249,21 @@ func TestHTTPSToPlainBMCFailsFast(t *testing.T) {
 	}
 }
 
+// TestHungBMCNamedWhenTheBudgetEnds: a BMC that takes every connection and never answers fails the
+// wake when its budget ends mid-try (2.5 s: two tries of the 1 s per-call timeout, cut in the third);
+// the error says what the tries before found ("no answer within the per-call timeout"), not only
+// "context deadline exceeded", which told the operator nothing `activator check` had not said better.
+func TestHungBMCNamedWhenTheBudgetEnds(t *testing.T) {
+	e := newEnv(t, envConfig{yaml: "auth: basic\ntimeout: 1s\n"})
+	e.sim.Inject(redfishtest.Fault{Delay: time.Hour, Count: 1000})
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	_, err := e.b.Wake(ctx, tenant.Discard)
+	if err == nil || !strings.Contains(err.Error(), "no answer within the per-call timeout") {
+		t.Fatalf("Wake = %v, want it to say the BMC gave no answer within the per-call timeout", err)
+	}
+}
+
 // TestSilentBMCNamedInTimeout: the BMC stops answering after the Reset; the timeout says so.
 func TestSilentBMCNamedInTimeout(t *testing.T) {
 	e := newEnv(t, envConfig{yaml: "auth: basic\npower_on_budget: 1s\n"})
