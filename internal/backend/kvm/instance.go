@@ -41,6 +41,7 @@ type instance struct {
 	reason    string     // why QEMU is ending (SHUTDOWN reason, guest panic), "" until then
 	changed   chan struct{}
 	wantRun   bool // the backend expects the guest to run (a STOP now is unexpected)
+	lateStops int  // QMP stops the backend gave up waiting for (stopFailed): QEMU may still do them
 	detached  bool
 	fatalOnce bool
 }
@@ -90,12 +91,19 @@ func (in *instance) drain() {
 func (in *instance) handle(name string, data map[string]any) {
 	str := func(k string) string { s, _ := data[k].(string); return s }
 	in.mu.Lock()
-	var stopCB, fatal bool
+	var stopCB, fatal, late bool
 	switch name {
 	case "STOP":
 		in.status = "paused"
-		stopCB = in.wantRun
-		in.wantRun = false
+		if in.lateStops > 0 {
+			// The backend's own stop, answered too late: not someone else's. The sleep that sent it
+			// failed, and the backend took the guest back as running, so it is continued.
+			in.lateStops--
+			late = in.wantRun
+		} else {
+			stopCB = in.wantRun
+			in.wantRun = false
+		}
 	case "RESUME":
 		in.status = "running"
 	case "SHUTDOWN":
@@ -123,6 +131,20 @@ func (in *instance) handle(name string, data map[string]any) {
 	if stopCB {
 		in.onStop(in)
 	}
+	if late {
+		go in.contLate() // not here: the monitor's events must keep being drained
+	}
+}
+
+// contLate continues a guest that a late stop of the backend's own paused (see stopFailed).
+func (in *instance) contLate() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := in.mon.run(ctx, nil, "cont", nil); err != nil {
+		in.log.Warn("a failed sleep's stop paused the guest late, and it cannot be continued", "err", err)
+		return
+	}
+	in.log.Info("a failed sleep's stop paused the guest late: continued it")
 }
 
 func (in *instance) watch() {
@@ -258,4 +280,18 @@ func (in *instance) isGone() bool {
 	default:
 		return false
 	}
+}
+
+// stopFailed takes the guest back as running after a QMP stop that failed. One whose context ended
+// (QEMU stalled past the sleep's budget) may still be carried out by QEMU: its STOP is then the
+// backend's own, not a pause behind its back, and the guest is continued (contLate). Found with the
+// real binary: a QEMU stopped (SIGSTOP) across a pause sleep's budget did the stop once continued,
+// which was taken for someone else's, and the guest was thrown away.
+func (in *instance) stopFailed(err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		in.lateStops++ // in one step with wantRun: a STOP between the two would be misread either way
+	}
+	in.wantRun = true
 }

@@ -575,7 +575,7 @@ func (b *Backend) Stop(ctx context.Context) error {
 func (b *Backend) pause(ctx context.Context, inst *instance) error {
 	inst.setWantRun(false)
 	if err := inst.mon.run(ctx, nil, "stop", nil); err != nil {
-		inst.setWantRun(true)
+		inst.stopFailed(err)
 		return err
 	}
 	if err := inst.waitFor(ctx, func(s, _ string) (bool, error) { return s != "running", nil }); err != nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -598,5 +599,48 @@ func TestColdBootSupersedesSnapshot(t *testing.T) {
 	if boot := get(t, r.Upstream, "/boot_id"); boot == boot1 {
 		phases, notes := rec.get()
 		t.Fatalf("back in snapshot mode the wake resumed boot %s, saved before the poweroff route's cold boot (phases %q, notes %q)", boot, phases, notes)
+	}
+}
+
+// TestLateStopIsTheBackendsOwn: a pause sleep whose QMP stop QEMU does not answer within the sleep's
+// budget (here QEMU is SIGSTOPped across it) fails, and the guest is taken back as running. QEMU
+// carries the stop out once it runs again: that STOP is the backend's own, so the guest is
+// continued, its Life goes on, and nothing calls it a pause behind the backend's back. Found with the
+// real binary: the late STOP ended the Life, the take-back wake failed its gate, and the guest was
+// thrown away.
+func TestLateStopIsTheBackendsOwn(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPause, "")
+	b := open(t, r)
+	life := wake(t, b, r.Upstream, tenant.Discard)
+	boot := get(t, r.Upstream, "/boot_id")
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	if err := syscall.Kill(inst.pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := b.Sleep(ctx)
+	cancel()
+	if cerr := syscall.Kill(inst.pid, syscall.SIGCONT); cerr != nil {
+		t.Fatal(cerr)
+	}
+	if err == nil {
+		t.Fatal("the pause of a stopped QEMU succeeded")
+	}
+	// The late stop, then its undoing: QEMU reports STOP, then RESUME.
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wcancel()
+	if err := inst.waitFor(wctx, func(s, _ string) (bool, error) {
+		return s == "running" && inst.lateStops == 0, nil // waitFor calls it under inst.mu
+	}); err != nil {
+		t.Fatalf("the late stop was not seen and undone: %v", err)
+	}
+	if life.Err() != nil {
+		t.Fatalf("the late stop ended the Life: %v", life.Err())
+	}
+	if got := get(t, r.Upstream, "/boot_id"); got != boot {
+		t.Errorf("the guest serves boot %q, want the same boot %q", got, boot)
 	}
 }

@@ -48,7 +48,7 @@ func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 
 	inst.setWantRun(false)
 	if err := inst.mon.run(ctx, nil, "stop", nil); err != nil {
-		inst.setWantRun(true)
+		inst.stopFailed(err)
 		return err
 	}
 	var saved savedState
