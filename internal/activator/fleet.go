@@ -305,23 +305,36 @@ func (fb *fleetBackend) up() *tenant.Life {
 	return fb.life
 }
 
-// Sleep cancels the members still waking, then puts every member to sleep at once.
-func (fb *fleetBackend) Sleep(ctx context.Context) error { return fb.down(ctx, sleepMember) }
+// Sleep cancels the members still waking, then puts every member that came up to sleep at once. A
+// member that never came up was stopped when it failed, and is not asked again: a member whose
+// backing cannot even find it (a system the BMC does not have, a BMC that is down) failed every
+// fleet sleep, and each failed sleep's take-back powered the members that had gone down up again,
+// every idle window, for ever (found with the real binary and cmd/redfish-sim).
+func (fb *fleetBackend) Sleep(ctx context.Context) error {
+	return fb.down(ctx, func(ctx context.Context, m *fleetMember, wasReady bool) error {
+		if !wasReady {
+			return nil
+		}
+		return m.backend.Sleep(ctx)
+	})
+}
 
-// Stop is Sleep that stops members whose sleep would park them.
-func (fb *fleetBackend) Stop(ctx context.Context) error { return fb.down(ctx, stopMember) }
+// Stop stops every member, whether it came up or not, and those whose sleep would park them for real.
+func (fb *fleetBackend) Stop(ctx context.Context) error {
+	return fb.down(ctx, stopMember)
+}
 
 // Close closes every member's backend once the last wake has settled.
 func (fb *fleetBackend) Close(ctx context.Context) error {
-	return fb.down(ctx, func(ctx context.Context, b tenant.Backend) error {
-		if c, ok := b.(tenant.Closer); ok {
+	return fb.down(ctx, func(ctx context.Context, m *fleetMember, _ bool) error {
+		if c, ok := m.backend.(tenant.Closer); ok {
 			return c.Close(ctx)
 		}
 		return nil
 	})
 }
 
-func (fb *fleetBackend) down(ctx context.Context, op func(context.Context, tenant.Backend) error) error {
+func (fb *fleetBackend) down(ctx context.Context, op memberOp) error {
 	fb.mu.Lock()
 	fb.gen++
 	run, life := fb.run, fb.life
@@ -342,15 +355,15 @@ func (fb *fleetBackend) down(ctx context.Context, op func(context.Context, tenan
 
 // each runs op on every member's backend at once, each under its member's op lock, and joins their
 // errors, each naming its member.
-func (fb *fleetBackend) each(ctx context.Context, op func(context.Context, tenant.Backend) error) error {
+func (fb *fleetBackend) each(ctx context.Context, op memberOp) error {
 	errs := make([]error, len(fb.members))
 	var wg sync.WaitGroup
 	for i, m := range fb.members {
 		wg.Go(func() {
 			m.op.Lock()
 			defer m.op.Unlock()
-			m.ready.Store(false)
-			if err := op(ctx, m.backend); err != nil {
+			wasReady := m.ready.Swap(false) // no request goes to it from here on
+			if err := op(ctx, m, wasReady); err != nil {
 				errs[i] = fmt.Errorf("member %q: %w", m.name, err)
 			}
 			if up := m.up.Load(); up != nil {
@@ -362,8 +375,13 @@ func (fb *fleetBackend) each(ctx context.Context, op func(context.Context, tenan
 	return errors.Join(errs...)
 }
 
-func sleepMember(ctx context.Context, b tenant.Backend) error { return b.Sleep(ctx) }
-func stopMember(ctx context.Context, b tenant.Backend) error  { return stopBackend(ctx, b) }
+// memberOp is what each does to a member: wasReady says whether it had come up (passed its gate).
+type memberOp func(ctx context.Context, m *fleetMember, wasReady bool) error
+
+// stopMember stops a member whatever its state (stopBackend).
+func stopMember(ctx context.Context, m *fleetMember, _ bool) error {
+	return stopBackend(ctx, m.backend)
+}
 
 // stopBackend stops b for real: Stop where b can park its tenant, else Sleep.
 func stopBackend(ctx context.Context, b tenant.Backend) error {

@@ -232,3 +232,38 @@ func TestFleetPicksLeastInFlight(t *testing.T) {
 		t.Fatalf("picked %s with b not ready", m.name)
 	}
 }
+
+// TestFleetSleepSkipsMembersThatNeverCameUp: a member that never came up (misconfigured: its wake
+// fails at once) is not asked to sleep with the fleet. Its sleep failed too (no such system), which
+// failed every fleet sleep, and each failure's take-back powered the members that had gone down up
+// again, every idle window (found with the real binary and cmd/redfish-sim).
+func TestFleetSleepSkipsMembersThatNeverCameUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &fakeBackend{}, &fakeBackend{}
+		x := &fakeBackend{wakeErr: exec.ErrNotFound, sleepErr: errors.New("no system node-x")}
+		s := New(Options{Opener: byName{"pool.a": a, "pool.x": x, "pool.b": b}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			NewGate: func(*registry.Route) Gate { return passGate{} }})
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "x", "b")}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = s.Shutdown(context.Background()) }()
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatalf("wake with a quorum of 2: %v", err)
+		}
+		synctest.Wait()
+		xSleeps := x.sleeps.Load() // stopping the failed member, as its wake failed
+		if err := s.Sleep(t.Context(), "pool"); err != nil {
+			t.Fatalf("the fleet's sleep: %v", err)
+		}
+		synctest.Wait()
+		if n := x.sleeps.Load(); n != xSleeps {
+			t.Errorf("the member that never came up was asked to sleep %d more times", n-xSleeps)
+		}
+		if st := s.instance("pool").status(); st.State != Asleep.String() || st.LastSleepError != "" {
+			t.Errorf("after the sleep: %s, %q; want asleep without a failure", st.State, st.LastSleepError)
+		}
+		if n := a.wakes.Load() + b.wakes.Load(); n != 2 {
+			t.Errorf("%d member wakes, want 2: no take-back woke the fleet again", n)
+		}
+	})
+}
