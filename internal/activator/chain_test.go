@@ -277,3 +277,36 @@ func TestReloadReplacesDependents(t *testing.T) {
 		}
 	})
 }
+
+// TestRequirementThatStopsIsWokenAgain: an instance whose tenant stops on its own while a route that
+// requires it is awake is woken again (an instance stays awake while anything awake requires it): at
+// once, or, for one that ran for less than backoff.initial, that long after its wake. Found with the real binary: a node powered off behind the activator's back stayed down, shown
+// asleep with its dependent's hold in flight, while the route requiring it went on serving.
+func TestRequirementThatStopsIsWokenAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := &fakeBackend{}
+		app := testRoute("app")
+		app.Requires = []string{"db"}
+		s := newChainServer(t, byName{"app": &fakeBackend{}, "db": db}, &registry.Config{Routes: []*registry.Route{app},
+			Instances: []*registry.Route{testInstance("db")}})
+		if err := s.Wake(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		db.set(func(f *fakeBackend) { f.life.End(errors.New("powered off behind our back")) })
+		// It ran for no time at all: woken again a backoff.initial (5s) after its wake, not in a loop.
+		time.Sleep(5*time.Second - time.Millisecond)
+		synctest.Wait()
+		if n := db.wakes.Load(); n != 1 {
+			t.Fatalf("the requirement's wakes = %d before backoff.initial, want 1", n)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n := db.wakes.Load(); n != 2 {
+			t.Fatalf("the requirement's wakes = %d, want 2 (woken again)", n)
+		}
+		st := s.instance("db").status()
+		if st.State != Awake.String() || st.LastWake == nil || st.LastWake.Trigger != string(triggerRequired) {
+			t.Errorf("the requirement after it stopped: %s, last wake %+v; want awake again, woken for its dependents", st.State, st.LastWake)
+		}
+	})
+}

@@ -476,7 +476,29 @@ func (in *instance) watch(life *tenant.Life, gen uint64, awakeEnd <-chan struct{
 	in.recordSleep(ReasonExited, in.now(), life.Err(), nil, false)
 	in.lastSlp = ReasonExited
 	in.series.slept(ReasonExited, false)
+	awakeFor := in.now().Sub(in.since)
 	in.setStateLocked(Asleep)
+	if len(in.dependents) > 0 {
+		// An instance stays awake while anything awake requires it (config.md): one whose tenant
+		// stopped on its own under awake dependents is woken again, at once, or a backoff.initial
+		// after its last wake if it ran for less than that (a tenant that dies at once must not be
+		// restarted in a tight loop). Found with the real binary: a node powered off behind the
+		// activator's back (and an exec requirement killed) stayed down while the routes requiring
+		// it went on serving without it.
+		after := max(0, in.route.Backoff.Initial-awakeFor)
+		in.logger().Info("waking it again: awake dependents require it", "required_by", in.requiredByLocked(), "in", after)
+		time.AfterFunc(after, in.rewakeForDependents)
+	}
+}
+
+// rewakeForDependents wakes the instance again for its awake dependents (see watch), unless it has
+// woken, closed or lost them meanwhile.
+func (in *instance) rewakeForDependents() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.state == Asleep && len(in.dependents) > 0 && !in.closed && !in.retiring && !in.draining() {
+		in.beginWakeLocked(triggerRequired)
+	}
 }
 
 // kick starts a wake if the instance is asleep (or its failure backoff is over) and returns at once.
