@@ -35,7 +35,10 @@ type ScheduledEvent struct {
 // ok is false when r has no event to come.
 func nextEvent(r *registry.Route, now time.Time) (ev ScheduledEvent, warmUntil time.Time, ok bool) {
 	take := func(at time.Time, what, text string) {
-		if !at.IsZero() && (!ok || at.Before(ev.At)) {
+		// At one time, a window's start wins over another's end: after the end, the start is a day
+		// away, and a window that ends as the next begins lost the next's start (found with the real
+		// binary).
+		if !at.IsZero() && (!ok || at.Before(ev.At) || at.Equal(ev.At) && what == eventWindowStart && ev.What == eventWindowEnd) {
 			ev, ok = ScheduledEvent{At: at, What: what, Text: text}, true
 		}
 	}
@@ -145,10 +148,28 @@ func (in *instance) runSchedule(ctx context.Context) {
 // scheduledWake wakes the tenant for ev the way the admin API does (wakeNow), detached from every
 // request, and waits for the result. A tenant already awake has its idle clock started again, as by a
 // request. A failed wake is in the wake record and backs off as usual; the scheduler does not retry
-// it before its next event.
+// it before its next event. An event that finds the route backing off from an earlier failure tries
+// once when the backoff is over (a window's start, only if the window has not ended by then): no wake
+// was tried at all, and a keep_warm window that began a minute into a long backoff stayed cold to its
+// end (found with the real binary).
 func (in *instance) scheduledWake(ctx context.Context, ev ScheduledEvent) {
 	in.logger().Info("scheduled wake", "event", ev.What, "schedule", ev.Text)
 	release, err := in.awaitWake(ctx, triggerSchedule, nil)
+	var be *BackoffError
+	if errors.As(err, &be) {
+		in.logger().Info("scheduled wake waits for the route's backoff", "event", ev.What, "schedule", ev.Text, "retry_in", be.RetryAfter)
+		t := time.NewTimer(be.RetryAfter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if ev.What == eventWindowStart && !in.keptWarm(in.now()) {
+			return
+		}
+		release, err = in.awaitWake(ctx, triggerSchedule, nil)
+	}
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, ErrClosed) {
 			in.logger().Warn("scheduled wake failed", "event", ev.What, "schedule", ev.Text, "err", err)

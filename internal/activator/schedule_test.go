@@ -364,3 +364,50 @@ func TestNextEventDST(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepWarmStartDuringBackoff: a window that starts while the route backs off from a failed wake
+// (a request's, a minute before) wakes the tenant once the backoff is over, inside the window. Found
+// with the real binary: the window's start was refused by the backoff, nothing tried again, and the
+// window stayed cold to its end.
+func TestKeepWarmStartDuringBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeErr: errors.New("exited with code 3")}
+		c := newSchedClock(utc("2026-12-07 07:59:00"))
+		_, in := newScheduleServer(t, b, c, func(r *registry.Route) {
+			r.KeepWarm = []registry.Window{office()}
+			r.Backoff = registry.Backoff{Initial: 100 * time.Second, Max: time.Hour}
+		})
+		if err := <-request(in); err == nil {
+			t.Fatal("the failing wake succeeded")
+		}
+		b.set(func(f *fakeBackend) { f.wakeErr = nil }) // fixed, but the route backs off until 08:00:40
+		sleepUntil(c, "2026-12-07 08:00:01")
+		wantState(t, in, "08:00:01", "failed")
+		sleepUntil(c, "2026-12-07 08:00:41")
+		st := wantState(t, in, "08:00:41", "awake")
+		if st.LastWake == nil || st.LastWake.Trigger != "schedule" {
+			t.Errorf("the wake after the backoff: %+v, want a scheduled one", st.LastWake)
+		}
+	})
+}
+
+// TestWindowStartsAsAnotherEnds: of two windows, one ending as the other starts, the second's start
+// is an event: the tenant, put to sleep inside the first, wakes at it. The first's end had won the
+// tie, after which the second's start was a day away.
+func TestWindowStartsAsAnotherEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		every := [7]bool{true, true, true, true, true, true, true}
+		first := registry.Window{Days: every, From: 8 * 60, To: 9 * 60, Zone: time.UTC, Text: "08:00-09:00"}
+		second := registry.Window{Days: every, From: 9 * 60, To: 11 * 60, Zone: time.UTC, Text: "09:00-11:00"}
+		b := &fakeBackend{}
+		c := newSchedClock(utc("2026-12-07 07:59:00"))
+		s, in := newScheduleServer(t, b, c, func(r *registry.Route) { r.KeepWarm = []registry.Window{first, second} })
+		sleepUntil(c, "2026-12-07 08:00:01")
+		wantState(t, in, "08:00:01", "awake")
+		if err := s.Sleep(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		sleepUntil(c, "2026-12-07 09:00:01")
+		wantState(t, in, "09:00:01", "awake")
+	})
+}

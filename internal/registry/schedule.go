@@ -48,7 +48,7 @@ func (w Window) NextStart(t time.Time) time.Time {
 			return start
 		}
 	}
-	return time.Time{} // no day set: checkKeepWarm rejects that
+	return time.Time{} // no day set: parseDays rejects that
 }
 
 // End returns the end of the window occurrence that contains t (t must be inside the window).
@@ -173,12 +173,18 @@ func parseDays(n *yaml.Node) ([7]bool, error) {
 			}
 		}
 	}
+	if days == [7]bool{} {
+		return days, fmt.Errorf("no day: want at least one (mon, tue, … sun; e.g. mon-fri), or leave days out for every day")
+	}
 	return days, nil
 }
 
 // parseClock reads "HH:MM" (24-hour; "24:00" only when end is set) as minutes after midnight.
 func parseClock(s string, end bool) (int, error) {
 	h, m, ok := strings.Cut(s, ":")
+	if strings.ContainsAny(s, "+- ") { // Atoi takes "+8" and "-0": "+8:00" read as 08:00
+		ok = false
+	}
 	hh, err1 := strconv.Atoi(h)
 	mm, err2 := strconv.Atoi(m)
 	if !ok || err1 != nil || err2 != nil || len(m) != 2 || hh < 0 || mm < 0 || mm > 59 || hh > 24 || (hh == 24 && (mm != 0 || !end)) || (hh == 24 && !end) {
@@ -291,6 +297,11 @@ func (c *routeCheck) checkWakeAt(i int, n *yaml.Node) {
 		c.add(key, n.Line, "%q: give the zone as time_zone:, not inside the schedule", k.Cron)
 		return
 	}
+	if strings.HasPrefix(strings.TrimSpace(k.Cron), "@every") {
+		// cron's own extension, not a time of day: "@every -5s" and "@every 500ms" ran every second.
+		c.add(key, n.Line, "%q: @every is not a wake_at schedule (times of day, as cron(8) has them); keep a tenant up with keep_warm", k.Cron)
+		return
+	}
 	loc, err := zone(k.TimeZone)
 	if err != nil {
 		c.add(key+".time_zone", n.Line, "%v", err)
@@ -303,6 +314,10 @@ func (c *routeCheck) checkWakeAt(i int, n *yaml.Node) {
 	}
 	if sc, ok := spec.(*cron.SpecSchedule); ok {
 		sc.Location = loc
+	}
+	if spec.Next(time.Now()).IsZero() { // cron looks five years ahead
+		c.add(key, n.Line, "%q never matches (30 February?)", k.Cron)
+		return
 	}
 	text := k.Cron
 	if k.TimeZone != "" {
