@@ -1,6 +1,7 @@
 package waitpage
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -253,6 +254,9 @@ func TestTemplateErrors(t *testing.T) {
 		{"script without nonce", "", strings.Replace(goodTemplate, `<script nonce="{{.Nonce}}">`, "<script>", 1),
 			[]string{`in a <script nonce="{{.Nonce}}">`}},
 		{"too large", "", goodTemplate + strings.Repeat(" ", maxTemplateBytes), []string{"larger than 256 KiB"}},
+		// 1.3 KB that doubles 18 times: 16 MB a request before the cap (found with the real binary).
+		{"renders too much", "", strings.Replace(goodTemplate, "<title>", "<title>"+doubling(18), 1),
+			[]string{"the waiting page: ", "renders more than 1024 KiB"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := tc.path
@@ -271,4 +275,16 @@ func TestTemplateErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// doubling is a template that defines d0 as "xx…" and each dN as two dN-1, and renders d<levels>:
+// 2^levels times a short text.
+func doubling(levels int) string {
+	var b strings.Builder
+	b.WriteString(`{{define "d0"}}0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef{{end}}`)
+	for i := 1; i <= levels; i++ {
+		fmt.Fprintf(&b, `{{define "d%d"}}{{template "d%d"}}{{template "d%d"}}{{end}}`, i, i-1, i-1)
+	}
+	fmt.Fprintf(&b, `{{template "d%d"}}`, levels)
+	return b.String()
 }
