@@ -203,22 +203,38 @@ func clientMessage(err error) string {
 	// rest without addresses (withoutAddresses).
 	var (
 		ue *UpstreamError
-		be *BackoffError
-		we *WakeError
 		se *SleepError
 	)
+	// The outermost of a backoff and a failed wake is the route's own: a dependent's failed wake
+	// wraps its requirement's backoff, and told as that, it named the requirement and its phase where
+	// the dependent's own answer says phase requires (found with the real binary).
+	be, we := outerWakeFailure(err)
 	switch {
 	case errors.As(err, &ue):
 		return fmt.Sprintf("route %q: upstream failed: %s", ue.Route, upstreamCause(ue.Err))
-	case errors.As(err, &be) && be.Last != nil && !be.Last.Detailed:
+	case be != nil && be.Last != nil && !be.Last.Detailed:
 		return fmt.Sprintf("route %q: the last wake failed in phase %s%s; next attempt in %v", be.Route, be.Last.Phase,
 			be.Last.classNote(), retrySeconds(be.RetryAfter)*time.Second) // as Retry-After says it: rounded up
-	case errors.As(err, &we) && !we.Detailed:
+	case we != nil && !we.Detailed:
 		return fmt.Sprintf("route %q: wake failed in phase %s%s", we.Route, we.Phase, we.classNote())
 	case errors.As(err, &se):
 		return fmt.Sprintf("route %q: sleep failed", se.Route)
 	}
 	return withoutAddresses(err.Error())
+}
+
+// outerWakeFailure returns the first *BackoffError or *WakeError down err's chain (one of them set),
+// or neither.
+func outerWakeFailure(err error) (*BackoffError, *WakeError) {
+	for ; err != nil; err = errors.Unwrap(err) {
+		switch e := err.(type) {
+		case *BackoffError:
+			return e, nil
+		case *WakeError:
+			return nil, e
+		}
+	}
+	return nil, nil
 }
 
 // retrySeconds is d in whole seconds, rounded up: what Retry-After and the answer's body both say, so

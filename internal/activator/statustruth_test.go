@@ -79,3 +79,14 @@ func TestTenantGoneClearsAFailedSleep(t *testing.T) {
 		}
 	})
 }
+
+// TestDependentAnswerNamesItself: a route whose wake failed because its requirement backs off is
+// answered with its own failure (phase requires), not its requirement's ("route \"mid\": the last
+// wake failed in phase health"), which named an internal instance on the public route's page.
+func TestDependentAnswerNamesItself(t *testing.T) {
+	inner := &BackoffError{Route: "mid", RetryAfter: time.Second, Last: &WakeError{Route: "mid", Phase: "health", Err: errors.New("x")}}
+	err := &WakeError{Route: "app2", Phase: "requires", Err: &RequirementError{Instance: "mid", Err: inner}}
+	if got := clientMessage(err); !strings.Contains(got, `route "app2": wake failed in phase requires`) || strings.Contains(got, `"mid"`) {
+		t.Errorf("clientMessage = %q, want the dependent's own failure", got)
+	}
+}
