@@ -122,6 +122,13 @@ func (in *instance) wakeRequirement(ctx context.Context, name string) requiremen
 		w := c.wake.rec.snapshot()
 		part.Wake, part.State = &w, "woken"
 	}
+	if err != nil && ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		// This wake's own budget ended (or it was called off) while the requirement still woke: the
+		// requirement did not fail, and its wake goes on. Blamed on it, the record named a culprit
+		// that went on to wake fine (found with the real binary).
+		part.State = "waking"
+		return requirement{part: part, err: fmt.Errorf("requirement %q was still waking when this wake's budget ran out (its own wake goes on): %w", name, err)}
+	}
 	if err != nil {
 		part.State = "failed"
 		return requirement{part: part, err: &RequirementError{Instance: name, Err: err}}

@@ -310,3 +310,34 @@ func TestRequirementThatStopsIsWokenAgain(t *testing.T) {
 		}
 	})
 }
+
+// TestDependentBudgetEndsBeforeItsRequirement: a dependent whose own wake_budget ends while its
+// requirement still wakes fails in phase requires with itself as the culprit, and the requirement
+// shows as still waking, not failed: it goes on to wake. Found with the real binary: the record named
+// the requirement the culprit and kept saying it failed after it had woken fine.
+func TestDependentBudgetEndsBeforeItsRequirement(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := &fakeBackend{wakeGate: make(chan struct{})}
+		app := testRoute("app")
+		app.Requires, app.WakeBudget = []string{"db"}, 5*time.Second
+		dbr := testInstance("db")
+		dbr.WakeBudget = time.Minute
+		s := newChainServer(t, byName{"app": &fakeBackend{}, "db": db}, &registry.Config{Routes: []*registry.Route{app},
+			Instances: []*registry.Route{dbr}})
+		if err := s.Wake(t.Context(), "app"); err == nil {
+			t.Fatal("the dependent woke within its budget")
+		}
+		rec := s.instance("app").status().LastWake
+		if rec == nil || rec.Culprit == nil || rec.Culprit.Instance != "app" || rec.Culprit.Phase != "requires" {
+			t.Errorf("the dependent's record %+v, want itself the culprit in phase requires", rec)
+		}
+		if rec != nil && (len(rec.Requires) != 1 || rec.Requires[0].State != "waking") {
+			t.Errorf("the requirement's part %+v, want state waking", rec.Requires)
+		}
+		close(db.wakeGate)
+		synctest.Wait()
+		if st := s.instance("db").status(); st.State != Awake.String() {
+			t.Errorf("the requirement is %s, want awake: its wake went on", st.State)
+		}
+	})
+}
