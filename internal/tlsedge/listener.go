@@ -156,13 +156,21 @@ var errChallengeAnswered = errors.New("tls-alpn-01 challenge answered")
 
 // shake runs the handshake under the deadline, or until Close.
 func (l *Listener) shake(raw net.Conn) (*tls.Conn, error) {
+	ctx := l.ctx
 	if l.lim.Timeout > 0 {
 		if err := raw.SetDeadline(time.Now().Add(l.lim.Timeout)); err != nil {
 			return nil, err
 		}
+		// The socket's deadline bounds reads and writes, not a GetCertificate that waits: an ACME
+		// order in progress (certmagic's lock, held through its retries) held handshakes, and their
+		// slots, for minutes, and with TLS-ALPN-01 the order's own challenge then found no slot
+		// (found with the real binary and pebble). The hello's context ends with the timeout too.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.lim.Timeout)
+		defer cancel()
 	}
 	c := tls.Server(raw, l.config)
-	if err := c.HandshakeContext(l.ctx); err != nil {
+	if err := c.HandshakeContext(ctx); err != nil {
 		answerPlainHTTP(err)
 		return nil, err
 	}

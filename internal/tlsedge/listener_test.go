@@ -2,6 +2,7 @@ package tlsedge
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -301,5 +302,44 @@ func TestPlainHTTPToTLS(t *testing.T) {
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil || line != "HTTP/1.0 400 Bad Request\r\n" {
 		t.Errorf("answer %q, %v; want 400", line, err)
+	}
+}
+
+// waitingSource is a Source whose every hello waits, as one for a host whose ACME order is in
+// progress does (certmagic's lock, held through the order's retries), until the hello's context ends.
+type waitingSource struct{ ended chan error }
+
+func (s *waitingSource) GetCertificate(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	<-h.Context().Done()
+	s.ended <- h.Context().Err()
+	return nil, h.Context().Err()
+}
+
+// TestWaitingCertificateIsBoundedByTheTimeout: a hello that waits for its certificate ends at the
+// handshake timeout, and gives back its slot, like one that sends nothing. Found with the real binary
+// and pebble: handshakes for a host whose order was in progress waited for minutes, held every slot,
+// refused hosts served from files, and with TLS-ALPN-01 kept the order's own challenge out.
+func TestWaitingCertificateIsBoundedByTheTimeout(t *testing.T) {
+	ca := tlstest.NewCA(t)
+	src := &waitingSource{ended: make(chan error, 1)}
+	e := New(Settings{Certs: loadCerts(t, ca, tlstest.Leaf{Label: "A", Names: []string{"a.test"}}), SourceHosts: []string{"slow.test"}},
+		Options{Source: src})
+	s := startTLS(t, e, Limits{Timeout: 300 * time.Millisecond, Max: 1}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	go func() {
+		c, err := tls.Dial("tcp", s.addr(), &tls.Config{ServerName: "slow.test", RootCAs: ca.Pool()})
+		if err == nil {
+			c.Close()
+		}
+	}()
+	select {
+	case err := <-src.ended:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the waiting hello ended with %v, want its deadline", err)
+		}
+	case <-time.After(patience):
+		t.Fatal("a hello waiting for its certificate was not ended by the handshake timeout")
+	}
+	if _, label, err := get(client(t, ca, s.addr(), true, nil), "https://a.test/"); err != nil || label != "A" {
+		t.Fatalf("a host served from a file, after: %q, %v", label, err)
 	}
 }
