@@ -93,9 +93,24 @@ func tlsSettings(cfg *registry.Config, acme acmeHooks) (tlsedge.Settings, []stri
 	}
 	s := tlsedge.Settings{Certs: certs, RedirectHTTP: cfg.RedirectHTTP}
 	if acme.source != nil {
-		s.SourceHosts = cfg.ExactHosts()
+		s.SourceHosts = acmeHosts(cfg, certs)
 	}
 	return s, append(warnings, tlsWarnings(cfg, certs)...), nil
+}
+
+// acmeHosts are the hosts ACME gets certificates for: the config's exact hosts, less IP addresses
+// (a hello to one carries no server name, so its certificate would never be chosen, and the redirect
+// pointed at a handshake that could only fail) and less those a certificate file carries (the file
+// wins every hello for them). Found with the real binary and pebble: both were ordered, for nothing.
+func acmeHosts(cfg *registry.Config, certs *tlsedge.Certs) []string {
+	var out []string
+	for _, h := range cfg.ExactHosts() {
+		if _, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil || certs.Covers(h) {
+			continue
+		}
+		out = append(out, h)
+	}
+	return out
 }
 
 // tlsWarnings are what is wrong, though servable, in how cfg's hosts get certificates: a wildcard host
@@ -125,6 +140,9 @@ func newTLSSide(cfg *registry.Config, log *slog.Logger) (*tlsSide, tlsedge.Setti
 	s, warnings, err := tlsSettings(cfg, acme)
 	if err != nil {
 		return nil, tlsedge.Settings{}, err
+	}
+	if acme.setHosts != nil {
+		acme.setHosts(s.SourceHosts) // the hosts ACME serves (acmeHosts), before Run orders any
 	}
 	for _, w := range warnings {
 		log.Warn(w)
@@ -192,7 +210,13 @@ func (a tlsApplier) watchedFiles() []string { return a.tls.watchedFiles() }
 
 func (a tlsApplier) Apply(cfg *registry.Config) error {
 	if cfg.ListenTLS == "" {
-		return a.applier.Apply(cfg)
+		// The TLS listener runs on until a restart (the reload warns), with its certificates; a
+		// redirect to it would outlive the config that asked for it.
+		if err := a.applier.Apply(cfg); err != nil {
+			return err
+		}
+		a.tls.edge.StopRedirect()
+		return nil
 	}
 	s, warnings, err := tlsSettings(cfg, a.tls.acme)
 	if err != nil {
@@ -203,7 +227,7 @@ func (a tlsApplier) Apply(cfg *registry.Config) error {
 	}
 	a.tls.edge.Reload(s)
 	if a.tls.acme.setHosts != nil {
-		a.tls.acme.setHosts(cfg.ExactHosts())
+		a.tls.acme.setHosts(s.SourceHosts)
 	}
 	a.tls.mu.Lock()
 	a.tls.files = cleanPaths(s.Certs.Files())

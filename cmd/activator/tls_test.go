@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tlsedge"
 	"github.com/activator/activator/internal/tlsedge/tlstest"
 	"github.com/coder/websocket"
 )
@@ -476,4 +478,29 @@ func TestTLSHTTP1Framing(t *testing.T) {
 			wantFields(t, method+" over HTTP/1.1 over TLS", got, edgeOwn("127.0.0.1", "https"))
 		}
 	})
+}
+
+// TestACMEHosts: ACME orders certificates for the config's exact hosts, less IP addresses (a hello to
+// one names no server, so its certificate is never chosen, and the redirect sent plain clients to a
+// handshake that failed) and less those a certificate file carries, exactly or by wildcard (the file
+// wins every hello for them). Found with the real binary and pebble: both were ordered, for nothing.
+func TestACMEHosts(t *testing.T) {
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	files := []registry.CertFile{
+		ca.Write(t, dir, "other", tlstest.Leaf{Label: "O", Names: []string{"other.test", "*.wild.test"}}),
+	}
+	certs, _, err := tlsedge.LoadCerts(files, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &registry.Config{Routes: []*registry.Route{
+		{Name: "a", Hosts: []string{"app.test", "127.0.0.1", "[::1]", "other.test", "x.wild.test"}},
+		{Name: "b", Hosts: []string{"shop.test", "*.any.test"}},
+	}}
+	got := acmeHosts(cfg, certs)
+	slices.Sort(got)
+	if want := []string{"app.test", "shop.test"}; !slices.Equal(got, want) {
+		t.Errorf("acmeHosts = %q, want %q", got, want)
+	}
 }

@@ -100,6 +100,16 @@ func (e *Edge) Reload(s Settings) {
 	e.now.Store(n)
 }
 
+// StopRedirect ends the plain listener's redirects, keeping the certificates in force: for a reload
+// that drops listen_tls, whose listener runs on until a restart. An operator who removed redirect_http
+// with it still got every plain request redirected (found with the real binary).
+func (e *Edge) StopRedirect() {
+	cur := e.now.Load()
+	n := *cur
+	n.redirect = false
+	e.now.Store(&n)
+}
+
 // TLSConfig is the server's tls.Config: TLS 1.2 and later, Go's cipher suites, ALPN h2 and http/1.1
 // (and acme-tls/1 with a Source), session tickets on, and the certificate chosen per hello from the
 // Settings in force. Serve every connection with this one Config, uncopied: Go's session ticket keys

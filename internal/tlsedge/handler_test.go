@@ -123,4 +123,11 @@ func TestRedirectFollowsReload(t *testing.T) {
 	if a, b := code("a.test"), code("b.test"); a != 404 || b != 308 {
 		t.Errorf("after the reload: a.test %d, b.test %d; want 404, 308", a, b)
 	}
+	// A reload that drops listen_tls (and redirect_http with it) ends the redirects: the listener runs
+	// on until a restart, but the config no longer asks for them (they went on, found with the real
+	// binary).
+	e.StopRedirect()
+	if b := code("b.test"); b != 404 {
+		t.Errorf("after StopRedirect: b.test %d, want 404", b)
+	}
 }
