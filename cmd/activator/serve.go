@@ -528,7 +528,14 @@ func watchFiles(l *reloadLoop, w *fsnotify.Watcher, fw fileWatcher, log *slog.Lo
 		}
 	}
 	watchDirs()
-	l.others = func(name string) bool { return slices.Contains(fw.watchedFiles(), filepath.Clean(name)) }
+	// Any change in a certificate's directory, not only to the file's own name: a Kubernetes secret
+	// volume swaps a "..data" symlink that the files resolve through, and certbot's live/ directory
+	// holds symlinks to archive/; both replaced the served files without a reload (found with the
+	// real binary). A reload that finds the same files changes nothing.
+	l.others = func(name string) bool {
+		dir := filepath.Dir(filepath.Clean(name))
+		return slices.ContainsFunc(fw.watchedFiles(), func(f string) bool { return filepath.Dir(f) == dir })
+	}
 	l.afterReload = watchDirs
 }
 
@@ -635,10 +642,14 @@ func (l *reloadLoop) drain() {
 	}
 }
 
-// touches reports whether ev may have changed the config file, or another file it names (others).
+// touches reports whether ev may have changed the config file, or another file it names (others). A
+// removal counts for the others: a directory the files were in, removed and made anew, is watched
+// again only after the reload it triggers.
 func (l *reloadLoop) touches(ev fsnotify.Event) bool {
-	mine := filepath.Base(ev.Name) == l.file || l.others != nil && l.others(ev.Name)
-	return mine && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
+	if filepath.Base(ev.Name) == l.file {
+		return ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
+	}
+	return l.others != nil && l.others(ev.Name) && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) != 0
 }
 
 // Host checks run this many at a time, each within checkBound: a route whose BMC or bus does not

@@ -504,3 +504,43 @@ func TestACMEHosts(t *testing.T) {
 		t.Errorf("acmeHosts = %q, want %q", got, want)
 	}
 }
+
+// TestTLSRenewalThroughSymlinks: certificate files served through a symlinked directory, swapped as a
+// Kubernetes secret volume does (a "..data" symlink renamed over the old one), reload on the swap.
+// Found with the real binary: only events on the files' own names reloaded, and the swap changes none.
+func TestTLSRenewalThroughSymlinks(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	leaf := func(label string) tlstest.Leaf { return tlstest.Leaf{Label: label, Names: []string{"k8s.test"}} }
+	for _, v := range []string{"v1", "v2"} {
+		if err := os.Mkdir(filepath.Join(dir, v), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		ca.Write(t, filepath.Join(dir, v), "tls", leaf(v))
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Symlink("v1", filepath.Join(dir, "..data")))
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		must(os.Symlink(filepath.Join("..data", f), filepath.Join(dir, f)))
+	}
+	files := registry.CertFile{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
+	tlsAddr := freeLoopbackAddr(t)
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "")+configYAML(t, appRoute{Name: "k8s"}))
+	if got := presented(t, tlsAddr, "k8s.test"); got != "v1" {
+		t.Fatalf("before the swap: %s", got)
+	}
+	must(os.Symlink("v2", filepath.Join(dir, "..data_tmp")))
+	must(os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	if recs := s.waitLogged("config reloaded", 1); recs[0]["trigger"] != "file change" {
+		t.Errorf("the reload was triggered by %v, want the file watch", recs[0]["trigger"])
+	}
+	if got := presented(t, tlsAddr, "k8s.test"); got != "v2" {
+		t.Errorf("after the swap, a new handshake got %s, want v2", got)
+	}
+}
