@@ -1,14 +1,19 @@
 package tlsedge
 
 import (
+	"crypto"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -115,13 +120,53 @@ func loadPair(key string, f registry.CertFile) (*tls.Certificate, error) {
 			return nil, &CertError{Key: key + ".cert_file", File: f.CertFile, Err: err}
 		}
 	}
+	// A key Go refuses to sign with (RSA under 1024 bits) loads, and fails every handshake it is
+	// chosen for, with a "handshake failure" to the client and the cause at debug level only (found
+	// with the real binary): sign once now.
+	if signer, ok := cert.PrivateKey.(crypto.Signer); ok {
+		digest := sha256.Sum256([]byte("activator: can this key sign?"))
+		if _, err := signer.Sign(rand.Reader, digest[:], crypto.SHA256); err != nil {
+			return nil, &CertError{Key: key + ".key_file", File: f.KeyFile, Err: fmt.Errorf("the key cannot sign a handshake: %w", err)}
+		}
+	}
 	return &cert, nil
+}
+
+// maxCertFileBytes bounds a certificate or key file: a chain is a few kilobytes.
+const maxCertFileBytes = 1 << 20
+
+// readSmallFile reads a regular file of at most maxCertFileBytes. A FIFO named as cert_file hung
+// check (and would hang every reload), and /dev/zero ran it out of memory (found with the real
+// binary).
+func readSmallFile(file string) ([]byte, error) {
+	// Stat first: opening a FIFO blocks until a writer comes. O_NONBLOCK makes a FIFO swapped in
+	// between open at once, to be refused by the second look.
+	if fi, err := os.Stat(file); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
+	}
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxCertFileBytes+1))
+	if err == nil && len(b) > maxCertFileBytes {
+		err = fmt.Errorf("larger than %d KiB", maxCertFileBytes>>10)
+	}
+	return b, err
 }
 
 // readPEM reads a certificate file (wantKey false) or a key file, checking that it holds the PEM block
 // it should: the usual mistakes (DER, the two files swapped, an encrypted key) get a hint.
 func readPEM(key, file string, wantKey bool) ([]byte, error) {
-	b, err := os.ReadFile(file)
+	b, err := readSmallFile(file)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, &CertError{Key: key, File: file, Err: errors.New("no such file")}

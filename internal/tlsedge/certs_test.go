@@ -1,11 +1,17 @@
 package tlsedge
 
 import (
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +47,11 @@ func loadCases(t *testing.T) []loadCase {
 		return p
 	}
 	garbage := write("garbage.pem", "not a certificate\n")
+	fifo := filepath.Join(dir, "fifo.pem")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	weak := weakPair(t, dir)
 	encrypted := write("encrypted.key", "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n")
 	missing := filepath.Join(dir, "missing.pem")
 
@@ -67,6 +78,11 @@ func loadCases(t *testing.T) []loadCase {
 			[]string{"tls.certificates[0].cert_file: " + early.CertFile + ": not valid before"}, 1},
 		{"no names, first", []registry.CertFile{noNames, good}, nil, []string{"served only as the default"}, 2},
 		{"no names, not first", []registry.CertFile{good, noNames}, nil, []string{"it is never served"}, 2},
+		// Found with the real binary: a FIFO hung check, and a key Go will not sign with loaded and
+		// failed every handshake.
+		{"a FIFO", []registry.CertFile{{CertFile: fifo, KeyFile: good.KeyFile}},
+			[]string{"tls.certificates[0].cert_file: " + fifo + ": not a regular file"}, nil, 0},
+		{"RSA 512", []registry.CertFile{weak}, []string{"tls.certificates[0].key_file: " + weak.KeyFile + ": the key cannot sign a handshake"}, nil, 0},
 		{"a name twice", []registry.CertFile{good, good}, nil, []string{"tls.certificates[1].cert_file: " + good.CertFile + ": good.test is also in tls.certificates[0]", "every name it carries is an earlier pair's"}, 2},
 	}
 }
@@ -220,4 +236,30 @@ func TestCovers(t *testing.T) {
 	if none.Covers("a.test") || none.Default() != nil || none.Files() != nil {
 		t.Error("a nil *Certs covers something")
 	}
+}
+
+// weakPair writes a self-signed certificate with a 512-bit RSA key, which Go only makes, and signs
+// with, under GODEBUG=rsa1024min=0.
+func weakPair(t *testing.T, dir string) registry.CertFile {
+	t.Helper()
+	t.Setenv("GODEBUG", "rsa1024min=0")
+	key, err := rsa.GenerateKey(rand.Reader, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"weak.test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GODEBUG", "")
+	f := registry.CertFile{CertFile: filepath.Join(dir, "weak.crt"), KeyFile: filepath.Join(dir, "weak.key")}
+	for file, blk := range map[string]*pem.Block{f.CertFile: {Type: "CERTIFICATE", Bytes: der},
+		f.KeyFile: {Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}} {
+		if err := os.WriteFile(file, pem.EncodeToMemory(blk), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
 }
