@@ -44,7 +44,10 @@ func newACME(cfg *registry.Config, log *slog.Logger) (acmeHooks, error) {
 	}
 	m, err := acme.New(acme.Options{ACME: cfg.TLS.ACME, Hosts: cfg.ExactHosts(), HTTPAddr: cfg.Listen, TLSAddr: cfg.ListenTLS}, log)
 	if err != nil {
-		return acmeHooks{}, fmt.Errorf("tls.acme: %w", err)
+		if !strings.HasPrefix(err.Error(), "tls.acme") { // most name their key already
+			err = fmt.Errorf("tls.acme: %w", err)
+		}
+		return acmeHooks{}, err
 	}
 	return acmeHooks{source: m, challenge: m.HTTPChallengeHandler, setHosts: m.SetHosts, run: m.Run}, nil
 }
@@ -248,7 +251,12 @@ func checkTLS(cfg *registry.Config) (problems, warnings []string) {
 	for _, e := range registry.Errors(err) {
 		problems = append(problems, e.Error())
 	}
-	return problems, append(warnings, tlsWarnings(cfg, certs)...)
+	// What acme.New would refuse at serve (ca_root, storage): check passed configs serve refused.
+	acmeProblems, acmeWarnings := acme.Check(acme.Options{ACME: cfg.TLS.ACME, Hosts: cfg.ExactHosts(), HTTPAddr: cfg.Listen, TLSAddr: cfg.ListenTLS})
+	for _, e := range acmeProblems {
+		problems = append(problems, e.Error())
+	}
+	return problems, append(append(warnings, acmeWarnings...), tlsWarnings(cfg, certs)...)
 }
 
 // joinedListener is two listeners as one: the edge's plain and TLS listeners behind one http.Server and

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // storageDir resolves tls.acme.storage: set as set; else $STATE_DIRECTORY/acme (the first directory
@@ -41,4 +43,43 @@ func loadRoots(path string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("tls.acme.ca_root: %s holds no PEM certificate", path)
 	}
 	return pool, nil
+}
+
+// Check reports, without contacting the CA or creating anything, what New would refuse in opts: an
+// unreadable ca_root, an issuer it cannot build, a storage path that cannot be a directory or cannot
+// be written; and, as warnings, a storage directory others may write or read (it holds the account's
+// and the certificates' private keys). For `activator check`, which passed configs serve refused.
+func Check(opts Options) (problems []error, warnings []string) {
+	if opts.ACME == nil {
+		return nil, nil
+	}
+	roots, err := loadRoots(opts.ACME.CARoot)
+	if err != nil {
+		problems = append(problems, err)
+	} else if _, err := issuerTemplate(opts, roots); err != nil {
+		problems = append(problems, err)
+	}
+	dir, err := storageDir(opts.ACME.Storage, os.Getenv)
+	if err != nil {
+		return append(problems, err), warnings
+	}
+	// The directory, or the nearest of its parents that exists, must be a directory this user may
+	// write (New makes the rest with MkdirAll).
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if (errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR)) && p != filepath.Dir(p) {
+			continue
+		}
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Errorf("tls.acme.storage: %w", err))
+		case !fi.IsDir():
+			problems = append(problems, fmt.Errorf("tls.acme.storage: %s: %s is not a directory", dir, p))
+		case unix.Access(p, unix.W_OK|unix.X_OK) != nil:
+			problems = append(problems, fmt.Errorf("tls.acme.storage: %s: %s is not writable by this user", dir, p))
+		case p == dir && fi.Mode().Perm()&0o077 != 0:
+			warnings = append(warnings, fmt.Sprintf("tls.acme.storage: %s is mode %04o: others may read the private keys in it (the activator makes it 0700)", dir, fi.Mode().Perm()))
+		}
+		return problems, warnings
+	}
 }

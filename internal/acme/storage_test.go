@@ -1,6 +1,7 @@
 package acme
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,50 @@ func TestIssuerTemplate(t *testing.T) {
 				tc.http, tc.tls, got.ListenHost, got.AltHTTPPort, got.AltTLSALPNPort, got.DisableHTTPChallenge,
 				got.DisableTLSALPNChallenge, got.Agreed, tc.host, tc.httpPort, tc.tlsPort, tc.noHTTP, tc.noTLS)
 		}
+	}
+}
+
+// TestCheck: Check reports, creating nothing, what New would refuse: the same ca_root problems, and a
+// storage path under a file or in a directory this user cannot write; and warns of a storage
+// directory others may read. check passed such configs that serve then refused (found with the real
+// binary).
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loose := filepath.Join(dir, "loose")
+	if err := os.Mkdir(loose, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(loose, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	acme := func(storage, root string) Options {
+		return Options{ACME: &registry.ACME{CA: registry.DefaultACMECA, Storage: storage, CARoot: root}}
+	}
+	for _, tc := range []struct {
+		name             string
+		opts             Options
+		problem, warning string
+	}{
+		{"good, to be made", acme(filepath.Join(dir, "new", "acme"), ""), "", ""},
+		{"root missing", acme(filepath.Join(dir, "s"), filepath.Join(dir, "nope.pem")), "tls.acme.ca_root: open", ""},
+		{"under a file", acme(filepath.Join(file, "x"), ""), "a-file is not a directory", ""},
+		{"loose", acme(loose, ""), "", "mode 0777"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			problems, warnings := Check(tc.opts)
+			if got := errors.Join(problems...); (tc.problem == "") != (got == nil) || got != nil && !strings.Contains(got.Error(), tc.problem) {
+				t.Errorf("problems %v, want %q", got, tc.problem)
+			}
+			if got := strings.Join(warnings, "; "); !strings.Contains(got, tc.warning) || (tc.warning == "") != (got == "") {
+				t.Errorf("warnings %q, want %q", got, tc.warning)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Check made the storage directory (%v)", err)
 	}
 }
