@@ -5,13 +5,15 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 
 	"go.uber.org/zap/zapcore"
 )
 
 // slogCore is a zapcore.Core that writes to an slog.Handler: certmagic logs through zap, the edge
-// through slog. certmagic's Info (locks taken, challenges served) becomes Debug: the Manager logs
-// each certificate obtained and each failure at Info and Error itself.
+// through slog. certmagic's Info (locks taken, challenges served) becomes Debug, and its Error Warn:
+// the Manager logs each certificate obtained and each failure at Info and Error itself, and one
+// failed order was five ERROR lines of certmagic's besides (found by an operator trial).
 type slogCore struct{ h slog.Handler }
 
 var _ zapcore.Core = slogCore{}
@@ -33,8 +35,8 @@ func (c slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Chec
 
 func (c slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	r := slog.NewRecord(e.Time, slogLevel(e.Level), e.Message, 0)
-	if e.LoggerName != "" {
-		r.AddAttrs(slog.String("logger", e.LoggerName))
+	if name := strings.TrimLeft(e.LoggerName, "."); name != "" { // certmagic names some ".acme_client"
+		r.AddAttrs(slog.String("logger", name))
 	}
 	r.AddAttrs(attrs(fields)...)
 	return c.h.Handle(context.Background(), r)
@@ -46,10 +48,8 @@ func slogLevel(l zapcore.Level) slog.Level {
 	switch {
 	case l < zapcore.WarnLevel:
 		return slog.LevelDebug
-	case l == zapcore.WarnLevel:
-		return slog.LevelWarn
 	}
-	return slog.LevelError
+	return slog.LevelWarn
 }
 
 // attrs are fields as slog attributes, in key order.
