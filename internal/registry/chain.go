@@ -186,34 +186,33 @@ type Owned struct{ Key, Value string }
 // written, after the backing's defaults and cleaning.
 func checkOwned(l *errs, e *entry, owned map[string]string) {
 	r := e.r
-	type owner struct {
-		who      string
-		settings any
-	}
-	var list []owner
-	if r.Fleet != nil {
-		for _, m := range r.Fleet.Members {
-			list = append(list, owner{fmt.Sprintf("%s %q member %q", e.kind(), r.Name, m.Name), m.Settings})
+	if r.Fleet == nil {
+		ow, ok := r.Settings.(Owner) // asked first: most backings own nothing, and 100,000 routes must cost nothing
+		if ok {
+			checkOwner(l, e, ow, func() string { return fmt.Sprintf("%s %q", e.kind(), r.Name) }, owned)
 		}
-	} else {
-		list = append(list, owner{fmt.Sprintf("%s %q", e.kind(), r.Name), r.Settings})
+		return
 	}
-	for _, o := range list {
-		ow, ok := o.settings.(Owner)
-		if !ok {
+	for _, m := range r.Fleet.Members {
+		if ow, ok := m.Settings.(Owner); ok {
+			checkOwner(l, e, ow, func() string { return fmt.Sprintf("%s %q member %q", e.kind(), r.Name, m.Name) }, owned)
+		}
+	}
+}
+
+// checkOwner is checkOwned for one owner: who names it, in an error or in owned.
+func checkOwner(l *errs, e *entry, ow Owner, who func() string, owned map[string]string) {
+	r := e.r
+	for _, it := range ow.Owns() {
+		if it.Value == "" {
 			continue
 		}
-		for _, it := range ow.Owns() {
-			if it.Value == "" {
-				continue
-			}
-			key := r.Backing + "." + it.Key
-			if prev, dup := owned[it.Value]; dup {
-				e.add(l, key, KeyLine(e.n, r.Backing), "%s %q is also that of %s: no two may share it", it.Key, it.Value, prev)
-				continue
-			}
-			owned[it.Value] = fmt.Sprintf("%s (%s)", o.who, key)
+		key := r.Backing + "." + it.Key
+		if prev, dup := owned[it.Value]; dup {
+			e.add(l, key, KeyLine(e.n, r.Backing), "%s %q is also that of %s: no two may share it", it.Key, it.Value, prev)
+			continue
 		}
+		owned[it.Value] = fmt.Sprintf("%s (%s)", who(), key)
 	}
 }
 
