@@ -190,6 +190,28 @@ func cmdStatus(args []string) int {
 		}
 		routes, rest = append(routes, fs.Arg(0)), fs.Args()[1:]
 	}
+	// Found by an operator trial, each silently taken: --count -1 watched for ever, --interval 1ns
+	// polled the admin API in a loop, --count and --interval without --watch did nothing, --json
+	// with --names printed names, and --state '' listed every route.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var usage string
+	switch {
+	case (set["count"] || set["interval"]) && !*watch:
+		usage = "--count and --interval go with --watch"
+	case *count < 0:
+		usage = fmt.Sprintf("--count must be 0 (until interrupted) or more, got %d", *count)
+	case *watch && *interval < minWatchInterval:
+		usage = fmt.Sprintf("--interval must be at least %v, got %v", minWatchInterval, *interval)
+	case *names && (*asJSON || *watch):
+		usage = "--names prints names only: not with --json or --watch"
+	case set["state"] && strings.TrimSpace(*state) == "":
+		usage = "--state is empty; leave it out for every route"
+	}
+	if usage != "" {
+		fmt.Fprintln(os.Stderr, "activator status:", usage)
+		return 2
+	}
 	c, err := client()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activator status:", err)
@@ -200,10 +222,6 @@ func cmdStatus(args []string) int {
 	case *names:
 		return printNames(c, listPath(routes, *state, true))
 	case *watch:
-		if *interval <= 0 {
-			fmt.Fprintln(os.Stderr, "activator status: --interval must be positive")
-			return 2
-		}
 		return watchStatus(c, list, *interval, *count)
 	}
 	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
@@ -312,6 +330,9 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 	}
 	tw.Flush()
 }
+
+// minWatchInterval bounds how often status --watch asks the admin API.
+const minWatchInterval = 10 * time.Millisecond
 
 func cmdAct(verb string, args []string) int {
 	fs := flag.NewFlagSet(verb, flag.ContinueOnError)

@@ -53,7 +53,8 @@ func TestPrintStatus(t *testing.T) {
 
 // TestOneRouteAtATime: a verb given two routes (or check given a stray argument) is a usage error
 // (exit 2) before it talks to anything; before, `activator wake a b` woke a alone and exited 0.
-// explain's --last is bounded by what a route keeps.
+// explain's --last is bounded by what a route keeps, and status refuses flags it would ignore or
+// that would poll without end.
 func TestOneRouteAtATime(t *testing.T) {
 	admin := "--admin=127.0.0.1:1" // nothing listens: a call would fail with 1, not 2
 	cases := []struct {
@@ -66,6 +67,11 @@ func TestOneRouteAtATime(t *testing.T) {
 		{"explain a b", func() int { return cmdExplain([]string{"a", "b", admin}) }},
 		{"explain --last 51", func() int { return cmdExplain([]string{"a", "--last", "51", admin}) }},
 		{"check --config x extra", func() int { return cmdCheck([]string{"--config", "x.yaml", "extra"}) }},
+		{"status --watch --count -1", func() int { return cmdStatus([]string{"--watch", "--count", "-1", admin}) }},
+		{"status --watch --interval 1ns", func() int { return cmdStatus([]string{"--watch", "--interval", "1ns", admin}) }},
+		{"status --count 3 without --watch", func() int { return cmdStatus([]string{"--count", "3", admin}) }},
+		{"status --names --json", func() int { return cmdStatus([]string{"--names", "--json", admin}) }},
+		{"status --state ''", func() int { return cmdStatus([]string{"--state", "", admin}) }},
 	}
 	for _, c := range cases {
 		if code := c.run(); code != 2 {
