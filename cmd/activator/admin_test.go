@@ -109,6 +109,10 @@ func TestAdminToken(t *testing.T) {
 	if code := cmdStatus([]string{"--admin", admin}); code != 1 {
 		t.Errorf("activator status with a wrong token: exit %d, want 1", code)
 	}
+	// It says the token was refused, not that one is wanted (an operator trial was told the latter).
+	if code, out := runMain(t, "status", "--admin", admin); code != 1 || !strings.Contains(out, "refused the bearer token") {
+		t.Errorf("activator status with a wrong token: exit %d, output:\n%s\nwant 1 saying the token was refused", code, out)
+	}
 }
 
 // runMain runs this test binary as `activator args...` and returns its exit code and output.

@@ -398,7 +398,11 @@ func (c *adminClient) call(method, path string, timeout time.Duration) ([]byte, 
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode == http.StatusUnauthorized {
-		err = fmt.Errorf("the admin API wants a bearer token (--token-file, $%s or --config): %s", registry.AdminTokenEnv, strings.TrimSpace(string(b)))
+		if c.token != "" { // a token went, and was refused: asking for one misleads
+			err = fmt.Errorf("the admin API refused the bearer token given (--token-file, $%s or --config): %s", registry.AdminTokenEnv, strings.TrimSpace(string(b)))
+		} else {
+			err = fmt.Errorf("the admin API wants a bearer token (--token-file, $%s or --config): %s", registry.AdminTokenEnv, strings.TrimSpace(string(b)))
+		}
 	}
 	return b, resp.StatusCode, err
 }
