@@ -95,6 +95,11 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 	})
 	r.Post("/routes/{name}/wake", func(w http.ResponseWriter, req *http.Request) {
 		name := chi.URLParam(req, "name")
+		in := s.instance(name) // the route first, as for /wakes: an unknown route is 404 whatever the query
+		if in == nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
+			return
+		}
 		q, err := adminQuery(req, "wait")
 		if err == nil && q.Has("wait") && q.Get("wait") != "true" && q.Get("wait") != "false" {
 			err = fmt.Errorf("wait: want true or false, got %q", q.Get("wait"))
@@ -104,11 +109,6 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 			return
 		}
 		if q.Get("wait") == "false" {
-			in := s.instance(name)
-			if in == nil {
-				writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such route: " + name})
-				return
-			}
 			in.kick()
 			writeJSON(w, http.StatusAccepted, in.status())
 			return
