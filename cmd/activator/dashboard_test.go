@@ -45,7 +45,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -662,24 +661,6 @@ type promServer struct {
 	exited chan struct{} // closed once the process has been waited for
 }
 
-// lockedBuffer collects a child's output while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startPrometheus runs prometheus scraping target (host:port, /metrics) every second and evaluating
 // rulesFile every second, on a fresh TSDB, and returns once it is ready. It is killed at cleanup; its
 // log is printed if the test failed.
@@ -712,7 +693,7 @@ scrape_configs:
 	addr := freeLoopbackAddr(t)
 	cmd := exec.Command(bin, append([]string{"--config.file=" + cfg, "--storage.tsdb.path=" + filepath.Join(dir, "data"),
 		"--web.listen-address=" + addr, "--log.level=warn"}, flags...)...)
-	out := &lockedBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start prometheus: %v", err)

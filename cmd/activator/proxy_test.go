@@ -114,7 +114,7 @@ func startHAProxy(t *testing.T, bin, config string, lns ...*net.TCPListener) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-db", "-f", path)
-	out := &lockedBuffer{} // dashboard_test.go
+	out := &testenv.SyncBuffer{} // dashboard_test.go
 	cmd.Stdout, cmd.Stderr = out, out
 	for _, ln := range lns {
 		f, err := ln.File() // a duplicate: the child's from here on

@@ -2,7 +2,6 @@ package activator
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,12 +12,12 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // hygienePatience bounds the tests' socket reads; it is never waited out when the edge behaves.
@@ -285,24 +284,6 @@ func TestAmbiguousFramingClosesConnection(t *testing.T) {
 
 func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
 
-// syncBuffer is a log sink the test reads while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestUpstreamErrorBodyHasNoAddress: a tenant that refuses connections, or resets them, gets the
 // client a 502 that names the route and the class of the failure, in every body format, and no
 // address or port; the route's log has the whole error.
@@ -338,7 +319,7 @@ func TestUpstreamErrorBodyHasNoAddress(t *testing.T) {
 		{refusedAddr, []string{"connection refused"}},
 		{resets.Addr().String(), []string{"connection reset", "connection closed before the answer"}},
 	} {
-		logs := &syncBuffer{}
+		logs := &testenv.SyncBuffer{}
 		r := testRoute("app")
 		r.Upstream.Address = up.addr
 		addr := edgeListen(t, serveRoutes(t, &fakeBackend{}, passGate{}, logs, r), true)

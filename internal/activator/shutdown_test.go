@@ -19,6 +19,7 @@ import (
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // closingBackend is a fakeBackend with the Closer ability, like the exec backing: Close ends a running
@@ -357,7 +358,7 @@ func (goneGate) Wait(ctx context.Context, gone <-chan struct{}) error {
 func TestShutdownCancelsTheWakeItCutsOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &closingBackend{}
-		var logs syncBuffer
+		var logs testenv.SyncBuffer
 		s := New(Options{Opener: routeProvider(map[string]tenant.Backend{"slow": b}), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			NewGate: func(*registry.Route) Gate { return goneGate{} }})
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("slow")}}); err != nil {

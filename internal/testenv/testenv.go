@@ -4,9 +4,11 @@
 package testenv
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/activator/activator/internal/registry"
@@ -55,4 +57,24 @@ func FreePort(t testing.TB) int {
 func FreeTCP(t testing.TB) registry.Upstream {
 	t.Helper()
 	return registry.Upstream{Network: "tcp", Address: fmt.Sprintf("127.0.0.1:%d", FreePort(t))}
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writes and reads: a log sink or a child's output
+// that goroutines write while the test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

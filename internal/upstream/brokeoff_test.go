@@ -2,34 +2,16 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/activator/activator/internal/testenv"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the log's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestBrokenOffAnswerIsLogged: a tenant that dies mid-body (a head promising 100,000 bytes, 70 of
 // them, then the connection closed) leaves its client with a closed connection, which is all the
@@ -47,7 +29,7 @@ func TestBrokenOffAnswerIsLogged(t *testing.T) {
 		_, _ = io.Copy(io.Discard, req.Body)
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("x", 70))
 	})
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	c := New(Options{Network: "tcp", Address: addr, MaxConns: 4, ErrorHandler: failed,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil)).With("route", "crash")})
 	t.Cleanup(c.CloseIdle)

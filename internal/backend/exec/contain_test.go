@@ -65,6 +65,18 @@ func testRoot(t testing.TB) string {
 // contained returns a cgroup Containment over a fresh testRoot, closed when the test ends.
 func contained(t testing.TB) *Containment {
 	t.Helper()
+	_, c := containAt(t)
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Containment.Close: %v", err)
+		}
+	})
+	return c
+}
+
+// containAt returns a cgroup Containment over a fresh testRoot, and the root: the test closes it.
+func containAt(t testing.TB) (string, *Containment) {
+	t.Helper()
 	root := testRoot(t)
 	c, err := Contain(context.Background(), root, testLogger(t))
 	if err != nil {
@@ -73,12 +85,7 @@ func contained(t testing.TB) *Containment {
 	if !c.cgroup {
 		testenv.Missing(t, "no cgroup containment: %s", c.reason)
 	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Containment.Close: %v", err)
-		}
-	})
-	return c
+	return root, c
 }
 
 // newShellFixture is newFixture for a tenant started through /bin/sh -c script, with $0 the test
@@ -536,14 +543,7 @@ func TestUsageSkipsIdleRoutes(t *testing.T) {
 // group removed, before the activator exits. Found with the real binary: after a SIGTERM whose grace
 // ended mid-stop, a tenant's setsid child ran on in the cgroup, three runs in three.
 func TestCloseKillsTenantsLeft(t *testing.T) {
-	root := testRoot(t)
-	c, err := Contain(context.Background(), root, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.cgroup {
-		testenv.Missing(t, "no cgroup containment: %s", c.reason)
-	}
+	_, c := containAt(t)
 	f := newShellFixture(t, testenv.FreeTCP(t), escapees, "", Options{Containment: c})
 	f.wake(t)
 	backendtest.Get(t, f.subject())
@@ -564,14 +564,7 @@ func TestCloseKillsTenantsLeft(t *testing.T) {
 // refused. Before, the lock stayed on the removed directory, and a second activator started, took
 // the new root and killed the first one's tenant as an orphan.
 func TestRootRemovedIsLockedAgain(t *testing.T) {
-	root := testRoot(t)
-	c, err := Contain(context.Background(), root, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.cgroup {
-		testenv.Missing(t, "no cgroup containment: %s", c.reason)
-	}
+	root, c := containAt(t)
 	defer c.Close()
 	must := func(err error) {
 		t.Helper()

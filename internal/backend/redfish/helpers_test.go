@@ -1,14 +1,12 @@
 package redfish
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 const (
@@ -25,30 +24,12 @@ const (
 	budget       = time.Minute // generous upper bound for every wake and sleep in tests
 )
 
-// syncBuffer is a log sink safe for the backend's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is one simulated BMC and a backend pointed at it.
 type env struct {
 	sim   *redfishtest.Server
 	b     *Backend
 	s     *Settings
-	logs  *syncBuffer
+	logs  *testenv.SyncBuffer
 	addr  string // the node service's address
 	route *registry.Route
 	// sleepNotes are what the last sleep noted (tenant.NoteSleep), and sleepForced whether it marked
@@ -69,7 +50,7 @@ type envConfig struct {
 
 func newEnv(t testing.TB, c envConfig) *env {
 	t.Helper()
-	e := &env{logs: &syncBuffer{}}
+	e := &env{logs: &testenv.SyncBuffer{}}
 	o := c.sim
 	o.TLS = c.tls
 	if o.Username == "" {
