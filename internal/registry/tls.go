@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults of the TLS listener's limits.
@@ -111,10 +113,17 @@ func (c topCheck) checkTLS(listenTLS string, redirect bool, k tlsKeys) TLS {
 		}
 		t.Certificates = append(t.Certificates, CertFile{CertFile: cf.CertFile, KeyFile: cf.KeyFile})
 	}
-	if k.ACME != nil {
+	acme := c.node("tls", "acme")
+	switch {
+	case k.ACME != nil:
 		t.ACME = c.checkACME(k.ACME.Email, k.ACME.CA, k.ACME.Storage, k.ACME.CARoot)
+	case acme != nil && acme.Kind == yaml.ScalarNode && acme.Tag == "!!null":
+		// Decoded, `acme:` with no value is no ACME at all: often a block whose keys were commented
+		// out. Turning on a CA's orders (and its subscriber agreement) wants it said: {}.
+		c.add("tls.acme", "set with no value: write acme: {} for ACME with every default (Let's Encrypt, no contact email, the default storage), or give its keys (email, ca, storage, ca_root)")
 	}
-	has := len(t.Certificates) > 0 || t.ACME != nil
+	// A tls.acme that is there but wrong has its own problem: "needs tls.acme" beside it misleads.
+	has := len(t.Certificates) > 0 || t.ACME != nil || acme != nil
 	switch {
 	case listenTLS != "" && !has:
 		c.add("listen_tls", "needs certificates: tls.certificates (files) or tls.acme")
@@ -125,6 +134,31 @@ func (c topCheck) checkTLS(listenTLS string, redirect bool, k tlsKeys) TLS {
 		c.add("redirect_http", "needs listen_tls: plain HTTP can only be redirected to an HTTPS listener")
 	}
 	return t
+}
+
+// node is the value of the key at path in the document (each a mapping key), aliases followed; nil
+// when a key is not there.
+func (c topCheck) node(path ...string) *yaml.Node {
+	n := c.doc
+	if n != nil && n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	for _, key := range path {
+		if n == nil || n.Kind != yaml.MappingNode {
+			return nil
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				next = n.Content[i+1]
+			}
+		}
+		n = next
+		if n != nil && n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+	}
+	return n
 }
 
 func (c topCheck) checkACME(email, ca, storage, root string) *ACME {

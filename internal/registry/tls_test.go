@@ -68,3 +68,54 @@ func TestLoadTLSProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadTLSEmptyACME: an operator trial found `tls.acme:` with no value refused with "listen_tls:
+// needs certificates: tls.certificates (files) or tls.acme", beside the tls.acme it had just written.
+// An empty mapping (`acme: {}`) is ACME with every default; the key with no value at all (often a
+// block whose keys were commented out) is refused by its own name, saying what to write, and alone.
+func TestLoadTLSEmptyACME(t *testing.T) {
+	const listen = "listen_tls: 127.0.0.1:8443\n"
+	for _, tc := range []struct {
+		name, top string
+		want      []string // the whole list of problems; nil: it loads
+	}{
+		{"no value", listen + "tls:\n  acme:\n",
+			[]string{`line 3: tls.acme: set with no value: write acme: {} for ACME with every default (Let's Encrypt, no contact email, the default storage), or give its keys (email, ca, storage, ca_root)`}},
+		{"null", listen + "tls:\n  acme: null\n",
+			[]string{`line 3: tls.acme: set with no value: write acme: {}`}},
+		{"tilde, flow", listen + "tls: {acme: ~}\n",
+			[]string{`line 2: tls.acme: set with no value`}},
+		{"an alias of nothing", listen + "tls:\n  certificates: &none\n  acme: *none\n",
+			[]string{`line 4: tls.acme: set with no value`}},
+		{"no value beside files", listen + "tls:\n  certificates: [{cert_file: /a.pem, key_file: /a.key}]\n  acme:\n",
+			[]string{`line 4: tls.acme: set with no value`}},
+		{"a scalar", listen + "tls:\n  acme: true\n",
+			[]string{`line 3: tls.acme: want a mapping of keys, got "true"`}},
+		{"a list", listen + "tls:\n  acme: []\n",
+			[]string{`line 3: tls.acme: want a mapping of keys, got a list`}},
+		{"empty mapping", listen + "tls:\n  acme: {}\n", nil},
+		{"keys with no values", listen + "tls:\n  acme:\n    email:\n    ca:\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := problems(t, tc.top+oneRoute("hosts: [a.localhost]"), backings)
+			if len(got) != len(tc.want) {
+				t.Fatalf("problems\n%s\nwant %d:\n%s", strings.Join(got, "\n"), len(tc.want), strings.Join(tc.want, "\n"))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("problem %d: %s\nwant it to contain %s", i, got[i], w)
+				}
+			}
+			if tc.want != nil {
+				return
+			}
+			cfg, err := registry.Load([]byte(tc.top+oneRoute("hosts: [a.localhost]")), backings)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a := cfg.TLS.ACME; a == nil || a.CA != registry.DefaultACMECA || a.Email != "" || a.Storage != "" {
+				t.Errorf("tls.acme %+v, want every default", a)
+			}
+		})
+	}
+}
