@@ -8,14 +8,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 
 	"github.com/activator/activator/internal/acme"
 	"github.com/activator/activator/internal/registry"
@@ -329,3 +335,111 @@ func (j *joinedListener) Close() error {
 
 // Addr is the plain listener's address.
 func (j *joinedListener) Addr() net.Addr { return j.lns[0].Addr() }
+
+// certDirs watches the certificate files' directories for the reload loop (watchCertDirs). Any change
+// in one reloads: a renewal replaces the files by rename, a Kubernetes secret volume swaps a "..data"
+// symlink that the files resolve through, and certbot's live/ directory holds symlinks into archive/;
+// all of them replaced the served files without a reload when only the files' own names counted
+// (found with the real binary). A reload that finds the same files changes nothing.
+//
+// A directory can also go and come back (a deploy that removes it and writes it anew, or moves a new
+// one in): its watch ends with it. So each directory's parent is watched too, and while the directory
+// is missing, its nearest ancestor that exists: the directory's (or an ancestor's) coming back re-arms
+// the watches at once and reloads. Found with the real binary: a directory made after the reload of
+// its removal went unwatched until the next SIGHUP. It is used by the reload loop's goroutine only.
+type certDirs struct {
+	w   *fsnotify.Watcher
+	fw  fileWatcher
+	log *slog.Logger
+}
+
+// watchCertDirs has l reload on changes in fw's files' directories, watched with w (the config
+// file's watcher), and re-arms the watches after each reload, which may name other files.
+func watchCertDirs(l *reloadLoop, w *fsnotify.Watcher, fw fileWatcher, log *slog.Logger) {
+	c := &certDirs{w: w, fw: fw, log: log}
+	c.arm()
+	l.others = c.touches
+	l.afterReload = c.arm
+}
+
+// dirs are the directories of the files in force, each once.
+func (c *certDirs) dirs() []string {
+	var out []string
+	for _, f := range c.fw.watchedFiles() {
+		if d := filepath.Dir(f); !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// touches reports whether ev reloads: a change in a certificate's directory, or one of the directory
+// itself or of an ancestor (removed, made, moved), which also re-arms the watches.
+func (c *certDirs) touches(ev fsnotify.Event) bool {
+	if ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) == 0 {
+		return false
+	}
+	name := filepath.Clean(ev.Name)
+	dirs := c.dirs()
+	if slices.Contains(dirs, filepath.Dir(name)) {
+		return true
+	}
+	if !slices.ContainsFunc(dirs, func(d string) bool { return d == name || isUnder(d, name) }) {
+		return false
+	}
+	c.arm()
+	return true
+}
+
+// arm watches every certificate directory, and its parent; for a directory that is missing, its
+// nearest ancestor that exists. Watching a path already watched changes nothing.
+func (c *certDirs) arm() {
+	for _, d := range c.dirs() {
+		if err := c.armDir(d); err != nil {
+			c.log.Warn("certificate directory watching disabled; SIGHUP reloads it", "dir", d, "err", err)
+		}
+	}
+}
+
+// armDir watches d's nearest existing ancestor, then each directory below it down to d, as long as
+// they exist. Each is looked for only once its parent is watched: one made in between is then an event,
+// and none goes unseen, as with `mkdir -p` racing the watches.
+func (c *certDirs) armDir(d string) error {
+	p := filepath.Dir(d)
+	for {
+		err := c.w.Add(p)
+		if err == nil {
+			break
+		}
+		up := filepath.Dir(p)
+		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) || up == p {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		p = up // missing (maybe gone since): its parent will see it come back
+	}
+	for p != d {
+		rel, err := filepath.Rel(p, d)
+		if err != nil {
+			return err
+		}
+		first, _, _ := strings.Cut(rel, string(filepath.Separator))
+		next := filepath.Join(p, first)
+		if fi, err := os.Stat(next); err != nil || !fi.IsDir() {
+			return nil // not there (yet): its parent, watched, will tell when it is
+		}
+		if err := c.w.Add(next); err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+				return nil // gone again: its parent saw that too
+			}
+			return fmt.Errorf("%s: %w", next, err)
+		}
+		p = next
+	}
+	return nil
+}
+
+// isUnder reports whether path p is below dir.
+func isUnder(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}

@@ -500,12 +500,16 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 	l := &reloadLoop{
 		hup:    tr.hup,
 		events: events,
+		log:    log,
 		file:   filepath.Base(o.configPath),
 		settle: func() <-chan time.Time { return time.After(settleTime) },
 		reload: newReload(ctx, log, o, bk, srv, running),
 	}
+	if w != nil {
+		l.errs = w.Errors
+	}
 	if fw, ok := srv.(fileWatcher); ok && events != nil {
-		watchFiles(l, w, fw, log)
+		watchCertDirs(l, w, fw, log)
 	}
 	l.run(ctx)
 	return nil
@@ -515,28 +519,6 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 // edge's certificates and keys (tlsApplier).
 type fileWatcher interface {
 	watchedFiles() []string
-}
-
-// watchFiles has l reload on changes to fw's files too, watching their directories (renewals replace
-// them by rename), and again after each reload, which may name others.
-func watchFiles(l *reloadLoop, w *fsnotify.Watcher, fw fileWatcher, log *slog.Logger) {
-	watchDirs := func() {
-		for _, f := range fw.watchedFiles() {
-			if err := w.Add(filepath.Dir(f)); err != nil {
-				log.Warn("certificate file watching disabled; SIGHUP reloads it", "file", f, "err", err)
-			}
-		}
-	}
-	watchDirs()
-	// Any change in a certificate's directory, not only to the file's own name: a Kubernetes secret
-	// volume swaps a "..data" symlink that the files resolve through, and certbot's live/ directory
-	// holds symlinks to archive/; both replaced the served files without a reload (found with the
-	// real binary). A reload that finds the same files changes nothing.
-	l.others = func(name string) bool {
-		dir := filepath.Dir(filepath.Clean(name))
-		return slices.ContainsFunc(fw.watchedFiles(), func(f string) bool { return filepath.Dir(f) == dir })
-	}
-	l.afterReload = watchDirs
 }
 
 // newReload returns one reload: it reads the config file, and applies the new config or, when it is
@@ -583,13 +565,17 @@ const settleTime = 100 * time.Millisecond
 // begun causes one more.
 type reloadLoop struct {
 	hup    <-chan os.Signal
-	events <-chan fsnotify.Event   // nil when the file is not watched
+	events <-chan fsnotify.Event // nil when the file is not watched
+	// errs are the watcher's errors (nil when the file is not watched): drained, since an undrained
+	// one stalls its events, and each reloads, since the events an overflow lost may have changed a file.
+	errs   <-chan error
+	log    *slog.Logger            // nil: the errors are not logged
 	file   string                  // the config file's base name; events on other files are ignored
 	settle func() <-chan time.Time // opens a settle window: the channel receives when it ends
 	reload func(trigger string)    // one reload; the loop waits for it
-	// others, when set, reports whether an event's path is another file whose change reloads (a
-	// certificate file, watchFiles); afterReload, when set, runs after each reload.
-	others      func(path string) bool
+	// others, when set, reports whether an event on another file than the config reloads (one in a
+	// certificate's directory, watchCertDirs); afterReload, when set, runs after each reload.
+	others      func(ev fsnotify.Event) bool
 	afterReload func()
 }
 
@@ -612,6 +598,15 @@ func (l *reloadLoop) run(ctx context.Context) {
 			if l.touches(ev) {
 				settled = l.settle()
 			}
+		case err, ok := <-l.errs:
+			if !ok {
+				l.errs = nil
+				continue
+			}
+			if l.log != nil {
+				l.log.Warn("file watch error; reloading in case a change was lost", "err", err)
+			}
+			settled = l.settle()
 		case <-settled:
 			settled = nil
 			l.drain()
@@ -636,20 +631,22 @@ func (l *reloadLoop) drain() {
 			if !ok {
 				l.events = nil
 			}
+		case _, ok := <-l.errs:
+			if !ok {
+				l.errs = nil
+			}
 		default:
 			return
 		}
 	}
 }
 
-// touches reports whether ev may have changed the config file, or another file it names (others). A
-// removal counts for the others: a directory the files were in, removed and made anew, is watched
-// again only after the reload it triggers.
+// touches reports whether ev may have changed the config file, or another file it names (others).
 func (l *reloadLoop) touches(ev fsnotify.Event) bool {
 	if filepath.Base(ev.Name) == l.file {
 		return ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0
 	}
-	return l.others != nil && l.others(ev.Name) && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) != 0
+	return l.others != nil && l.others(ev)
 }
 
 // Host checks run this many at a time, each within checkBound: a route whose BMC or bus does not

@@ -28,6 +28,7 @@ import (
 	"github.com/activator/activator/internal/tlsedge"
 	"github.com/activator/activator/internal/tlsedge/tlstest"
 	"github.com/coder/websocket"
+	"github.com/fsnotify/fsnotify"
 )
 
 // tlsTop is the top of a config with listen_tls at addr serving files, and the extra top-level YAML.
@@ -73,7 +74,7 @@ func httpsDo(c *http.Client, method, url string, body []byte) httpsAnswer {
 
 // presented is the label of the certificate the TLS listener at addr presents to a hello for sni ("" for
 // none), the chain not verified: which one it is, is the question.
-func presented(t *testing.T, addr, sni string) string {
+func presented(t testing.TB, addr, sni string) string {
 	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
 	if err != nil {
@@ -542,5 +543,133 @@ func TestTLSRenewalThroughSymlinks(t *testing.T) {
 	}
 	if got := presented(t, tlsAddr, "k8s.test"); got != "v2" {
 		t.Errorf("after the swap, a new handshake got %s, want v2", got)
+	}
+}
+
+// TestTLSCertDirRemade: a certificate directory removed (which reloads, and fails: the certificates in
+// force stay) and then made anew is watched again, with no SIGHUP: made empty and then written, moved
+// in whole, and made again with its parent. Found with the real binary: once the reload of its removal
+// had run, a directory made after it went unwatched until the next SIGHUP.
+func TestTLSCertDirRemade(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	root := t.TempDir()
+	parent := filepath.Join(root, "tls")
+	dir := filepath.Join(parent, "live")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(dir, 0o700))
+	leaf := func(label string) tlstest.Leaf { return tlstest.Leaf{Label: label, Names: []string{"remade.test"}} }
+	files := ca.Write(t, dir, "remade", leaf("v1"))
+	tlsAddr := freeLoopbackAddr(t)
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "")+configYAML(t, appRoute{Name: "remade"}))
+	if got := presented(t, tlsAddr, "remade.test"); got != "v1" {
+		t.Fatalf("at start: %s", got)
+	}
+
+	failed := 0
+	for _, step := range []struct {
+		name, label string
+		remove      string // what is removed
+		remake      func(label string)
+	}{
+		{"made, then written", "v2", dir, func(label string) {
+			must(os.Mkdir(dir, 0o700))
+			ca.Write(t, dir, "remade", leaf(label))
+		}},
+		{"moved in whole", "v3", dir, func(label string) {
+			staged := filepath.Join(root, "staged")
+			must(os.Mkdir(staged, 0o700))
+			ca.Write(t, staged, "remade", leaf(label))
+			must(os.Rename(staged, dir))
+		}},
+		{"made with its parent", "v4", parent, func(label string) {
+			must(os.MkdirAll(dir, 0o700))
+			ca.Write(t, dir, "remade", leaf(label))
+		}},
+	} {
+		must(os.RemoveAll(step.remove))
+		// The removal's reload fails, and the certificate in force stays.
+		failed = len(s.waitLogged("config reload failed; the old config stays in force", failed+1))
+		if got := presented(t, tlsAddr, "remade.test"); got == step.label {
+			t.Fatalf("%s: %s served before it was written", step.name, got)
+		}
+		step.remake(step.label)
+		s.waitPresented(tlsAddr, "remade.test", step.label)
+	}
+	for _, r := range s.logs.matching("config reloaded") {
+		if r["trigger"] != "file change" {
+			t.Errorf("a reload was triggered by %v, want the file watch", r["trigger"])
+		}
+	}
+}
+
+// waitPresented waits until a new handshake for sni at addr gets the certificate labelled want, trying
+// again each time the activator logs a record (a reload logs one).
+func (s *served) waitPresented(addr, sni, want string) {
+	s.t.Helper()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		s.logs.mu.Lock()
+		changed := s.logs.changed
+		s.logs.mu.Unlock()
+		got := presented(s.t, addr, sni)
+		if got == want {
+			return
+		}
+		select {
+		case <-changed:
+		case <-s.exited:
+			s.t.Fatalf("the activator exited before serving %s for %s", want, sni)
+		case <-deadline.C:
+			s.t.Fatalf("a handshake for %s still got %s after %v, want %s: the change was not seen", sni, got, patience, want)
+		}
+	}
+}
+
+// TestReloadLoopWatchErrors: the watcher's errors are drained (fsnotify stops delivering events while
+// one waits to be read) and each reloads, since an overflow loses events that may have changed a
+// certificate. Nobody read them: after an overflow, no change was ever seen again.
+func TestReloadLoopWatchErrors(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error) // unbuffered, as fsnotify's: a send returns once the loop has it
+	windows := make(chan chan time.Time, 4)
+	reloads := make(chan string, 4)
+	l := &reloadLoop{
+		hup:    make(chan os.Signal),
+		events: make(chan fsnotify.Event),
+		errs:   errs,
+		file:   "activator.yaml",
+		settle: func() <-chan time.Time {
+			w := make(chan time.Time, 1)
+			windows <- w
+			return w
+		},
+		reload: func(trigger string) { reloads <- trigger },
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for i := range 2 {
+		select {
+		case errs <- fsnotify.ErrEventOverflow:
+		case <-time.After(patience):
+			t.Fatalf("error %d: not read within %v: the watch would stall", i+1, patience)
+		}
+		(<-windows) <- time.Time{}
+		if got := <-reloads; got != "file change" {
+			t.Errorf("error %d: reload triggered by %q, want file change", i+1, got)
+		}
 	}
 }
