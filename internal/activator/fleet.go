@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/activator/activator/internal/fleet"
 	"github.com/activator/activator/internal/health"
@@ -32,10 +33,20 @@ var errNoMember = errors.New("no fleet member is ready")
 // errSleeping cancels the members still waking when the fleet is put to sleep or closed.
 var errSleeping = errors.New("the fleet is going to sleep")
 
+// errBelowQuorum cancels the members still waking when the fleet falls below min_ready.
+var errBelowQuorum = errors.New("the fleet fell below min_ready")
+
+// What a member that came up is once it has left the fleet it joined (MemberRecord.Status).
+const (
+	memberExited  = "exited"  // it stopped on its own: Error says how
+	memberStopped = "stopped" // the activator stopped it, as the fleet fell below min_ready
+)
+
 // fleetMember is one member: its backend, its gate, its upstream client and whether it is ready.
 type fleetMember struct {
 	route    *registry.Route // registry.Route.MemberRoute: the member's name, upstream and settings
 	name     string
+	index    int // in the fleet's members
 	backend  tenant.Backend
 	gate     Gate // built by the member's first wake
 	up       atomic.Pointer[upstream.Client]
@@ -55,6 +66,7 @@ type fleetBackend struct {
 
 	mu      sync.Mutex
 	run     *fleet.Run    // the last wake
+	wake    *fleetWake    // the last wake's rollup
 	settled chan struct{} // closed when the last wake's members have all settled and been cleaned up
 	life    *tenant.Life  // the fleet's life while it is up
 	gen     uint64        // bumped by every Sleep, Stop and Close: member lives that end after are ours
@@ -76,7 +88,7 @@ func openFleet(o tenant.Opener, r *registry.Route, newGate func(*registry.Route)
 			_ = fb.Close(context.Background())
 			return nil, fmt.Errorf("route %q: fleet member %q: %w", r.Name, m.Name, err)
 		}
-		fb.members = append(fb.members, &fleetMember{route: mr, name: m.Name, backend: b})
+		fb.members = append(fb.members, &fleetMember{route: mr, name: m.Name, index: len(fb.members), backend: b})
 	}
 	return fb, nil
 }
@@ -102,12 +114,13 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		ms[i] = fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }}
 	}
 	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial})
+	w := &fleetWake{fb: fb, run: run, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
 	settled := make(chan struct{})
 	fb.mu.Lock()
-	fb.run, fb.settled = run, settled
+	fb.run, fb.wake, fb.settled = run, w, settled
 	fb.mu.Unlock()
 	if rec != nil {
-		rec.live(func() []MemberRecord { return fb.rows(run, trackers) })
+		rec.setRollup(w)
 	}
 	select {
 	case <-run.Decided():
@@ -116,15 +129,7 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		<-run.Decided()
 	}
 	err := run.Err()
-	if rec != nil {
-		rec.live(nil)
-		rec.setMembers(fb.rows(run, trackers))
-	}
-	id := ""
-	if rec != nil {
-		id = rec.id()
-	}
-	go fb.settle(run, trackers, id, err != nil, cancel, settled)
+	go fb.settle(run, err != nil, cancel, settled)
 	if err != nil {
 		return nil, err
 	}
@@ -139,16 +144,16 @@ func detachWithDeadline(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithCancel(context.WithoutCancel(ctx))
 }
 
-// settle waits for every member of run to settle, amends the wake's record with their outcomes, and
-// after a failed wake stops every member.
-func (fb *fleetBackend) settle(run *fleet.Run, trackers []*tracker, id string, failed bool, cancel context.CancelFunc, settled chan struct{}) {
+// settle waits for every member of run to settle and, after a failed wake, stops every member. (The
+// wake's record reads the members' outcomes from its fleetWake as they settle.)
+func (fb *fleetBackend) settle(run *fleet.Run, failed bool, cancel context.CancelFunc, settled chan struct{}) {
 	defer close(settled)
 	defer cancel()
 	<-run.Done()
-	if id != "" {
-		fb.in.amendWake(id, fb.rows(run, trackers))
-	}
 	if failed {
+		fb.mu.Lock()
+		fb.gen++ // the members that came up are stopped by us, not gone on their own
+		fb.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
 		defer cancel()
 		if err := fb.each(ctx, stopMember); err != nil {
@@ -238,7 +243,7 @@ func (fb *fleetBackend) gateMember(ctx context.Context, m *fleetMember, t *track
 // when too few are left for min_ready, the fleet stops (see belowQuorum).
 func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life) {
 	fb.mu.Lock()
-	gen := fb.gen
+	gen, w := fb.gen, fb.wake
 	fb.mu.Unlock()
 	m.ready.Store(true)
 	go func() {
@@ -251,32 +256,53 @@ func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life) {
 		if up := fb.client(m); up != nil {
 			up.CloseIdle()
 		}
-		fb.memberGone(m, gen, life.Err())
+		fb.memberGone(m, gen, w, life.Err())
 	}()
 }
 
-// memberGone handles a member that stopped on its own in generation gen.
-func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, why error) {
+// memberGone handles a member of wake w that stopped on its own in generation gen. Its row in w's
+// record says so from then on, and when too few are left for min_ready, so do the rows of the members
+// the activator stops.
+func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why error) {
 	fb.mu.Lock()
-	if gen != fb.gen || fb.life == nil {
+	if gen != fb.gen {
 		fb.mu.Unlock()
-		return // put to sleep by us, or the fleet is not up (a wake's gate saw it)
+		return // put to sleep by us
+	}
+	if fb.life == nil { // the fleet is not up yet: the wake's quorum counted it
+		fb.mu.Unlock()
+		w.mark(m, memberExited, why, "exited on its own", ", after it had passed its health gate")
+		return
 	}
 	ready := fb.ready()
-	life := fb.life
+	life, run := fb.life, fb.run
 	if ready >= fb.minReady() {
 		fb.mu.Unlock()
+		w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf("; the fleet stayed up (%d ready, min_ready %d)", ready, fb.minReady()))
 		fb.in.logger().Warn("fleet member stopped on its own", "member", m.name, "err", why, "ready", ready)
 		return
 	}
 	fb.life = nil
 	fb.gen++
 	fb.mu.Unlock()
-	// Below the quorum the fleet is down: the survivors are stopped before its Life ends, so that the
-	// route is asleep for real and its next wake starts them all.
+	w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf(": the fleet fell below min_ready %d and was stopped", fb.minReady()))
+	// Below the quorum the fleet is down: the members still waking are called off and the survivors
+	// stopped before its Life ends, so that the route is asleep for real and its next wake starts them
+	// all.
+	run.Cancel(errBelowQuorum)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
 	defer cancel()
-	err := fb.each(ctx, stopMember)
+	err := fb.each(ctx, func(ctx context.Context, o *fleetMember, wasReady bool) error {
+		err := stopBackend(ctx, o.backend)
+		switch {
+		case !wasReady:
+		case err != nil:
+			w.mark(o, "", nil, "stopping it", fmt.Sprintf(", as the fleet fell below min_ready %d when %s exited, failed (it may still run): %v", fb.minReady(), m.name, err))
+		default:
+			w.mark(o, memberStopped, nil, "stopped", fmt.Sprintf(": the fleet fell below min_ready %d when %s exited", fb.minReady(), m.name))
+		}
+		return err
+	})
 	life.End(errors.Join(fmt.Errorf("fleet below min_ready %d: member %q stopped: %w", fb.minReady(), m.name, why), err))
 }
 
@@ -428,18 +454,65 @@ func (fb *fleetBackend) dropUpstream() {
 	}
 }
 
-// rows is the rollup of run so far, in member order, with each member's phases.
-func (fb *fleetBackend) rows(run *fleet.Run, trackers []*tracker) []MemberRecord {
-	results := run.Results()
+// fleetWake is one wake of the fleet: its run, its members' trackers, and what became of each member
+// that came up once it left the fleet. The wake's record, and every copy of it (WakeRecord.rollup),
+// reads its member rows here, so that they say what the members are now.
+type fleetWake struct {
+	fb       *fleetBackend
+	run      *fleet.Run
+	trackers []*tracker // by member index
+	t0       time.Time  // when the members' clocks started
+
+	mu    sync.Mutex    // guards after; taken after no other lock but the trackers' and run's own
+	after []memberAfter // by member index
+}
+
+// memberAfter is what became of a member after it came up: a Status that replaces "up" (none: still
+// up), and why.
+type memberAfter struct {
+	status string
+	err    error
+	notes  []string
+}
+
+// mark records that m, which had come up, is now status ("": unchanged) because of err (nil: none),
+// with a note: "<what> at +<time since the wake began><then>".
+func (w *fleetWake) mark(m *fleetMember, status string, err error, what, then string) {
+	at := w.fb.in.now().Sub(w.t0).Round(time.Millisecond)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a := &w.after[m.index]
+	if status != "" {
+		a.status, a.err = status, err
+	}
+	a.notes = append(a.notes, what+" at +"+at.String()+then)
+}
+
+// rows is the rollup, in member order, with each member's phases: its outcome in the wake, or what
+// became of it since.
+func (w *fleetWake) rows() []MemberRecord {
+	results := w.run.Results()
 	out := make([]MemberRecord, len(results))
 	for i, res := range results {
-		snap := trackers[i].snapshot()
-		row := MemberRecord{Name: res.Name, Upstream: fb.members[i].route.Upstream.String(), Status: string(res.Status),
+		snap := w.trackers[i].snapshot()
+		row := MemberRecord{Name: res.Name, Upstream: w.fb.members[i].route.Upstream.String(), Status: string(res.Status),
 			Class: string(res.Class), Phase: res.Phase, CancelledBy: res.CancelledBy, Phases: snap.Phases, Notes: snap.Notes}
 		if res.Err != nil && res.Status != fleet.Cancelled {
 			row.Error = res.Err.Error()
 		}
 		out[i] = row
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, a := range w.after {
+		row := &out[i]
+		if a.status != "" && row.Status == string(fleet.Up) {
+			row.Status, row.Phase = a.status, "" // its notes say when, and the sleep record what followed
+			if a.err != nil {
+				row.Error = a.err.Error()
+			}
+		}
+		row.Notes = append(row.Notes, a.notes...)
 	}
 	return out
 }
@@ -458,29 +531,4 @@ func (fb *fleetBackend) status() []MemberStatus {
 		out[i] = MemberStatus{Name: m.name, Upstream: m.route.Upstream.String(), Ready: m.ready.Load(), InFlight: m.inflight.Load()}
 	}
 	return out
-}
-
-// amendWake fills in the member rows of wake id once its stragglers have settled: in the route's last
-// record and its history. The record's outcome does not change. When the wake has not been published
-// yet, publishLocked applies the amendment.
-func (in *instance) amendWake(id string, rows []MemberRecord) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.lastRec == nil || in.lastRec.ID != id {
-		in.amend = &amendment{id: id, rows: rows}
-		return
-	}
-	in.applyAmendLocked(id, rows)
-}
-
-type amendment struct {
-	id   string
-	rows []MemberRecord
-}
-
-func (in *instance) applyAmendLocked(id string, rows []MemberRecord) {
-	rec := *in.lastRec
-	rec.Members = rows
-	in.lastRec = &rec
-	in.hist.amend(id, rows)
 }

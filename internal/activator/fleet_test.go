@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -264,6 +265,135 @@ func TestFleetSleepSkipsMembersThatNeverCameUp(t *testing.T) {
 		}
 		if n := a.wakes.Load() + b.wakes.Load(); n != 2 {
 			t.Errorf("%d member wakes, want 2: no take-back woke the fleet again", n)
+		}
+	})
+}
+
+// killMember ends the life of fleet member fb's tenant as if it had died on its own, and waits for
+// the activator to have handled it.
+func killMember(fb *fakeBackend, why string) {
+	fb.mu.Lock()
+	life := fb.life
+	fb.life = nil
+	fb.mu.Unlock()
+	life.End(errors.New(why))
+	synctest.Wait()
+}
+
+// memberStatuses is the status column of rows.
+func memberStatuses(rows []MemberRecord) []string {
+	var out []string
+	for _, m := range rows {
+		out = append(out, m.Status)
+	}
+	return out
+}
+
+// TestFleetRowsSayWhatMembersAreNow: the wake record's member rows follow the members after the wake.
+// A member that dies while the fleet stays up reads "exited" with its cause; when a second death takes
+// the fleet below min_ready, it reads "exited" too and the survivor, stopped by the activator, reads
+// "stopped", in the route's last wake and in its history alike. The outcome stays succeeded. Found by
+// an operator trial: after the quorum was lost every row still said "up".
+func TestFleetRowsSayWhatMembersAreNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
+		p := byName{}
+		for n, fb := range members {
+			p["pool."+n] = fb
+		}
+		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the third member joins
+		in := s.instance("pool")
+		id := in.status().LastWake.ID
+
+		killMember(members["a"], "killed by the OOM killer")
+		rows := in.status().LastWake.Members
+		if got, want := memberStatuses(rows), []string{"exited", "up", "up"}; !slices.Equal(got, want) {
+			t.Fatalf("after a's death, still up on b and c: rows %v, want %v", got, want)
+		}
+		if !strings.Contains(rows[0].Error, "killed by the OOM killer") {
+			t.Errorf("a's row: error %q, want its cause", rows[0].Error)
+		}
+
+		killMember(members["b"], "powered off")
+		st := in.status()
+		if st.State != Asleep.String() {
+			t.Fatalf("below the quorum: %s", st.State)
+		}
+		if got, want := memberStatuses(st.LastWake.Members), []string{"exited", "exited", "stopped"}; !slices.Equal(got, want) {
+			t.Errorf("after the quorum was lost: last wake's rows %v, want %v", got, want)
+		}
+		if st.LastWake.Outcome != OutcomeSucceeded {
+			t.Errorf("outcome %q: a wake's outcome never changes", st.LastWake.Outcome)
+		}
+		var hist *WakeRecord
+		for _, ev := range in.hist.last(0) {
+			if ev.Wake != nil && ev.Wake.ID == id {
+				hist = ev.Wake
+			}
+		}
+		if hist == nil {
+			t.Fatal("the wake is not in the history")
+		}
+		if got, want := memberStatuses(hist.Members), []string{"exited", "exited", "stopped"}; !slices.Equal(got, want) {
+			t.Errorf("in the history: rows %v, want %v", got, want)
+		}
+	})
+}
+
+// TestFleetNestedRowsFollowTheFleet: route app requires fleet pool. When pool loses its quorum, the
+// summary of pool's wake nested in app's wake record reads as pool's own record does: the dead
+// members "exited", the survivor "stopped". Found by an operator trial: the nested rows still said
+// "up" while pool was down.
+func TestFleetNestedRowsFollowTheFleet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
+		p := byName{"app": &fakeBackend{}}
+		for n, fb := range members {
+			p["pool."+n] = fb
+		}
+		pool := fleetRoute(2, false, "a", "b", "c")
+		pool.Hosts, pool.Instance = nil, true
+		app := testRoute("app")
+		app.Requires = []string{"pool"}
+		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{app}, Instances: []*registry.Route{pool}})
+		if err := s.Wake(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // pool's third member joins
+		nested := func() *WakeRecord {
+			t.Helper()
+			rec := s.instance("app").status().LastWake
+			if rec == nil || len(rec.Requires) != 1 || rec.Requires[0].Wake == nil {
+				t.Fatalf("app's record %+v: want pool's wake nested", rec)
+			}
+			return rec.Requires[0].Wake
+		}
+		if got, want := memberStatuses(nested().Members), []string{"up", "up", "up"}; !slices.Equal(got, want) {
+			t.Fatalf("nested rows once every member settled: %v, want %v", got, want)
+		}
+		killMember(members["a"], "killed")
+		killMember(members["b"], "killed")
+		if st := s.instance("pool").status(); st.State != Asleep.String() {
+			t.Fatalf("pool below its quorum: %s", st.State)
+		}
+		if got, want := memberStatuses(nested().Members), []string{"exited", "exited", "stopped"}; !slices.Equal(got, want) {
+			t.Errorf("nested rows after pool lost its quorum: %v, want %v", got, want)
+		}
+		var nestedHist *WakeRecord
+		for _, ev := range s.instance("app").hist.last(0) {
+			if ev.Wake != nil && len(ev.Wake.Requires) == 1 {
+				nestedHist = ev.Wake.Requires[0].Wake
+			}
+		}
+		if nestedHist == nil {
+			t.Fatal("app's wake is not in its history")
+		}
+		if got, want := memberStatuses(nestedHist.Members), []string{"exited", "exited", "stopped"}; !slices.Equal(got, want) {
+			t.Errorf("nested rows in app's history: %v, want %v", got, want)
 		}
 	})
 }

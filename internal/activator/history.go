@@ -75,24 +75,6 @@ func (h *history) add(ev Event, att *attempt) {
 	h.n = min(h.n+1, HistorySize)
 }
 
-// amend replaces the member rows of wake id's record, if the ring still holds it (fleet.go).
-func (h *history) amend(id string, rows []MemberRecord) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.ring == nil {
-		return
-	}
-	for i := range h.ring {
-		e := &h.ring[i]
-		if e.ev.Wake != nil && e.ev.Wake.ID == id {
-			w := *e.ev.Wake
-			w.Members = rows
-			e.ev.Wake = &w
-			return
-		}
-	}
-}
-
 // last returns the newest n events (all of them when n <= 0), oldest first.
 func (h *history) last(n int) []Event {
 	h.mu.Lock()
@@ -103,8 +85,11 @@ func (h *history) last(n int) []Event {
 	out := make([]Event, 0, n)
 	for i := h.next - n; i < h.next; i++ {
 		e := h.ring[(i+HistorySize)%HistorySize]
-		if e.ev.Wake != nil && e.att != nil {
-			w := e.att.withRelease(*e.ev.Wake)
+		if e.ev.Wake != nil && (e.att != nil || e.ev.Wake.live()) {
+			w := e.ev.Wake.current() // a fleet's rows as they are now
+			if e.att != nil {
+				w = e.att.withRelease(w)
+			}
 			e.ev.Wake = &w
 		}
 		out = append(out, e.ev)

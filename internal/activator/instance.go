@@ -180,8 +180,6 @@ type instance struct {
 	// counts, by name, the dependents holding this one.
 	holds      []func()
 	dependents map[string]int
-	// amend is a fleet wake's member rows that settled before the wake was published (fleet.go).
-	amend *amendment
 }
 
 // newInstance returns route r's instance, asleep. It holds the route's metric series from now on (see

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -55,12 +56,53 @@ type WakeRecord struct {
 	CancelledBy string `json:"cancelled_by,omitempty"`
 	// Requires is what this wake's requirements (requires:) did for it, in the order written: each one's
 	// own wake record when this wake started or joined one, or only its state when it was already awake.
-	// A nested record is as it was when the requirement let this wake go on: a fleet's members still
-	// waking then read "waking" here, and the fleet's own record (its status and history) is amended.
+	// A nested record is as it was when the requirement let this wake go on, but for a fleet's member
+	// rows, which read as in the fleet's own record (see Members).
 	Requires []RequiredWake `json:"requires,omitempty"`
-	// Members is a fleet's rollup, in member order (fleet.go). A member still waking when the quorum
-	// was up reads "waking" until it settles, when the record is amended (the outcome never changes).
+	// Members is a fleet's rollup, in member order (fleet.go). The rows say what the members are now:
+	// a member still waking when the quorum was up reads "waking" until it settles, and one that came
+	// up reads "exited" or "stopped" once it has left the fleet it joined (the outcome never changes).
 	Members []MemberRecord `json:"members,omitempty"`
+	// rollup, in a fleet's record, gives Members as they are now. Every copy of the record (the
+	// route's last wake, its history, the copies nested in its dependents' records) shares it, and
+	// current reads it.
+	rollup memberRows
+}
+
+// memberRows gives a fleet wake's member rows as they are now (fleet.go's fleetWake).
+type memberRows interface{ rows() []MemberRecord }
+
+// current is r with the member rows of every fleet wake in it, its own and its requirements', as
+// they are now. What is shared with r is not changed.
+func (r WakeRecord) current() WakeRecord {
+	if r.rollup != nil {
+		r.Members = r.rollup.rows()
+	}
+	cloned := false
+	for i, q := range r.Requires {
+		if q.Wake == nil || !q.Wake.live() {
+			continue
+		}
+		if !cloned {
+			r.Requires, cloned = slices.Clone(r.Requires), true
+		}
+		w := q.Wake.current()
+		r.Requires[i].Wake = &w
+	}
+	return r
+}
+
+// live reports whether r, or a record nested in it, is a fleet's, whose rows current reads.
+func (r *WakeRecord) live() bool {
+	if r.rollup != nil {
+		return true
+	}
+	for _, q := range r.Requires {
+		if q.Wake != nil && q.Wake.live() {
+			return true
+		}
+	}
+	return false
 }
 
 // Outcomes: every finished wake record has exactly one.
@@ -108,10 +150,12 @@ type RequiredWake struct {
 type MemberRecord struct {
 	Name     string `json:"name"`
 	Upstream string `json:"upstream"`
-	Status   string `json:"status"` // fleet.Status: up, timeout, error, cancelled, waking
-	Class    string `json:"fault_class,omitempty"`
-	Phase    string `json:"phase,omitempty"` // the phase it failed in, or had reached when cancelled
-	Error    string `json:"error,omitempty"`
+	// Status is a fleet.Status (up, timeout, error, cancelled, waking) or, for a member that came up,
+	// what became of it after: memberExited, memberStopped (fleet.go).
+	Status string `json:"status"`
+	Class  string `json:"fault_class,omitempty"`
+	Phase  string `json:"phase,omitempty"` // the phase it failed in, or had reached when cancelled
+	Error  string `json:"error,omitempty"`
 	// CancelledBy names the culprit member of the fast-fail that cancelled this one.
 	CancelledBy string        `json:"cancelled_by,omitempty"`
 	Phases      []PhaseRecord `json:"phases,omitempty"`
@@ -163,8 +207,6 @@ type tracker struct {
 	// progress is the waiting pages' view of this wake (waiting.go), fed with each named phase; set
 	// before the wake starts. nil: none.
 	progress *waitpage.Progress
-	// members, while a fleet wakes, reads its rollup so far for a snapshot (fleet.go).
-	members func() []MemberRecord
 }
 
 // current is the phase the wake failed in once failed has named it, else the name of the phase in
@@ -181,14 +223,11 @@ func (t *tracker) current() string {
 	return ""
 }
 
-// id is the wake's id.
-func (t *tracker) id() string { return t.rec.ID } // written once, by newTracker
-
-// live has snapshots of the running wake read a fleet's rollup from fn (nil: no more).
-func (t *tracker) live(fn func() []MemberRecord) {
+// setRollup makes the record a fleet's, whose member rows rows gives as they are now.
+func (t *tracker) setRollup(rows memberRows) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.members = fn
+	t.rec.rollup = rows
 }
 
 func newTracker(route, backing string, trig trigger, now func() time.Time) *tracker {
@@ -351,11 +390,8 @@ func (t *tracker) snapshotLocked() WakeRecord {
 	r.Notes = append([]string(nil), r.Notes...)
 	if r.Result == ResultRunning {
 		r.Duration = t.now().Sub(r.Started)
-		if t.members != nil {
-			r.Members = t.members()
-		}
 	}
-	return r
+	return r.current()
 }
 
 // setRequires records what the wake's requirements did for it.
@@ -363,13 +399,6 @@ func (t *tracker) setRequires(parts []RequiredWake) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rec.Requires = parts
-}
-
-// setMembers records a fleet's rollup so far.
-func (t *tracker) setMembers(ms []MemberRecord) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.rec.Members = ms
 }
 
 // settleRecord gives a finished record its one outcome. A wake that failed while the activator shut

@@ -52,7 +52,7 @@ func (in *instance) status() Status {
 		InFlight: in.inflight + in.unseen, Held: in.held, Idle: in.route.Idle.String(), LastSleep: in.lastSlp,
 	}
 	if in.lastRec != nil {
-		last := in.lastAtt.withRelease(*in.lastRec)
+		last := in.lastAtt.withRelease(in.lastRec.current()) // a fleet's rows as they are now
 		s.LastWake = &last
 	}
 	if in.state == Waking && in.wake != nil {

@@ -371,12 +371,6 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 	in.lastRec, in.lastAtt = &out.rec, att
 	att.timing = timingEntries(out.rec.Phases)
 	in.hist.add(Event{Kind: EventWake, Wake: &out.rec}, att)
-	if a := in.amend; a != nil {
-		in.amend = nil
-		if a.id == out.rec.ID {
-			in.applyAmendLocked(a.id, a.rows)
-		}
-	}
 	switch {
 	case out.err != nil:
 		in.failLocked(att, out)
