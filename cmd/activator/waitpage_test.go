@@ -8,6 +8,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/coder/websocket"
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/browsertest"
@@ -282,5 +285,141 @@ func TestWaitingPageTemplate(t *testing.T) {
 	code, out := runMain(t, "check", "--config", path)
 	if code != 1 || !strings.Contains(out, `route "badpage"`) || !strings.Contains(out, bad) || !strings.Contains(out, "NoSuchField") {
 		t.Errorf("activator check: exit %d, output %q; want 1 naming the route, the file and the field", code, out)
+	}
+}
+
+// wsHeaders are the handshake headers of WebSocket clients that list text/html in Accept: a client
+// that copies a browser's navigation headers, and Java's HttpURLConnection default Accept (which
+// WebSocket clients built on it send). None sends fetch metadata but the odd one, which claims a
+// navigation outright; a WebSocket handshake is never one.
+var wsHeaders = []struct {
+	name   string
+	header http.Header
+}{
+	{"accept text/html", http.Header{"Accept": {"text/html"}}},
+	{"browser-like accept", http.Header{"Accept": {firefoxAccept}, "User-Agent": {"Mozilla/5.0"}}},
+	{"java default accept", http.Header{"Accept": {"text/html, image/gif, image/jpeg, *; q=.2, */*; q=.2"}}},
+	{"claims a navigation", http.Header{"Accept": {firefoxAccept}, "Sec-Fetch-Mode": {"navigate"}, "Sec-Fetch-Dest": {"document"}}},
+}
+
+const firefoxAccept = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+// wsResult is what a WebSocket dial through the edge came to.
+type wsResult struct {
+	c    *websocket.Conn
+	code int
+	ct   string // the refusal's Content-Type
+	ra   string // its Retry-After
+	csp  string // its Content-Security-Policy: only internal/waitpage's pages have one
+	body string // its first KiB
+	err  error
+}
+
+// wsDial dials the demo app's /ws on app through the edge with header, in a goroutine; the result
+// comes on the channel.
+func wsDial(ctx context.Context, h *harness, app appRoute, header http.Header) <-chan wsResult {
+	got := make(chan wsResult, 1)
+	go func() {
+		c, resp, err := websocket.Dial(ctx, "ws://"+h.edgeAddr+"/ws", &websocket.DialOptions{Host: app.host(), HTTPHeader: header})
+		r := wsResult{c: c, err: err}
+		if err != nil && resp != nil {
+			r.code, r.ct, r.ra = resp.StatusCode, resp.Header.Get("Content-Type"), resp.Header.Get("Retry-After")
+			r.csp = resp.Header.Get("Content-Security-Policy")
+			if resp.Body != nil {
+				b, _ := io.ReadAll(resp.Body)
+				r.body = string(b)
+			}
+		}
+		got <- r
+	}()
+	return got
+}
+
+func (r wsResult) String() string {
+	if r.code == 0 {
+		return fmt.Sprint(r.err)
+	}
+	return fmt.Sprintf("%d (Content-Type %q, Retry-After %q, the waiting page %v) %q", r.code, r.ct, r.ra, r.page(), r.body)
+}
+
+// page reports whether the answer was internal/waitpage's page (waiting or failed), whose
+// Content-Security-Policy carries the nonce of its inline script, not the edge's error answer. (The
+// page's body is past the first KiB that the WebSocket client keeps.)
+func (r wsResult) page() bool { return strings.Contains(r.csp, "nonce-") }
+
+// TestWebSocketNeverGetsTheWaitingPage: a WebSocket handshake to a sleeping route is held until the
+// tenant is up and then upgraded, whatever its Accept and fetch metadata say; to a route whose wake
+// fails it gets the edge's 503 with Retry-After. Found by an operator trial: a handshake with
+// Accept: text/html and no fetch metadata got the HTML waiting page, which no WebSocket client can
+// use, and the tenant's first socket failed.
+func TestWebSocketNeverGetsTheWaitingPage(t *testing.T) {
+	// One route for each client, its start held by its own file until the test sees the handshake held.
+	apps, holds := make([]appRoute, len(wsHeaders)), make([]string, len(wsHeaders))
+	for i := range wsHeaders {
+		holds[i] = holdFile(t)
+		apps[i] = appRoute{Name: fmt.Sprintf("sockets%d", i), Env: map[string]string{"DEMOAPP_HOLD_FILE": holds[i]}}
+	}
+	broken := appRoute{Name: "sockfail", BackoffInitial: "1m", BackoffMax: "1m",
+		Env: map[string]string{"DEMOAPP_EXIT_CODE": "3"}}
+	h := newHarness(t, configYAML(t, append(apps, broken)...))
+	t.Cleanup(func() { // before the harness's shutdown: a failed subtest leaves no start held
+		for _, f := range holds {
+			_ = os.Remove(f)
+		}
+	})
+
+	for i, tc := range wsHeaders {
+		t.Run("held then upgraded: "+tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			app := apps[i]
+			got := wsDial(ctx, h, app, tc.header)
+			// Held: the route counts it, and nothing answers it while the tenant's start is held.
+			tick := time.NewTicker(2 * time.Millisecond)
+			defer tick.Stop()
+			for st := h.status(app.Name); st.Held != 1; st = h.status(app.Name) {
+				select {
+				case r := <-got:
+					t.Fatalf("the handshake was answered before the tenant was up: %s", r)
+				case <-tick.C:
+				case <-ctx.Done():
+					t.Fatalf("the handshake was never held; status %+v", st)
+				}
+			}
+			release(t, holds[i])
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("handshake held for the wake: %s; want it upgraded once the tenant is up", r)
+			}
+			defer r.c.CloseNow()
+			msg := "hello " + tc.name
+			if err := r.c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if _, b, err := r.c.Read(ctx); err != nil || string(b) != msg {
+				t.Fatalf("echo %q, %v; want %q", b, err, msg)
+			}
+			_ = r.c.Close(websocket.StatusNormalClosure, "bye")
+		})
+	}
+
+	for i, tc := range wsHeaders {
+		// The first wakes the broken tenant and is held until the wake fails; the rest come during the
+		// failure backoff. Each gets the edge's 503, never the page.
+		t.Run("failed wake: "+tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			r := <-wsDial(ctx, h, broken, tc.header)
+			if r.err == nil {
+				r.c.CloseNow()
+				t.Fatal("upgraded by a tenant that cannot start")
+			}
+			if r.code != http.StatusServiceUnavailable || r.ra == "" || r.page() {
+				t.Errorf("handshake %d: %s; want 503 with Retry-After, not the waiting page", i, r)
+			}
+		})
+	}
+	if n := len(h.spawns(broken.Name)); n != 1 {
+		t.Errorf("the broken tenant was spawned %d times, want 1 (the rest inside its backoff)", n)
 	}
 }

@@ -38,6 +38,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Wanted reports whether r is a browser navigation that should get the waiting page at once rather
@@ -45,11 +47,21 @@ import (
 // Sec-Fetch-Mode: navigate (or the older nested-navigate) or with no fetch metadata at all (a browser
 // before fetch metadata, or a person's curl -H 'Accept: text/html'). A prefetch or prerender
 // (Sec-Purpose or Purpose naming prefetch) is not a person waiting and is held as before.
+//
+// A request that asks to upgrade its connection (an Upgrade field, whatever its value, or the
+// "upgrade" connection option) is never a navigation, whatever its Accept and fetch metadata say: a
+// WebSocket handshake is held until the tenant can answer it (no browser navigation sends either).
+// Found with a WebSocket client that sent Accept: text/html and no fetch metadata: it got the page, which
+// no such client can use. The edge takes an upgrade to HTTP itself (h2c) off a request before it asks
+// (withoutHTTPUpgrade in internal/activator), so curl --http2 asking for HTML still gets the page.
 func Wanted(r *http.Request) bool {
 	if r.Method != http.MethodGet {
 		return false
 	}
 	h := r.Header
+	if _, upgrade := h["Upgrade"]; upgrade || httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade") {
+		return false
+	}
 	switch mode := h.Get("Sec-Fetch-Mode"); mode {
 	case "":
 		// No fetch metadata: Accept alone decides.

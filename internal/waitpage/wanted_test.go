@@ -47,6 +47,21 @@ func TestWanted(t *testing.T) {
 		{"event source", "GET", map[string]string{"Accept": "text/event-stream", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, false},
 		{"websocket", "GET", map[string]string{
 			"Upgrade": "websocket", "Connection": "Upgrade", "Sec-Fetch-Mode": "websocket", "Sec-Fetch-Dest": "websocket"}, false},
+		// A WebSocket handshake is never a navigation, whatever else it sends: found with a client that
+		// sent Accept: text/html and no fetch metadata, which got the page instead of its socket.
+		{"websocket accepting html", "GET", map[string]string{
+			"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Accept": "text/html"}, false},
+		{"websocket with java's default accept", "GET", map[string]string{
+			"Upgrade": "websocket", "Connection": "Upgrade", "Accept": "text/html, image/gif, image/jpeg, *; q=.2, */*; q=.2"}, false},
+		{"websocket claiming a navigation", "GET", map[string]string{
+			"Upgrade": "websocket", "Connection": "Upgrade", "Accept": chromeAccept, "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, false},
+		{"websocket upgrade without the connection option", "GET", map[string]string{"Upgrade": "WebSocket", "Accept": "text/html"}, false},
+		{"any other upgrade", "GET", map[string]string{"Upgrade": "foo/2", "Connection": "upgrade", "Accept": "text/html"}, false},
+		{"an empty upgrade", "GET", map[string]string{"Upgrade": " , ", "Connection": "upgrade", "Accept": "text/html"}, false},
+		{"the upgrade connection option alone", "GET", map[string]string{"Connection": "keep-alive, Upgrade", "Accept": "text/html"}, false},
+		{"connection options without upgrade", "GET", map[string]string{"Connection": "keep-alive", "Accept": "text/html"}, true},
+		{"upgrade-insecure-requests is no upgrade", "GET", map[string]string{
+			"Accept": chromeAccept, "Sec-Fetch-Mode": "navigate", "Upgrade-Insecure-Requests": "1"}, true},
 		{"curl default", "GET", map[string]string{"Accept": "*/*"}, false},
 		{"no accept", "GET", nil, false},
 		{"html refused", "GET", map[string]string{"Accept": "text/html;q=0, */*"}, false},
