@@ -30,6 +30,9 @@ import (
 //	POST /routes/{name}/wake    wake and wait for the result (?wait=false to return at once)
 //	POST /routes/{name}/sleep   put to sleep and wait until asleep
 //
+// Every error is JSON, {"error": "…"}, naming what was asked and what was wrong; a method a path does
+// not take gets 405 with Allow, a path no method reaches 404 (adminNoRoute).
+//
 // metrics, when non-nil, is mounted at /metrics. Every request passes access's checks first (see
 // AdminAccess.Guard): the Host, the bearer token when access has one, and for POST a request that no
 // browser sends cross-site. A nil access is the zero AdminPolicy: no token, the other checks still.
@@ -37,9 +40,8 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 	r := chi.NewRouter()
 	r.Use(access.Guard)
 	r.Use(middleware.GetHead) // HEAD is a GET without the body, as for /metrics (it was 405 elsewhere)
-	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such admin path: " + req.URL.Path})
-	})
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) { adminNoRoute(w, req, r) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) { adminNoRoute(w, req, r) })
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -119,6 +121,41 @@ func (s *Server) AdminHandler(metrics http.Handler, access *AdminAccess) http.Ha
 		s.adminAct(w, req, chi.URLParam(req, "name"), s.Sleep)
 	})
 	return r
+}
+
+// adminMethods are the methods adminNoRoute tries on a path, in the order Allow lists them.
+var adminMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions,
+}
+
+// adminNoRoute answers a request that mux routes to no handler, the one place where that becomes an
+// answer: 405 with the Allow header when its path takes other methods, else 404, each with a JSON
+// error naming the method and the path (and for 405 the methods allowed), as every other admin error
+// names what was asked. chi's own 405 had an empty body, an Allow that left out the HEAD which
+// middleware.GetHead serves for every GET, and came for a method chi does not know (BREW) on any
+// path, one that exists nowhere included; its custom handler is not told the methods allowed, so they
+// are found here by asking mux for each.
+func adminNoRoute(w http.ResponseWriter, req *http.Request, mux *chi.Mux) {
+	path := req.URL.RawPath // as chi routes
+	if path == "" {
+		path = req.URL.Path
+	}
+	var allowed []string
+	for _, m := range adminMethods {
+		if mux.Match(chi.NewRouteContext(), m, path) ||
+			m == http.MethodHead && mux.Match(chi.NewRouteContext(), http.MethodGet, path) { // middleware.GetHead
+			allowed = append(allowed, m)
+		}
+	}
+	where := req.Method + " " + req.URL.Path
+	if len(allowed) == 0 {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": where + ": no such admin path"})
+		return
+	}
+	list := strings.Join(allowed, ", ")
+	w.Header().Set("Allow", list)
+	writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": where + ": method not allowed (allowed: " + list + ")"})
 }
 
 // adminQuery parses req's query strictly: a pair that does not parse (a bad escape, a semicolon, more

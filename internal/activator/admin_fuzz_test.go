@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,9 +50,10 @@ var adminRouteRE = regexp.MustCompile(`^/routes/([^/]+)(/wake|/sleep)?$`)
 // can parse to the admin API of a Server with three routes, asleep or (with awake) with "app" and
 // "stuck" awake, as a local client (Host: localhost unless the headers say otherwise). The handler
 // must not panic; a foreign Host gets 421, a state-changing request a browser could send
-// cross-site 403, and one whose body cannot be read whole 400; no answer is a 5xx but a 502 or 503 for a route whose
-// backing failed; an answer labelled JSON is valid JSON; and a request for a route by a name no route
-// has gets 404 with a JSON error naming it.
+// cross-site 403, and one whose body cannot be read whole 400; no answer is a 5xx but a 502 or 503
+// for a route whose backing failed; an answer labelled JSON is valid JSON; a method its path does
+// not take gets 405 with Allow and a JSON error naming both, and every 404 is a JSON error; and a
+// request for a route by a name no route has gets 404 with a JSON error naming it.
 func FuzzAdmin(f *testing.F) {
 	f.Fuzz(func(t *testing.T, awake bool, method, target, header string, body []byte) {
 		if len(method)+len(target)+len(header)+len(body) > 1024 {
@@ -133,6 +135,20 @@ func FuzzAdmin(f *testing.F) {
 				t.Errorf("%s (Host %q): %d, want %d from the guard: %s", what, req.Host, code, refusal, got)
 			}
 			return
+		}
+
+		// A method its path does not take gets 405 with Allow and a JSON error naming the method, the
+		// path and the methods allowed; every 404 is a JSON error.
+		switch allow := rec.Header().Get("Allow"); code {
+		case http.StatusMethodNotAllowed:
+			if allow == "" || !isJSON || !strings.HasPrefix(answer.Error, string([]rune(req.Method+" "+req.URL.Path+": "))) ||
+				!strings.HasSuffix(answer.Error, "(allowed: "+allow+")") || slices.Contains(strings.Split(allow, ", "), req.Method) {
+				t.Errorf("%s: 405 with Allow %q and %q, want Allow without the method and a JSON error naming both", what, allow, got)
+			}
+		case http.StatusNotFound:
+			if !isJSON || answer.Error == "" {
+				t.Errorf("%s: 404 %q, want a JSON error", what, got)
+			}
 		}
 
 		path := req.URL.RawPath
