@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // TestMain checks that no goroutine outlives the tests: every backend is closed at cleanup, and Close
@@ -216,7 +218,7 @@ func TestStopQuitsWhateverTheMode(t *testing.T) {
 }
 
 // TestCorruptSnapshot: a copied snapshot that does not load makes the wake cold-boot, with the reason
-// in a Note, and is moved aside; in either RAM mode.
+// in a Note, and is moved aside with its sidecar; in either RAM mode.
 func TestCorruptSnapshot(t *testing.T) {
 	g := needGuest(t)
 	for _, ram := range []string{RAMFile, RAMCopy} {
@@ -228,9 +230,12 @@ func TestCorruptSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 			snap := filepath.Join(b.s.SnapshotDir, snapBase)
-			if err := os.WriteFile(snap, []byte("QEVM but not really a migration stream"), 0o600); err != nil {
+			stream := []byte("QEVM but not really a migration stream")
+			if err := os.WriteFile(snap, stream, 0o600); err != nil {
 				t.Fatal(err)
 			}
+			// Its sidecar is intact: the damage is in the stream, which only QEMU's load finds.
+			must(t, writeSidecar(snap+genExt, snapSidecar{Bytes: int64(len(stream)), Disk: &diskID{}}))
 			rec := &recorder{}
 			wake(t, b, r.Upstream, rec)
 			get(t, r.Upstream, "/")
@@ -241,8 +246,10 @@ func TestCorruptSnapshot(t *testing.T) {
 			if want := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}; !slices.Equal(phases, want) {
 				t.Errorf("phases = %q, want %q", phases, want)
 			}
-			if _, err := os.Stat(snap + badExt); err != nil {
-				t.Errorf("corrupt snapshot not moved aside: %v", err)
+			for _, f := range []string{snap, snap + genExt} {
+				if _, err := os.Stat(f + badExt); err != nil {
+					t.Errorf("corrupt snapshot not moved aside: %v", err)
+				}
 			}
 		})
 	}
@@ -642,5 +649,72 @@ func TestLateStopIsTheBackendsOwn(t *testing.T) {
 	}
 	if got := get(t, r.Upstream, "/boot_id"); got != boot {
 		t.Errorf("the guest serves boot %q, want the same boot %q", got, boot)
+	}
+}
+
+// TestSnapshotOverAChangedDisk: a snapshot is resumed only over the disk it was saved with, unwritten
+// since; otherwise it is refused, moved aside, and the wake cold-boots saying why. Found with reloads
+// that switched a route's snapshot_dir away and back: the snapshot left in the first dir was resumed,
+// over a disk the boots in the second dir had written. Here the test writes the disk itself, as any
+// other boot of it would. The unchanged disk's case comes first: QEMU's own stop, save, quit and
+// incoming open must leave the disk's identity as the save recorded it.
+func TestSnapshotOverAChangedDisk(t *testing.T) {
+	g := needGuest(t)
+	for _, c := range []struct{ ram, format string }{{RAMFile, "raw"}, {RAMCopy, "raw"}, {RAMFile, "qcow2"}, {RAMCopy, "qcow2"}} {
+		t.Run(c.ram+"/"+c.format, func(t *testing.T) {
+			ram := c.ram
+			disk := filepath.Join(shortDir(t), "disk.img")
+			if c.format == "qcow2" {
+				// qcow2 keeps metadata QEMU rewrites on open and close (its dirty flag, refcounts).
+				img, err := exec.LookPath("qemu-img")
+				if err != nil {
+					testenv.Missing(t, "qemu-img not installed (apt-get install -y qemu-utils)")
+				}
+				if out, err := exec.Command(img, "create", "-q", "-f", "qcow2", disk, "8M").CombinedOutput(); err != nil {
+					t.Fatalf("qemu-img create: %v: %s", err, out)
+				}
+			} else if err := os.WriteFile(disk, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := route(t, g, SleepSnapshot, "snapshot_ram: "+ram+"\ndisk: "+disk+"\ndisk_format: "+c.format+"\n")
+			b := open(t, r)
+			wake(t, b, r.Upstream, tenant.Discard)
+			boot1 := get(t, r.Upstream, "/boot_id")
+			sleepB(t, b)
+
+			rec := &recorder{}
+			wake(t, b, r.Upstream, rec)
+			if boot := get(t, r.Upstream, "/boot_id"); boot != boot1 {
+				_, notes := rec.get()
+				t.Fatalf("over its unchanged disk the snapshot was not resumed: boot %s, want %s (notes %q)", boot, boot1, notes)
+			}
+			sleepB(t, b)
+
+			f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte("written by another boot"), 4096); err != nil {
+				t.Fatal(err)
+			}
+			must(t, f.Close())
+
+			rec = &recorder{}
+			wake(t, b, r.Upstream, rec)
+			_, notes := rec.get()
+			if boot := get(t, r.Upstream, "/boot_id"); boot == boot1 {
+				t.Fatalf("the snapshot was resumed over a disk written since the save (notes %q)", notes)
+			}
+			if !containsSub(notes, "snapshot refused") || !containsSub(notes, "disk") {
+				t.Errorf("notes %q do not say the snapshot was refused for its disk", notes)
+			}
+			bad := filepath.Join(b.s.SnapshotDir, devBase+badExt)
+			if ram == RAMCopy {
+				bad = filepath.Join(b.s.SnapshotDir, snapBase+badExt)
+			}
+			if _, err := os.Stat(bad); err != nil {
+				t.Errorf("refused snapshot not moved aside: %v", err)
+			}
+		})
 	}
 }

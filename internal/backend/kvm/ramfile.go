@@ -62,10 +62,11 @@ type ramSidecar struct {
 
 // devSidecar is the device state's sidecar (guest.dev.gen): its commit.
 type devSidecar struct {
-	Generation string `json:"generation"`
-	Bytes      int64  `json:"bytes"`
-	SHA256     string `json:"sha256"`
-	RAMBytes   int64  `json:"ram_bytes"`
+	Generation string  `json:"generation"`
+	Bytes      int64   `json:"bytes"`
+	SHA256     string  `json:"sha256"`
+	RAMBytes   int64   `json:"ram_bytes"`
+	Disk       *diskID `json:"disk"` // the guest's disk at the save (disk.go)
 }
 
 // ramPlan is how a snapshot-mode route keeps its guest's RAM, and why. Open decides it once; Check
@@ -242,6 +243,9 @@ func (b *Backend) savedRAM(held bool) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if why := diskMoved(dev.Disk, b.s.Disk); why != "" {
+		return nil, &refusedError{why}
+	}
 	if held {
 		fi, err := os.Stat(b.ramPath())
 		if errors.Is(err, fs.ErrNotExist) {
@@ -338,13 +342,16 @@ type binding struct {
 }
 
 // prepareBind writes the binding of the device state just saved (dev: its size and hash) to the RAM
-// file beside both sidecars: a new generation, in the RAM file's and in the device state's. QEMU has
-// stopped the guest and saved its devices, so the RAM file no longer changes (it keeps its size). On
-// failure nothing of it is left.
+// file beside both sidecars: a new generation, in the RAM file's and in the device state's, which
+// also records the guest's disk (disk.go). QEMU has stopped the guest and saved its devices, so the
+// RAM file no longer changes (it keeps its size), nor does the disk. On failure nothing of it is left.
 func (b *Backend) prepareBind(dev devSidecar) (*binding, error) {
 	fi, err := os.Stat(b.ramPath())
 	if err != nil {
 		return nil, fmt.Errorf("RAM file: %w", err)
+	}
+	if dev.Disk, err = readDiskID(b.s.Disk); err != nil {
+		return nil, err
 	}
 	bd := &binding{rs: ramSidecar{Generation: newGeneration(), Bytes: fi.Size(), HostBoot: hostBootID()}}
 	dev.Generation, dev.RAMBytes = bd.rs.Generation, fi.Size()
@@ -453,7 +460,8 @@ func (b *Backend) removeSnapshots() error {
 	b.gen.Lock()
 	defer b.gen.Unlock()
 	b.savedGen = ""
-	return removeFiles(b.ramPath()+genExt, b.devPath()+genExt, b.devPath(), b.devPath()+".tmp", file, file+".tmp", other, other+".tmp")
+	return removeFiles(b.ramPath()+genExt, b.devPath()+genExt, b.devPath(), b.devPath()+".tmp",
+		file, file+".tmp", file+genExt, other, other+".tmp", other+genExt)
 }
 
 // lockRAM opens the RAM file (creating it with create) and takes its exclusive flock without waiting.

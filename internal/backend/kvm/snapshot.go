@@ -63,7 +63,7 @@ func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 		bd, err = b.prepareBind(saved.dev)
 	}
 	if err != nil {
-		_ = removeFiles(saved.file+".tmp", saved.file)
+		_ = removeFiles(saved.file+".tmp", saved.file, saved.file+genExt)
 		b.rollback(inst)
 		return err
 	}
@@ -109,9 +109,16 @@ func (b *Backend) saveDevice(ctx context.Context, inst *instance) (savedState, e
 	return saved, nil
 }
 
-// saveCopy saves RAM and device state into the snapshot file and flushes it to disk. QEMU writes
-// through exec: (cat, or zstd when compressed, run by QEMU's /bin/sh) into a temp file the writer
-// renames once complete.
+// snapSidecar is a copied snapshot's sidecar (guest.snap.gen, or guest.snap.zst.gen): the snapshot's
+// size and the guest's disk at the save (disk.go). A copied snapshot without one is not resumed.
+type snapSidecar struct {
+	Bytes int64   `json:"bytes"`
+	Disk  *diskID `json:"disk"`
+}
+
+// saveCopy saves RAM and device state into the snapshot file, writes its sidecar, and flushes both to
+// disk. QEMU writes through exec: (cat, or zstd when compressed, run by QEMU's /bin/sh) into a temp
+// file the writer renames once complete.
 func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, error) {
 	final, _ := b.snapFile()
 	saved := savedState{file: final}
@@ -147,10 +154,19 @@ func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, err
 	if err := waitFile(wctx, final, tmp); err != nil {
 		return saved, b.writerFailed(fmt.Errorf("snapshot: %w", err))
 	}
-	if fi, err := os.Stat(final); err == nil {
-		saved.dev.Bytes = fi.Size()
+	fi, err := os.Stat(final)
+	if err != nil {
+		return saved, fmt.Errorf("snapshot: %w", err)
 	}
-	if err := syncPaths(final, filepath.Dir(final)); err != nil {
+	saved.dev.Bytes = fi.Size()
+	disk, err := readDiskID(b.s.Disk)
+	if err != nil {
+		return saved, err
+	}
+	if err := writeSidecar(final+genExt, snapSidecar{Bytes: fi.Size(), Disk: disk}); err != nil {
+		return saved, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := syncPaths(final, final+genExt, filepath.Dir(final)); err != nil {
 		return saved, fmt.Errorf("sync snapshot: %w", err)
 	}
 	return saved, nil
@@ -338,8 +354,9 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker, sb *instance) (
 
 // findSnapshot picks what restore loads. In file mode that is the device state if there is one,
 // checked against its RAM file (savedRAM; held: a standby QEMU holds the RAM file, and src.ram stays
-// nil). Otherwise it is a copied snapshot, prefetched into the page cache while QEMU starts; in file
-// mode its RAM is loaded into a fresh RAM file.
+// nil). Otherwise it is a copied snapshot, checked against its sidecar (checkCopy) and prefetched into
+// the page cache while QEMU starts; in file mode its RAM is loaded into a fresh RAM file. Either is
+// checked against the guest's disk (disk.go).
 func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 	if b.ram.file {
 		if _, err := os.Stat(b.devPath()); err == nil {
@@ -360,10 +377,13 @@ func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 		}
 		file = other
 	}
+	src := snapshotSource{file: file, side: file + genExt}
+	if err := b.checkCopy(src); err != nil {
+		return snapshotSource{}, moveAside(src, err)
+	}
 	if err := prefetch(file); err != nil {
 		b.log.Debug("snapshot prefetch", "err", err)
 	}
-	src := snapshotSource{file: file}
 	if b.ram.file {
 		ram, err := b.freshRAM()
 		if err != nil {
@@ -372,6 +392,26 @@ func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 		src.ram = ram
 	}
 	return src, nil
+}
+
+// checkCopy refuses a copied snapshot whose sidecar is missing or unreadable, whose size is not the
+// size it was saved with, or whose disk has moved on since (*refusedError).
+func (b *Backend) checkCopy(src snapshotSource) error {
+	var side snapSidecar
+	if err := readSidecar(src.side, &side); err != nil {
+		return &refusedError{fmt.Sprintf("snapshot without a valid sidecar (%v)", err)}
+	}
+	fi, err := os.Stat(src.file)
+	if err != nil {
+		return &refusedError{fmt.Sprintf("snapshot unreadable (%v)", err)}
+	}
+	if fi.Size() != side.Bytes {
+		return &refusedError{fmt.Sprintf("snapshot is %d bytes, saved as %d", fi.Size(), side.Bytes)}
+	}
+	if why := diskMoved(side.Disk, b.s.Disk); why != "" {
+		return &refusedError{why}
+	}
+	return nil
 }
 
 // moveAside renames a snapshot that must not be tried again (and its sidecar) to *.bad, and says so in
