@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,8 @@ var errBelowQuorum = errors.New("the fleet fell below min_ready")
 const (
 	memberExited  = "exited"  // it stopped on its own: Error says how
 	memberStopped = "stopped" // the activator stopped it, as the fleet fell below min_ready
+	// memberAsleep is a member the wake did not wake: the take-back of a sleep it went down in.
+	memberAsleep = "asleep"
 )
 
 // fleetMember is one member: its backend, its gate, its upstream client and whether it is ready.
@@ -70,6 +73,9 @@ type fleetBackend struct {
 	settled chan struct{} // closed when the last wake's members have all settled and been cleaned up
 	life    *tenant.Life  // the fleet's life while it is up
 	gen     uint64        // bumped by every Sleep, Stop and Close: member lives that end after are ours
+	// takeBack, after a sleep that members refused, marks them (by index) for the take-back that
+	// follows (Wake): only they are woken again. nil: the next wake wakes every member.
+	takeBack []bool
 }
 
 var (
@@ -93,7 +99,8 @@ func openFleet(o tenant.Opener, r *registry.Route, newGate func(*registry.Route)
 	return fb, nil
 }
 
-// Wake wakes every member and returns once the quorum is up, with the fleet's Life, or lost, with the
+// Wake wakes every member (the take-back of a sleep that members refused: only those, see
+// fleetSleepError) and returns once the quorum is up, with the fleet's Life, or lost, with the
 // *fleet.QuorumError that names the culprit. Members still waking at that point go on within the wake
 // budget: at a quorum they join as they pass, after a fast-fail they are cancelled, and then every
 // member is stopped (a failed wake leaves nothing running).
@@ -103,18 +110,32 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 	}
 	t.Phase(phaseMembers)
 	rec, _ := t.(*tracker)
+	fb.mu.Lock()
+	only := fb.takeBack
+	fb.takeBack = nil
+	fb.mu.Unlock()
+	if rec == nil || rec.snapshot().Trigger != string(triggerSleepFailed) {
+		only = nil
+	}
 	mctx, cancel := detachWithDeadline(ctx) // stragglers outlive this call, not the wake budget
 	trackers := make([]*tracker, len(fb.members))
-	ms := make([]fleet.Member, len(fb.members))
+	var (
+		ms  []fleet.Member
+		idx []int
+	)
 	t0 := fb.in.now() // every member's phases count from the same instant, so they can be compared
 	for i, m := range fb.members {
+		if only != nil && !only[i] {
+			continue // it went down in the sleep this wake takes back, and stays down
+		}
 		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, fb.in.now)
 		tr.rec.Started = t0
 		trackers[i] = tr
-		ms[i] = fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }}
+		idx = append(idx, i)
+		ms = append(ms, fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }})
 	}
 	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial})
-	w := &fleetWake{fb: fb, run: run, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
+	w := &fleetWake{fb: fb, run: run, idx: idx, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
 	settled := make(chan struct{})
 	fb.mu.Lock()
 	fb.run, fb.wake, fb.settled = run, w, settled
@@ -335,9 +356,10 @@ func (fb *fleetBackend) up() *tenant.Life {
 // member that never came up was stopped when it failed, and is not asked again: a member whose
 // backing cannot even find it (a system the BMC does not have, a BMC that is down) failed every
 // fleet sleep, and each failed sleep's take-back powered the members that had gone down up again,
-// every idle window, for ever (found with the real binary and cmd/redfish-sim).
+// every idle window, for ever (found with the real binary and cmd/redfish-sim). A member that came
+// up and refuses fails the sleep with a *fleetSleepError, which says what becomes of the fleet.
 func (fb *fleetBackend) Sleep(ctx context.Context) error {
-	return fb.down(ctx, func(ctx context.Context, m *fleetMember, wasReady bool) error {
+	return fb.putDown(ctx, func(ctx context.Context, m *fleetMember, wasReady bool) error {
 		if !wasReady {
 			return nil
 		}
@@ -346,50 +368,144 @@ func (fb *fleetBackend) Sleep(ctx context.Context) error {
 }
 
 // Stop stops every member, whether it came up or not, and those whose sleep would park them for real.
+// Its failures are Sleep's.
 func (fb *fleetBackend) Stop(ctx context.Context) error {
-	return fb.down(ctx, stopMember)
+	return fb.putDown(ctx, stopMember)
 }
 
 // Close closes every member's backend once the last wake has settled.
 func (fb *fleetBackend) Close(ctx context.Context) error {
-	return fb.down(ctx, func(ctx context.Context, m *fleetMember, _ bool) error {
+	errs, _, err := fb.down(ctx, func(ctx context.Context, m *fleetMember, _ bool) error {
 		if c, ok := m.backend.(tenant.Closer); ok {
 			return c.Close(ctx)
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return errors.Join(errs...)
 }
 
-func (fb *fleetBackend) down(ctx context.Context, op memberOp) error {
+// putDown is down for a sleep or a stop. When members fail it, it returns a *fleetSleepError and, if
+// the members that came up and refused still make min_ready, marks them for the take-back.
+func (fb *fleetBackend) putDown(ctx context.Context, op memberOp) error {
+	errs, wasReady, err := fb.down(ctx, op)
+	if err != nil {
+		return err
+	}
+	fe := &fleetSleepError{minReady: fb.minReady()}
+	running := make([]bool, len(fb.members))
+	for i, m := range fb.members {
+		switch {
+		case errs[i] != nil:
+			fe.errs = append(fe.errs, errs[i])
+			if wasReady[i] {
+				fe.running, running[i] = append(fe.running, m.name), true
+			}
+		case wasReady[i]:
+			fe.down = append(fe.down, m.name)
+		}
+	}
+	if len(fe.errs) == 0 {
+		return nil
+	}
+	if fe.takeBack() {
+		fb.mu.Lock()
+		fb.takeBack = running
+		fb.mu.Unlock()
+	}
+	return fe
+}
+
+// down cancels the members still waking, waits for the last wake to settle, then runs op on every
+// member at once and ends the fleet's Life. It returns each member's error (nil, or naming the
+// member) and whether it had come up; or an error of its own when the wake did not settle in time.
+func (fb *fleetBackend) down(ctx context.Context, op memberOp) (errs []error, wasReady []bool, err error) {
 	fb.mu.Lock()
 	fb.gen++
 	run, life := fb.run, fb.life
-	fb.life = nil
+	fb.life, fb.takeBack = nil, nil
 	fb.mu.Unlock()
 	if run != nil {
 		run.Cancel(errSleeping)
 	}
 	if err := fb.waitSettled(ctx); err != nil {
-		return err
+		return nil, nil, err
 	}
-	err := fb.each(ctx, op)
+	errs, wasReady = fb.eachMember(ctx, op)
 	if life != nil {
 		life.End(tenant.ErrSlept)
 	}
-	return err
+	return errs, wasReady, nil
+}
+
+// fleetSleepError is a fleet's sleep (or stop) that members failed. What went down stays down: it is
+// not woken again to undo the sleep. The fleet is what its quorum says of the members that came up
+// and refused, which may still run: when they make min_ready, the route takes the fleet back on them
+// alone (runSleep, then Wake wakes only them); when they do not, the fleet counts as asleep, and its
+// next wake wakes every member (a Wake takes a running tenant as it is).
+type fleetSleepError struct {
+	errs     []error  // each naming its member
+	down     []string // the members that came up and went down
+	running  []string // the members that came up and refused: they may still run
+	minReady int
+}
+
+func (e *fleetSleepError) Error() string {
+	var b strings.Builder
+	for i, err := range e.errs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	went := "no member went down"
+	if len(e.down) > 0 {
+		went = strings.Join(e.down, ", ") + " went down and stay down"
+	}
+	switch {
+	case len(e.running) == 0:
+		fmt.Fprintf(&b, " (%s; the fleet is asleep)", went)
+	case e.takeBack():
+		fmt.Fprintf(&b, " (%s; %s may still run and make min_ready %d: the fleet is taken back on them alone)",
+			went, strings.Join(e.running, ", "), e.minReady)
+	default:
+		fmt.Fprintf(&b, " (%s; %s may still run, fewer than min_ready %d: the fleet counts as asleep, and its next wake wakes every member)",
+			went, strings.Join(e.running, ", "), e.minReady)
+	}
+	return b.String()
+}
+
+func (e *fleetSleepError) Unwrap() []error { return e.errs }
+
+// takeBack reports whether the members that refused make min_ready.
+func (e *fleetSleepError) takeBack() bool { return len(e.running) > 0 && len(e.running) >= e.minReady }
+
+// takesBack reports whether the route takes back its tenant after a sleep that failed with err
+// (runSleep): always, but for a fleet whose members that refused are too few for min_ready.
+func takesBack(err error) bool {
+	var fe *fleetSleepError
+	return !errors.As(err, &fe) || fe.takeBack()
 }
 
 // each runs op on every member's backend at once, each under its member's op lock, and joins their
 // errors, each naming its member.
 func (fb *fleetBackend) each(ctx context.Context, op memberOp) error {
-	errs := make([]error, len(fb.members))
+	errs, _ := fb.eachMember(ctx, op)
+	return errors.Join(errs...)
+}
+
+// eachMember is each, returning each member's error and whether it had come up.
+func (fb *fleetBackend) eachMember(ctx context.Context, op memberOp) (errs []error, wasReady []bool) {
+	errs, wasReady = make([]error, len(fb.members)), make([]bool, len(fb.members))
 	var wg sync.WaitGroup
 	for i, m := range fb.members {
 		wg.Go(func() {
 			m.op.Lock()
 			defer m.op.Unlock()
-			wasReady := m.ready.Swap(false) // no request goes to it from here on
-			if err := op(ctx, m, wasReady); err != nil {
+			wasReady[i] = m.ready.Swap(false) // no request goes to it from here on
+			if err := op(ctx, m, wasReady[i]); err != nil {
 				errs[i] = fmt.Errorf("member %q: %w", m.name, err)
 			}
 			if up := m.up.Load(); up != nil {
@@ -398,7 +514,7 @@ func (fb *fleetBackend) each(ctx context.Context, op memberOp) error {
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return errs, wasReady
 }
 
 // memberOp is what each does to a member: wasReady says whether it had come up (passed its gate).
@@ -460,7 +576,8 @@ func (fb *fleetBackend) dropUpstream() {
 type fleetWake struct {
 	fb       *fleetBackend
 	run      *fleet.Run
-	trackers []*tracker // by member index
+	idx      []int      // the member index of each of run's members: all, or a take-back's
+	trackers []*tracker // by member index; nil for a member the wake did not wake
 	t0       time.Time  // when the members' clocks started
 
 	mu    sync.Mutex    // guards after; taken after no other lock but the trackers' and run's own
@@ -491,9 +608,13 @@ func (w *fleetWake) mark(m *fleetMember, status string, err error, what, then st
 // rows is the rollup, in member order, with each member's phases: its outcome in the wake, or what
 // became of it since.
 func (w *fleetWake) rows() []MemberRecord {
-	results := w.run.Results()
-	out := make([]MemberRecord, len(results))
-	for i, res := range results {
+	out := make([]MemberRecord, len(w.fb.members))
+	for i, m := range w.fb.members {
+		out[i] = MemberRecord{Name: m.name, Upstream: m.route.Upstream.String(), Status: memberAsleep,
+			Notes: []string{"not woken: it went down in the sleep this wake takes back, which takes back only the members that refused"}}
+	}
+	for j, res := range w.run.Results() {
+		i := w.idx[j]
 		snap := w.trackers[i].snapshot()
 		row := MemberRecord{Name: res.Name, Upstream: w.fb.members[i].route.Upstream.String(), Status: string(res.Status),
 			Class: string(res.Class), Phase: res.Phase, CancelledBy: res.CancelledBy, Phases: snap.Phases, Notes: snap.Notes}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -396,4 +397,70 @@ func TestFleetNestedRowsFollowTheFleet(t *testing.T) {
 			t.Errorf("nested rows in app's history: %v, want %v", got, want)
 		}
 	})
+}
+
+// TestFleetSleepOneMemberRefuses: c came up, and its sleep fails (a BMC that refuses the power-off).
+// The sleep fails naming c and its error, and a and b, which went down, are not woken again to undo
+// it. With min_ready 3, c alone cannot be the fleet: it is asleep, c noted as possibly running. With
+// min_ready 1, c alone is a quorum: the fleet is taken back on c, through c's Wake and gate, and a and
+// b stay down. Found by an operator trial: each failed sleep's take-back woke every member again.
+func TestFleetSleepOneMemberRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		min       int
+		wantState string
+		wantReady []bool
+	}{
+		{min: 3, wantState: Asleep.String(), wantReady: []bool{false, false, false}},
+		{min: 1, wantState: Awake.String(), wantReady: []bool{false, false, true}},
+	} {
+		t.Run("min_ready="+strconv.Itoa(tc.min), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				a, b := &fakeBackend{}, &fakeBackend{}
+				c := &fakeBackend{sleepErr: errors.New("the BMC refused GracefulShutdown")}
+				s := newChainServer(t, byName{"pool.a": a, "pool.b": b, "pool.c": c},
+					&registry.Config{Routes: []*registry.Route{fleetRoute(tc.min, false, "a", "b", "c")}})
+				if err := s.Wake(t.Context(), "pool"); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				err := s.Sleep(t.Context(), "pool")
+				if err == nil || !strings.Contains(err.Error(), `member "c"`) || !strings.Contains(err.Error(), "the BMC refused GracefulShutdown") {
+					t.Fatalf("min_ready %d: the sleep's error %v, want it to name c and its error", tc.min, err)
+				}
+				synctest.Wait()
+				if n, m := a.wakes.Load(), b.wakes.Load(); n != 1 || m != 1 {
+					t.Errorf("min_ready %d: a woken %d times, b %d; want once each: what went down stays down", tc.min, n, m)
+				}
+				st := s.instance("pool").status()
+				if st.State != tc.wantState {
+					t.Errorf("min_ready %d: state %s, want %s", tc.min, st.State, tc.wantState)
+				}
+				if !strings.Contains(st.LastSleepError, `member "c"`) {
+					t.Errorf("min_ready %d: last sleep error %q, want it to name c", tc.min, st.LastSleepError)
+				}
+				var ready []bool
+				for _, m := range st.Members {
+					ready = append(ready, m.Ready)
+				}
+				if !slices.Equal(ready, tc.wantReady) {
+					t.Errorf("min_ready %d: members ready %v, want %v", tc.min, ready, tc.wantReady)
+				}
+				var slept *SleepRecord
+				for _, ev := range s.instance("pool").hist.last(0) {
+					if ev.Sleep != nil {
+						slept = ev.Sleep
+					}
+				}
+				if slept == nil || slept.Result != ResultFailed || !strings.Contains(slept.Error, `member "c"`) {
+					t.Errorf("min_ready %d: the sleep's record %+v, want failed, naming c", tc.min, slept)
+				}
+				if tc.min == 1 {
+					rec := st.LastWake
+					if got, want := memberStatuses(rec.Members), []string{"asleep", "asleep", "up"}; rec.Trigger != string(triggerSleepFailed) || !slices.Equal(got, want) {
+						t.Errorf("the take-back: trigger %s, rows %v; want sleep_failed, %v", rec.Trigger, got, want)
+					}
+				}
+			})
+		})
+	}
 }

@@ -118,21 +118,27 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 		in.series.slept(reason, forced)
 	}
 	in.slpErr = nil
+	takeBack := err != nil && takesBack(err)
 	if err != nil {
 		in.slpErr = &SleepError{Route: in.route.Name, Reason: reason, Err: err}
-		in.logger().Error("sleep failed; taking the tenant back as awake", "reason", reason, "err", err, "notes", said)
+		msg := "sleep failed; taking the tenant back as awake"
+		if !takeBack {
+			msg = "sleep failed; too few of the fleet's members may still run for min_ready: it counts as asleep"
+		}
+		in.logger().Error(msg, "reason", reason, "err", err, "notes", said)
 	} else {
 		in.logger().Info("slept", "reason", reason, "duration", in.now().Sub(start), "forced", forced, "notes", said)
 	}
 	in.series.sleepFailed(err != nil)
 	in.setStateLocked(Asleep)
 	close(done)
-	if err != nil && !in.retiring && !in.closed && !in.draining() {
+	if takeBack && !in.retiring && !in.closed && !in.draining() {
 		// A failed sleep is not a sleep: the tenant may still run (a freeze the host cannot do, a
 		// node that will not power off). The route takes it back at once, through the backing's Wake
 		// (which takes a running tenant as it is) and the health gate, so that its state is the
 		// tenant's; the failure stays in the status until a sleep succeeds. A retiring instance
-		// closes its backend instead, and a draining one starts no wake.
+		// closes its backend instead, and a draining one starts no wake. A fleet is taken back only
+		// when the members that refused make its quorum, and on them alone (fleetSleepError).
 		in.beginWakeLocked(triggerSleepFailed)
 	}
 	in.maybeRetireLocked()
@@ -140,7 +146,8 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 
 // sleepNow puts the instance to sleep (admin API). It waits for a wake in progress, and returns once
 // the instance is asleep; requests that arrive meanwhile wake it again afterwards. When the sleep it
-// started failed, it returns that *SleepError; the instance is then waking again (see runSleep).
+// started failed, it returns that *SleepError; the instance is then waking again (see runSleep), or,
+// a fleet with too few members left running for its quorum, asleep.
 func (in *instance) sleepNow(ctx context.Context, reason string) error {
 	for {
 		in.mu.Lock()
