@@ -229,6 +229,34 @@ func TestACMEEdge(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics", func(t *testing.T) {
+		hc := &http.Client{Transport: &http.Transport{}}
+		t.Cleanup(hc.CloseIdleConnections)
+		body := adminGet(t, hc, a.admin, "/metrics")
+		for _, r := range []appRoute{first, asleep} {
+			got := verifiedDo(c, http.MethodGet, "https://"+r.host()+"/", nil)
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			host := fmt.Sprintf("%q", r.host())
+			v, ok := scrapedValue(body, "activator_tls_certificate_expiry_timestamp_seconds", "certificate="+host, `source="acme"`)
+			if want := got.chain[0].NotAfter.Unix(); !ok || int64(v) != want {
+				t.Errorf("expiry of %s: %v (present %v), want %d, the served leaf's", r.host(), v, ok, want)
+			}
+			if v, ok := scrapedValue(body, "activator_tls_acme_failing", "host="+host); !ok || v != 0 {
+				t.Errorf("activator_tls_acme_failing of %s: %v (present %v), want 0", r.host(), v, ok)
+			}
+			for _, op := range []string{"obtain", "renew"} {
+				if v, ok := scrapedValue(body, "activator_tls_acme_failures_total", "host="+host, fmt.Sprintf("operation=%q", op)); !ok || v != 0 {
+					t.Errorf("ACME %s failures of %s: %v (present %v), want 0", op, r.host(), v, ok)
+				}
+			}
+		}
+		if bytes.Contains(body, []byte("unknown0.test")) {
+			t.Errorf("an unknown hello's name is in /metrics")
+		}
+	})
+
 	for _, r := range []appRoute{first, asleep} {
 		if n := countHost(s.logs.matching("certificate obtained"), r.host()); n != 1 {
 			t.Errorf("%s: %d certificates obtained, want 1 (the handshake and the background order share one)", r.host(), n)

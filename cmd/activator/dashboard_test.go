@@ -25,7 +25,8 @@ package main
 // through the admin API; route broken (exec, a demo app that exits 3 before listening) fails its wakes;
 // route metal (redfish, on the simulated BMC of package redfishtest, whose node ignores
 // GracefulShutdown) wakes and then fails to sleep; route stubborn (exec, a demo app that ignores
-// SIGTERM) wakes and is killed at its sleep after stop_grace. Each of these happens twice, once on each side of a
+// SIGTERM) wakes and is killed at its sleep after stop_grace. The edge also serves TLS, from a
+// certificate file and from ACME on a CA that nothing answers for, whose orders fail. Each of these happens twice, once on each side of a
 // scrape, and web is woken a last time so that an instance is awake when the queries run.
 
 import (
@@ -52,7 +53,9 @@ import (
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
+	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/testenv"
+	"github.com/activator/activator/internal/tlsedge/tlstest"
 )
 
 const (
@@ -358,7 +361,12 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
     redfish: {endpoint: %q, sleep: graceful, shutdown_grace: 200ms, poll_interval: 50ms}
     ignore: {preset: monitors}
 `, bmc.ServiceAddr("node-1"), bmc.URL)
-	s := startServed(t, configYAML(t, web, broken, stubborn)+metal)
+	// The TLS edge: a certificate file (activator_tls_certificate_expiry_timestamp_seconds) and ACME on a
+	// CA that nothing answers for, whose orders for the routes' hosts fail (activator_tls_acme_*).
+	ca := tlstest.NewCA(t)
+	certs := ca.Write(t, t.TempDir(), "edge", tlstest.Leaf{Label: "edge", Names: []string{"files.test"}})
+	deadCA := fmt.Sprintf("  acme: {ca: %q, storage: %q}\n", "https://"+freeLoopbackAddr(t)+"/directory", filepath.Join(t.TempDir(), "acme"))
+	s := startServed(t, tlsTop(freeLoopbackAddr(t), []registry.CertFile{certs}, deadCA)+configYAML(t, web, broken, stubborn)+metal)
 
 	prom := startPrometheus(t, promBin, s.admin, alertsAbs)
 	// A second Prometheus with native histograms on asks for protobuf first: the route series

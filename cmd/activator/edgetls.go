@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/activator/activator/internal/acme"
 	"github.com/activator/activator/internal/registry"
@@ -43,12 +44,12 @@ type acmeHooks struct {
 
 // newACME builds the ACME manager (internal/acme) for cfg.ExactHosts() when cfg.TLS.ACME is set, and
 // returns its hooks; without ACME it returns none. The manager contacts no CA until serve runs it,
-// after the listeners are bound: the challenges must find the edge listening.
-func newACME(cfg *registry.Config, log *slog.Logger) (acmeHooks, error) {
+// after the listeners are bound: the challenges must find the edge listening. Its metrics go to reg.
+func newACME(cfg *registry.Config, log *slog.Logger, reg prometheus.Registerer) (acmeHooks, error) {
 	if cfg.TLS.ACME == nil {
 		return acmeHooks{}, nil
 	}
-	m, err := acme.New(acme.Options{ACME: cfg.TLS.ACME, Hosts: cfg.ExactHosts(), HTTPAddr: cfg.Listen, TLSAddr: cfg.ListenTLS}, log)
+	m, err := acme.New(acme.Options{ACME: cfg.TLS.ACME, Hosts: cfg.ExactHosts(), HTTPAddr: cfg.Listen, TLSAddr: cfg.ListenTLS, Registerer: reg}, log)
 	if err != nil {
 		if !strings.HasPrefix(err.Error(), "tls.acme") { // most name their key already
 			err = fmt.Errorf("tls.acme: %w", err)
@@ -87,7 +88,8 @@ type tlsSide struct {
 	edge *tlsedge.Edge
 	acme acmeHooks
 	log  *slog.Logger
-	mu   sync.Mutex // guards files
+	reg  prometheus.Registerer // the edge's metrics go there (bind)
+	mu   sync.Mutex            // guards files
 	// files are the certificate and key files of the settings in force (watchedFiles).
 	files []string
 }
@@ -137,12 +139,13 @@ func tlsWarnings(cfg *registry.Config, certs *tlsedge.Certs) []string {
 }
 
 // newTLSSide loads cfg's TLS settings and sets up ACME when cfg has listen_tls; it returns nil when
-// not. The errors are the certificate files' (joined, for printConfigErrors) or the ACME manager's.
-func newTLSSide(cfg *registry.Config, log *slog.Logger) (*tlsSide, tlsedge.Settings, error) {
+// not. The errors are the certificate files' (joined, for printConfigErrors) or the ACME manager's. The
+// metrics of the certificates served and of ACME's failures go to reg.
+func newTLSSide(cfg *registry.Config, log *slog.Logger, reg prometheus.Registerer) (*tlsSide, tlsedge.Settings, error) {
 	if cfg.ListenTLS == "" {
 		return nil, tlsedge.Settings{}, nil
 	}
-	acme, err := newACME(cfg, log)
+	acme, err := newACME(cfg, log, reg)
 	if err != nil {
 		return nil, tlsedge.Settings{}, err
 	}
@@ -156,7 +159,7 @@ func newTLSSide(cfg *registry.Config, log *slog.Logger) (*tlsSide, tlsedge.Setti
 	for _, w := range warnings {
 		log.Warn(w)
 	}
-	return &tlsSide{acme: acme, log: log, files: cleanPaths(s.Certs.Files())}, s, nil
+	return &tlsSide{acme: acme, log: log, reg: reg, files: cleanPaths(s.Certs.Files())}, s, nil
 }
 
 // bind puts the TLS side on its raw listener (bound for listen_tls, or passed in by systemd): it builds
@@ -166,7 +169,7 @@ func (t *tlsSide) bind(raw net.Listener, s tlsedge.Settings, cfg *registry.Confi
 	if a, ok := raw.Addr().(*net.TCPAddr); ok {
 		port = a.Port
 	}
-	t.edge = tlsedge.New(s, tlsedge.Options{Source: t.acme.source, Challenge: t.acme.challenge, HTTPSPort: port})
+	t.edge = tlsedge.New(s, tlsedge.Options{Source: t.acme.source, Challenge: t.acme.challenge, HTTPSPort: port, Registerer: t.reg})
 	lim := tlsedge.Limits{Timeout: cfg.Edge.TLSHandshakeTimeout, Max: cfg.Edge.MaxTLSHandshakes}
 	return tlsedge.NewListener(proxyListener(raw, pp, onListenTLS), t.edge.TLSConfig(), lim, t.log)
 }

@@ -119,14 +119,13 @@ func serve(o serveOptions) int {
 		return 1
 	}
 
-	tlsEdge, tlsSet, err := newTLSSide(cfg, log) // nil without listen_tls (edgetls.go)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tlsEdge, tlsSet, err := newTLSSide(cfg, log, reg) // nil without listen_tls (edgetls.go)
 	if err != nil {
 		printConfigErrors(os.Stderr, o.configPath, err)
 		return 1
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	edgeCap, capWarning := edgeConnCap(cfg, openFileLimit())
 	if capWarning != "" {
 		log.Warn(capWarning)

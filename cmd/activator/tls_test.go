@@ -673,3 +673,62 @@ func TestReloadLoopWatchErrors(t *testing.T) {
 		}
 	}
 }
+
+// scrapedValue is the value of the series of name in a /metrics text body that has every one of labels
+// (`key="value"`), and whether there is one.
+func scrapedValue(body []byte, name string, labels ...string) (float64, bool) {
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		set, value, ok := strings.Cut(rest, "} ")
+		if !ok || slices.ContainsFunc(labels, func(l string) bool { return !slices.Contains(strings.Split(set, ","), l) }) {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(value, &v); err != nil {
+			return 0, false
+		}
+		return v, true
+	}
+	return 0, false
+}
+
+// TestTLSCertificateMetrics: the admin API's /metrics has the NotAfter of each certificate file served,
+// labelled by its cert_file, and follows a renewal; hellos for other names add no series.
+func TestTLSCertificateMetrics(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	dir := t.TempDir()
+	notAfter := time.Now().Truncate(time.Second).Add(20 * time.Hour)
+	leaf := func(label string, notAfter time.Time) tlstest.Leaf {
+		return tlstest.Leaf{Label: label, Names: []string{"metrics.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter}
+	}
+	files := ca.Write(t, dir, "metrics", leaf("v1", notAfter))
+	tlsAddr := freeLoopbackAddr(t)
+	s := startServed(t, tlsTop(tlsAddr, []registry.CertFile{files}, "")+configYAML(t, appRoute{Name: "metrics"}))
+	hc := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(hc.CloseIdleConnections)
+	const expiry = "activator_tls_certificate_expiry_timestamp_seconds"
+	file := fmt.Sprintf("certificate=%q", files.CertFile)
+
+	for i := range 3 {
+		presented(t, tlsAddr, fmt.Sprintf("stranger%d.test", i))
+	}
+	body := adminGet(t, hc, s.admin, "/metrics")
+	if v, ok := scrapedValue(body, expiry, file, `source="file"`); !ok || int64(v) != notAfter.Unix() {
+		t.Errorf("%s{%s}: %v (present %v), want %d", expiry, file, v, ok, notAfter.Unix())
+	}
+	if bytes.Contains(body, []byte("stranger")) {
+		t.Errorf("a hello's server name is in /metrics:\n%s", body)
+	}
+
+	renewed := notAfter.Add(19 * time.Hour)
+	ca.Write(t, dir, "metrics", leaf("v2", renewed))
+	s.waitPresented(tlsAddr, "metrics.test", "v2")
+	body = adminGet(t, hc, s.admin, "/metrics")
+	if v, ok := scrapedValue(body, expiry, file, `source="file"`); !ok || int64(v) != renewed.Unix() {
+		t.Errorf("after the renewal, %s{%s}: %v (present %v), want %d", expiry, file, v, ok, renewed.Unix())
+	}
+}

@@ -36,6 +36,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"github.com/mholt/acmez/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/activator/activator/internal/registry"
@@ -63,6 +64,9 @@ type Options struct {
 	// finds them bound and relies on them instead. The CA itself always connects to ports 80 and
 	// 443: these listeners must be reachable there (directly or forwarded).
 	HTTPAddr, TLSAddr string
+	// Registerer, when set, gets the Manager's metrics: activator_tls_acme_failures_total. (The
+	// certificates' expiry is the edge's, through CertificateExpiries.)
+	Registerer prometheus.Registerer
 }
 
 // Manager holds the certificates of the managed hosts. Its methods are safe for concurrent use.
@@ -80,6 +84,8 @@ type Manager struct {
 	hosts map[string]context.CancelFunc
 	// ctx is Run's context, nil before Run; management started by SetHosts derives from it.
 	ctx context.Context
+	// failures are the failed attempts of each managed host (metrics.go). A host removed loses them.
+	failures map[string]hostFailures
 }
 
 // New builds a Manager for opts.Hosts. It reads the CA roots file and creates the storage
@@ -113,7 +119,7 @@ func New(opts Options, log *slog.Logger) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("acme_ca", opts.ACME.CA)
-	m := &Manager{log: log, hosts: map[string]context.CancelFunc{}}
+	m := &Manager{log: log, hosts: map[string]context.CancelFunc{}, failures: map[string]hostFailures{}}
 	zl := zap.New(slogCore{h: log.Handler()})
 	m.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: m.configFor, Logger: zl})
 	base := certmagic.Config{
@@ -134,6 +140,12 @@ func New(opts Options, log *slog.Logger) (*Manager, error) {
 	m.mu.Unlock()
 	log.Info("acme storage", "dir", dir)
 	m.SetHosts(opts.Hosts)
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(failureMetrics{m}); err != nil {
+			m.cache.Stop()
+			return nil, fmt.Errorf("acme: metrics: %w", err)
+		}
+	}
 	return m, nil
 }
 
@@ -244,6 +256,7 @@ func (m *Manager) SetHosts(hosts []string) {
 				cancel()
 			}
 			delete(m.hosts, h)
+			delete(m.failures, h)
 			gone = append(gone, certmagic.SubjectIssuer{Subject: h})
 		}
 	}
@@ -336,10 +349,14 @@ func (m *Manager) configFor(cert certmagic.Certificate) (*certmagic.Config, erro
 
 // onEvent logs what an operator needs to see of orders: each certificate obtained, each failure.
 func (m *Manager) onEvent(_ context.Context, event string, data map[string]any) error {
+	host, _ := data["identifier"].(string)
+	renewal, _ := data["renewal"].(bool)
 	switch event {
 	case "cert_obtained":
+		m.attempted(strings.ToLower(host), renewal, false)
 		m.log.Info("certificate obtained", "host", data["identifier"], "renewal", data["renewal"])
 	case "cert_failed":
+		m.attempted(strings.ToLower(host), renewal, true)
 		m.log.Error("certificate order failed", "host", data["identifier"], "renewal", data["renewal"], "error", data["error"])
 	}
 	return nil

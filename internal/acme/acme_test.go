@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/activator/activator/internal/acme/pebbletest"
 	"github.com/activator/activator/internal/registry"
@@ -288,4 +291,107 @@ func snapshot(t *testing.T, dir string) string {
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
+}
+
+// counterValues gathers reg and returns activator_tls_acme_failures_total by "host operation", and
+// activator_tls_acme_failing by "host failing".
+func counterValues(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("Gather: %v", err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch mf.GetName() {
+			case "activator_tls_acme_failures_total":
+				out[labels["host"]+" "+labels["operation"]] = m.GetCounter().GetValue()
+			case "activator_tls_acme_failing":
+				out[labels["host"]+" failing"] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// The failures counter has both operations of every managed host from 0; a failed order (pebble
+// validates at ports where nothing listens) counts under obtain, a failed renewal (the CA stopped)
+// under renew, and either sets the host's failing gauge, which a success clears; a host removed loses
+// its series. CertificateExpiries tells a managed host's NotAfter once
+// its certificate is in memory, and nothing before.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEdge(t)
+	nowhere := testenv.FreePort(t)
+	bad := pebbletest.Start(t, pebbletest.Config{HTTPPort: nowhere, TLSPort: nowhere})
+	host := testHost(t)
+	reg := prometheus.NewRegistry()
+	rec := newLogRecorder(t)
+	m, err := New(Options{
+		ACME:       &registry.ACME{CA: bad.Directory, Storage: t.TempDir(), CARoot: bad.CARoot},
+		Hosts:      []string{host},
+		HTTPAddr:   e.httpLn.Addr().String(),
+		TLSAddr:    e.tlsLn.Addr().String(),
+		Registerer: reg,
+	}, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := counterValues(t, reg), map[string]float64{host + " obtain": 0, host + " renew": 0, host + " failing": 0}; !maps.Equal(got, want) {
+		t.Errorf("before Run: %v, want %v", got, want)
+	}
+	e.serve(m)
+	stop := run(t, m)
+	rec.waitFor(t, 1, "certificate order failed", "host="+host, "renewal=false")
+	if got := counterValues(t, reg); got[host+" obtain"] < 1 || got[host+" renew"] != 0 || got[host+" failing"] != 1 {
+		t.Errorf("after a failed order: %v, want obtain at least 1, renew 0, failing", got)
+	}
+	if got := m.CertificateExpiries(); len(got) != 0 {
+		t.Errorf("expiries with no certificate obtained: %v", got)
+	}
+	m.SetHosts(nil)
+	if got := counterValues(t, reg); len(got) != 0 {
+		t.Errorf("after the host was removed: %v, want no series", got)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := pebbletest.Start(t, pebbletest.Config{HTTPPort: e.httpPort(), TLSPort: e.tlsPort(), Validity: time.Minute})
+	good := testHost(t)
+	reg2 := prometheus.NewRegistry()
+	rec2 := newLogRecorder(t)
+	m2, err := New(Options{
+		ACME:       &registry.ACME{CA: p.Directory, Storage: t.TempDir(), CARoot: p.CARoot},
+		Hosts:      []string{good},
+		HTTPAddr:   e.httpLn.Addr().String(),
+		TLSAddr:    e.tlsLn.Addr().String(),
+		Registerer: reg2,
+	}, slog.New(rec2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.serve(m2)
+	run(t, m2)
+	rec2.waitFor(t, 1, "certificate obtained", "host="+good, "renewal=false")
+	leaf := e.mustHandshake(good, p.Roots)
+	if got, want := counterValues(t, reg2), map[string]float64{good + " obtain": 0, good + " renew": 0, good + " failing": 0}; !maps.Equal(got, want) {
+		t.Errorf("after the certificate was obtained: %v, want %v", got, want)
+	}
+	if got := m2.CertificateExpiries(); len(got) != 1 || !got[good].Equal(leaf.NotAfter) {
+		t.Errorf("expiries %v, want %s: %v (the served leaf's)", got, good, leaf.NotAfter)
+	}
+	p.Stop()
+	if err := m2.cache.RenewManagedCertificates(t.Context()); err != nil { // due: tries, and fails
+		t.Fatalf("maintenance pass: %v", err)
+	}
+	rec2.waitFor(t, 1, "certificate order failed", "host="+good, "renewal=true")
+	if got := counterValues(t, reg2); got[good+" renew"] < 1 || got[good+" obtain"] != 0 || got[good+" failing"] != 1 {
+		t.Errorf("after a failed renewal: %v, want renew at least 1, obtain 0, failing", got)
+	}
 }

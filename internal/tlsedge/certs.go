@@ -27,6 +27,13 @@ type Certs struct {
 	exact    map[string]*tls.Certificate // "app.example.com"
 	wildcard map[string]*tls.Certificate // "example.com", for "*.example.com"
 	files    []string                    // every cert_file and key_file, in file order
+	served   []servedCert                // the pairs some hello can get, in file order (metrics)
+}
+
+// servedCert is a pair some hello can get: its cert_file, as configured, and its leaf's NotAfter.
+type servedCert struct {
+	file     string
+	notAfter time.Time
 }
 
 // A CertError is one certificate pair that cannot be served.
@@ -87,6 +94,9 @@ func (c *Certs) add(key, file string, cert *tls.Certificate, seen map[string]str
 		seen[n] = key
 		index[name] = cert
 		own++
+	}
+	if own > 0 || first {
+		c.served = append(c.served, servedCert{file: file, notAfter: cert.Leaf.NotAfter})
 	}
 	switch {
 	case own > 0:

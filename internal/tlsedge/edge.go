@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ACMETLS1 is the ALPN protocol of the TLS-ALPN-01 challenge (RFC 8737).
@@ -61,6 +63,9 @@ type Options struct {
 	Challenge func(http.Handler) http.Handler
 	// HTTPSPort is the TLS listener's port, for the redirects' Location (443 is left out).
 	HTTPSPort int
+	// Registerer, when set, gets the edge's metrics (activator_tls_certificate_expiry_timestamp_seconds:
+	// the certificates in force, files and, when Source is Expiring, ACME's).
+	Registerer prometheus.Registerer
 }
 
 // New returns an Edge serving s.
@@ -83,6 +88,9 @@ func New(s Settings, o Options) *Edge {
 		// accepted for 7 days (crypto/tls ticketKeyRotation, ticketKeyLifetime). They live in this
 		// Config, so every connection must share it, and a restart starts afresh (full handshakes).
 		SessionTicketsDisabled: false,
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(certMetrics{e})
 	}
 	return e
 }
