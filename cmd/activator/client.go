@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -149,10 +148,25 @@ func adminFlags(fs *flag.FlagSet) func() (*adminClient, error) {
 				return nil, fmt.Errorf("%s: %w", *cfgPath, err)
 			}
 		}
-		addr := cmp.Or(*admin, os.Getenv("ACTIVATOR_ADMIN"), fc.Admin, registry.DefaultAdmin)
-		a, err := registry.ParseAdminAddr(addr)
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "admin" })
+		if given && *admin == "" {
+			// Taken as unset, it fell through to another address without a word.
+			return nil, fmt.Errorf("--admin is empty; leave it out for $ACTIVATOR_ADMIN, the config's admin or %s", registry.DefaultAdmin)
+		}
+		addr, from := *admin, "--admin"
+		switch {
+		case addr != "":
+		case os.Getenv("ACTIVATOR_ADMIN") != "":
+			addr, from = os.Getenv("ACTIVATOR_ADMIN"), "$ACTIVATOR_ADMIN"
+		case fc.Admin != "":
+			addr, from = fc.Admin, *cfgPath+": admin"
+		default:
+			addr, from = registry.DefaultAdmin, "the default admin address"
+		}
+		a, err := parseAdminAddr(from, addr)
 		if err != nil {
-			return nil, fmt.Errorf("--admin: %w", err)
+			return nil, err
 		}
 		c := &adminClient{addr: a, token: os.Getenv(registry.AdminTokenEnv)}
 		f := *tokenFile
@@ -168,6 +182,38 @@ func adminFlags(fs *flag.FlagSet) func() (*adminClient, error) {
 		}
 		return c, nil
 	}
+}
+
+// parseAdminAddr parses s, the admin API's address as the CLI got it from (--admin, $ACTIVATOR_ADMIN,
+// FILE: admin), saying what is wrong in the CLI's terms: an address without a port (127.0.0.1,
+// localhost, [::1], 127.0.0.1:), a bare IPv6 address, a URL, or what registry.ParseAdminAddr, which
+// checks the config's admin with the same rules, refuses. Each message names from and quotes s.
+func parseAdminAddr(from, s string) (registry.AdminAddr, error) {
+	const forms = "want host:port, e.g. 127.0.0.1:9090, or unix:/path"
+	if !strings.HasPrefix(s, "unix:") {
+		_, port, err := net.SplitHostPort(s)
+		switch {
+		case strings.Contains(s, "://"):
+			return registry.AdminAddr{}, fmt.Errorf("%s %q: a URL; %s", from, s, forms)
+		case err == nil && port == "", err != nil && splits(s+":9090"): // 127.0.0.1:, 127.0.0.1, [::1]
+			return registry.AdminAddr{}, fmt.Errorf("%s %q: missing port (want host:port, e.g. 127.0.0.1:9090)", from, s)
+		case err != nil && net.ParseIP(s) != nil: // an IPv6 address without brackets or port
+			return registry.AdminAddr{}, fmt.Errorf("%s %q: missing port (want [host]:port, e.g. [%s]:9090)", from, s, s)
+		case err != nil:
+			return registry.AdminAddr{}, fmt.Errorf("%s %q is not an address (%s)", from, s, forms)
+		}
+	}
+	a, err := registry.ParseAdminAddr(s)
+	if err != nil {
+		return registry.AdminAddr{}, fmt.Errorf("%s %w", from, err) // the registry's error begins with s, quoted
+	}
+	return a, nil
+}
+
+// splits reports whether s is host:port to net.SplitHostPort.
+func splits(s string) bool {
+	_, _, err := net.SplitHostPort(s)
+	return err == nil
 }
 
 func cmdStatus(args []string) int {
