@@ -1,10 +1,14 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -73,3 +77,50 @@ func TestAdminAddressNeedsAPort(t *testing.T) {
 	}
 }
 
+// TestRouteNameRefused: a route name that no route can have (the config's rule, registry.CheckName)
+// is a usage error (exit 2) before any request, quoting the name safely, for every subcommand that
+// takes one. Found by an operator trial: `activator explain ../healthz` sent GET
+// /routes/..%2Fhealthz/wakes and printed the escaped name back from the admin API's 404. A valid name
+// still goes to the admin API.
+func TestRouteNameRefused(t *testing.T) {
+	var asked atomic.Int64
+	admin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":"no such route: app"}`))
+	}))
+	t.Cleanup(admin.Close)
+	addr := admin.Listener.Addr().String()
+	const rule = ` is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)`
+	for _, name := range []string{"../healthz", "..", "a/b", "App", "_under", "-dash", "has space", "a%2Fb", "x\x1b[2Jy", "caf\u00e9", "\xff",
+		strings.Repeat("a", 64)} {
+		arg := []string{name}
+		if strings.HasPrefix(name, "-") {
+			arg = []string{"--", name} // else a flag, and its own usage error
+		}
+		for _, args := range [][]string{
+			append([]string{"explain"}, arg...), append([]string{"wake"}, arg...), append([]string{"sleep"}, arg...),
+			append([]string{"explain", "--last", "1"}, arg...), append([]string{"status"}, arg...),
+			append([]string{"status", "app"}, arg...), append([]string{"status", "--state", "awake"}, arg...),
+		} {
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				before := asked.Load()
+				code, out := runCLI(t, nil, append(args, "--admin", addr)...)
+				want := "activator " + args[0] + ": " + strconv.Quote(name) + rule + "\n"
+				if code != 2 || out != want {
+					t.Errorf("exit %d, printed %q; want 2 and %q", code, out, want)
+				}
+				if n := asked.Load() - before; n != 0 {
+					t.Errorf("%d requests to the admin API, want none", n)
+				}
+			})
+		}
+	}
+	for _, args := range [][]string{{"explain", "app"}, {"status", "app"}, {"sleep", "a-1_b"}} {
+		before := asked.Load()
+		if code, out := runCLI(t, nil, append(args, "--admin", addr)...); code != 1 || !strings.Contains(out, "no such route: app") || asked.Load() == before {
+			t.Errorf("%v: exit %d, printed %q; want the admin API asked and its 404 shown", args, code, out)
+		}
+	}
+}

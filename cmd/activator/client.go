@@ -254,6 +254,11 @@ func cmdStatus(args []string) int {
 	case set["state"] && strings.TrimSpace(*state) == "":
 		usage = "--state is empty; leave it out for every route"
 	}
+	for _, r := range routes {
+		if err := registry.CheckName(r); err != nil && usage == "" {
+			usage = err.Error() // a name no route has: ask nothing (a comma would even split it in two)
+		}
+	}
 	if usage != "" {
 		fmt.Fprintln(os.Stderr, "activator status:", usage)
 		return 2

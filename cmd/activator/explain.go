@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/activator"
+	"github.com/activator/activator/internal/registry"
 )
 
 func cmdExplain(args []string) int {
@@ -76,30 +77,35 @@ func printFiltered(w io.Writer, c *adminClient, route string) {
 		st.Filtered.Refused, st.Filtered.Served)
 }
 
-// routeArg parses fs from args, taking the route before or after the flags. A code other than 0 is the
-// exit code: the flags were bad, the route is missing, or more than one argument is left.
+// routeArg parses fs from args, taking the route before, between or after the flags. A code other
+// than 0 is the exit code: the flags were bad, the route is missing or no route can have its name
+// (registry.CheckName: checked here, before any request), or more than one argument is left.
 func routeArg(verb string, fs *flag.FlagSet, args []string) (string, int) {
-	var route string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		route, args = args[0], args[1:]
+	var routes []string
+	for rest := args; ; { // flag.Parse stops at the first argument that is not a flag
+		if err := fs.Parse(rest); err != nil {
+			return "", 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		routes, rest = append(routes, fs.Arg(0)), fs.Args()[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return "", 2
-	}
-	rest := fs.Args()
-	if route == "" && len(rest) > 0 {
-		route, rest = rest[0], rest[1:]
-	}
-	if route == "" {
+	switch {
+	case len(routes) == 0 || routes[0] == "":
 		fmt.Fprintf(os.Stderr, "activator %s: ROUTE is required\n", verb)
 		return "", 2
-	}
-	if len(rest) > 0 {
+	case len(routes) > 1:
 		// Silently acting on the first of two routes left the operator believing both were done.
-		fmt.Fprintf(os.Stderr, "activator %s: one ROUTE at a time; unexpected %q\n", verb, rest)
+		fmt.Fprintf(os.Stderr, "activator %s: one ROUTE at a time; unexpected %q\n", verb, routes[1:])
 		return "", 2
 	}
-	return route, 0
+	if err := registry.CheckName(routes[0]); err != nil {
+		// Sent as it was, ../healthz went as /routes/..%2Fhealthz and came back escaped in a 404.
+		fmt.Fprintf(os.Stderr, "activator %s: %v\n", verb, err)
+		return "", 2
+	}
+	return routes[0], 0
 }
 
 // answerError is the error an admin API answer of code carries, or the code.

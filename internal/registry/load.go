@@ -390,8 +390,8 @@ func (c *routeCheck) checkName() {
 	case c.failed("name"):
 	case name == "":
 		c.add("name", c.at("name"), "missing")
-	case !nameRE.MatchString(name):
-		c.add("name", c.at("name"), "%q is not a valid route name (lower-case letters, digits, '-' and '_', at most 63)", name)
+	case CheckName(name) != nil:
+		c.add("name", c.at("name"), "%v", CheckName(name))
 	}
 }
 
