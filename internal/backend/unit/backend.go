@@ -75,8 +75,10 @@ func (b *Backend) Settings() Settings { return b.s }
 //   - Before a start job, a unit without a paired .socket fails the wake when something else already
 //     answers at the route's upstream (see checkForeign).
 //   - A start job that ends in anything but "done" ends the Life with a *JobError naming the job
-//     result and the unit's Result/ActiveState/SubState and main process status. A canceled ctx before
-//     the job is queued stops the unit: a failed Wake leaves nothing running.
+//     result and the unit's Result/ActiveState/SubState and main process status (for the result
+//     "assert", the Assert*= that failed). A job "done" that leaves the unit inactive ends it with an
+//     *ExitError, which names the Condition*= that skipped the start. A canceled ctx before the job is
+//     queued stops the unit: a failed Wake leaves nothing running.
 //
 // The returned Life ends with an *ExitError when the unit stops or is restarted behind the activator's
 // back, with ErrSlept when Sleep or Stop put it down.
@@ -123,8 +125,12 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 	if err := b.checkForeign(ctx, unread); err != nil {
 		return nil, err
 	}
+	// What the manager says of the unit's condition check is kept until finishStart has read the
+	// job's outcome: the unit may be unloaded, and the check's state lost, by then.
+	b.bus.checks.expect(b.s.Unit)
 	ch, l, err := b.queueJob(ctx, "start")
 	if err != nil {
+		b.bus.checks.drop(b.s.Unit)
 		if ctx.Err() != nil {
 			// The job may have been queued before the wake gave up.
 			b.cleanup(ctx, "wake canceled")
@@ -292,6 +298,7 @@ func (b *Backend) saw(st UnitState) {
 func (b *Backend) finishStart(ctx context.Context, p *startJob, ch <-chan string, l *link) {
 	defer close(p.done)
 	defer p.cancel()
+	defer b.bus.checks.drop(b.s.Unit)
 	res, err := b.awaitJob(ctx, "start", ch, l)
 	var w *watch
 	switch {
@@ -376,12 +383,17 @@ func (b *Backend) liveState(ctx context.Context) (st UnitState, err error) {
 	return st, err
 }
 
-// state reads the unit's state.
+// state reads the unit's state. While a start job of this backend's is out, the outcome of the unit's
+// condition check comes from the manager's signals when the unit was reloaded since (checkLog.fill):
+// the read's reply follows every signal the manager sent before it.
 func (b *Backend) state(ctx context.Context) (st UnitState, err error) {
 	err = b.bus.do(ctx, func(l *link) (err error) {
 		st, err = readState(ctx, l.c, b.s.Unit)
 		return err
 	})
+	if err == nil {
+		st = b.bus.checks.fill(b.s.Unit, st)
+	}
 	return st, err
 }
 

@@ -51,6 +51,9 @@ type bus struct {
 	ctx  context.Context // the provider's lifetime
 	log  *slog.Logger
 	wg   *sync.WaitGroup
+	// checks keeps what the manager's signals say of the condition checks of units whose start jobs
+	// are out (see checks.go); it has a lock of its own.
+	checks *checkLog
 
 	mu      sync.Mutex    // guards the fields below
 	link    *link         // nil while disconnected
@@ -107,7 +110,8 @@ func (w *watch) dead(st UnitState) bool {
 }
 
 func newBus(ctx context.Context, name string, dial dialFunc, log *slog.Logger, wg *sync.WaitGroup) *bus {
-	return &bus{name: name, dial: dial, ctx: ctx, log: log.With("bus", name), wg: wg, watches: map[string]map[*watch]struct{}{}}
+	return &bus{name: name, dial: dial, ctx: ctx, log: log.With("bus", name), wg: wg, checks: newCheckLog(),
+		watches: map[string]map[*watch]struct{}{}}
 }
 
 // get returns the live connection, dialing one if there is none (or the one there is has dropped).
@@ -198,7 +202,7 @@ func (b *bus) connect(done chan struct{}) {
 		if raw != nil {
 			return raw, nil
 		}
-		g := newGatedSignals()
+		g := newGatedSignals(b.checks.observe)
 		rc, err := b.dial(cctx, godbus.WithSignalHandler(g))
 		if err == nil {
 			raw, gate = rc, g
@@ -356,7 +360,7 @@ func (b *bus) check(c *sddbus.Conn, unit string) {
 		return
 	}
 	if full, err := readState(ctx, c, unit); err == nil {
-		st = full
+		st = b.checks.fill(unit, full) // a watch set up after a start job a condition skipped ends here too
 	}
 	for _, w := range dead {
 		b.log.Info("unit stopped behind the activator's back", "unit", unit, "active_state", st.ActiveState, "sub_state", st.SubState, "result", st.Result)

@@ -18,8 +18,9 @@ import (
 //     D-Bus access denied, the upstream held by another process (*foreign.HeldError);
 //   - throttle: systemd refused the start for its start limit (Result=start-limit-hit, or a failed
 //     start job that ran nothing: JobError.Refused);
-//   - retryable: a start job that failed or timed out, a unit that exited before it was ready, a
-//     manager that cannot be reached or dropped the connection, a wake budget that ran out.
+//   - retryable: a start job that failed or timed out, a unit that exited before it was ready, a start
+//     that a Condition*= skipped or an Assert*= refused (the next wake checks again), a manager that
+//     cannot be reached or dropped the connection, a wake budget that ran out.
 
 // cldExited and exitExec are the ExecMainCode and ExecMainStatus of a main process that systemd could
 // not execute (CLD_EXITED, and systemd's EXIT_EXEC: the binary is missing or not executable).

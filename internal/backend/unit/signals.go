@@ -16,7 +16,8 @@ import (
 // set orders the two. Queuing, not blocking, matters: godbus delivers signals on the goroutine that also
 // reads method replies, and go-systemd makes a call (AddMatch) before we can set anything.
 type gatedSignals struct {
-	inner godbus.SignalHandler
+	inner   godbus.SignalHandler
+	observe func(*godbus.Signal) // sees every signal first, on the reading goroutine (checkLog.observe)
 
 	mu      sync.Mutex // guards the fields below, and delivery order
 	opened  bool
@@ -34,15 +35,16 @@ var (
 	_ godbus.Terminator      = (*gatedSignals)(nil)
 )
 
-func newGatedSignals() *gatedSignals {
+func newGatedSignals(observe func(*godbus.Signal)) *gatedSignals {
 	// The gate wraps godbus's own fan-out to Signal channels; the constructor is marked deprecated only
 	// because godbus means to unexport it, and there is no other way to reach that handler.
 	//lint:ignore SA1019 see above
-	return &gatedSignals{inner: godbus.NewDefaultSignalHandler()}
+	return &gatedSignals{inner: godbus.NewDefaultSignalHandler(), observe: observe}
 }
 
 // DeliverSignal implements godbus.SignalHandler.
 func (g *gatedSignals) DeliverSignal(iface, name string, sig *godbus.Signal) {
+	g.observe(sig)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.opened {

@@ -39,6 +39,11 @@ type UnitState struct {
 	// Start limits (0 interval: disabled).
 	StartLimitIntervalUSec uint64
 	StartLimitBurst        uint32
+	// The unit's Condition*= and Assert*= settings and their last check (see checks.go).
+	ConditionFailed bool    // ConditionResult=no at the last check: a condition failed, the start was skipped
+	Conditions      []Check // the unit's Condition*= settings, with each one's state at the last check
+	Asserts         []Check // the unit's Assert*= settings, likewise
+	checked         bool    // the read showed a condition check (ConditionTimestamp set)
 }
 
 // Active reports whether the unit runs (active or reloading: a frozen unit is still active).
@@ -76,7 +81,7 @@ func cldName(code int32) string {
 type JobError struct {
 	Unit   string
 	Job    string // "start" or "stop"
-	Result string // failed, timeout, dependency, canceled, skipped, ...
+	Result string // failed, timeout, dependency, canceled, skipped, assert (an Assert*= failed), ...
 	State  UnitState
 	// Refused: a start job failed, on a unit with a start limit, while the unit kept the InvocationID
 	// it had after this backend's previous start: nothing ran, the manager refused the start, which
@@ -87,6 +92,9 @@ type JobError struct {
 }
 
 func (e *JobError) Error() string {
+	if e.Result == "assert" { // only a start's asserts are checked
+		return fmt.Sprintf("unit %s: %s job result %q: start refused: %s (%s)", e.Unit, e.Job, e.Result, describeFailed("assert", e.State.Asserts), e.State)
+	}
 	if e.Refused {
 		return fmt.Sprintf("unit %s: %s job result %q: the manager refused to start it before anything ran, as its start limit does (StartLimitBurst=%d in StartLimitIntervalSec=%v; `systemctl reset-failed %s` clears it) (%s)",
 			e.Unit, e.Job, e.Result, e.State.StartLimitBurst, time.Duration(e.State.StartLimitIntervalUSec)*time.Microsecond, e.Unit, e.State)
@@ -108,7 +116,8 @@ func (e *JobError) FaultClass() tenant.Class {
 }
 
 // ExitError ends a Life when the unit stopped on its own (crash, OOM kill, an operator's stop) or was
-// restarted behind the activator's back.
+// restarted behind the activator's back, or when a start job was done but left the unit inactive:
+// a failed Condition*= skipped the start (State.ConditionFailed), and nothing ran.
 type ExitError struct {
 	Unit  string
 	State UnitState
@@ -121,6 +130,9 @@ func (e *ExitError) FaultClass() tenant.Class { return e.State.class() }
 func (e *ExitError) Error() string {
 	if e.State.Active() {
 		return fmt.Sprintf("unit %s was restarted behind the activator's back (%s)", e.Unit, e.State)
+	}
+	if why := e.State.skipped(); why != "" {
+		return fmt.Sprintf("unit %s: %s (%s)", e.Unit, why, e.State)
 	}
 	return fmt.Sprintf("unit %s stopped (%s)", e.Unit, e.State)
 }
@@ -139,6 +151,12 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, err
 	st.InvocationID, _ = up["InvocationID"].([]byte)
 	st.StartLimitIntervalUSec, _ = up["StartLimitIntervalUSec"].(uint64)
 	st.StartLimitBurst, _ = up["StartLimitBurst"].(uint32)
+	condOK, _ := up["ConditionResult"].(bool)
+	condAt, _ := up["ConditionTimestamp"].(uint64) // 0: not checked since the unit was loaded
+	st.checked = condAt != 0
+	st.ConditionFailed = st.checked && !condOK
+	st.Conditions = parseChecks(up["Conditions"])
+	st.Asserts = parseChecks(up["Asserts"])
 	if st.LoadState != "loaded" {
 		return st, nil
 	}

@@ -702,11 +702,18 @@ func TestProviderClose(t *testing.T) {
 // test can count the calls sent or cut the connection.
 func proxiedFixture(t *testing.T, m *systemdtest.Manager, sleep SleepMode) (*fixture, *systemdtest.BusProxy) {
 	t.Helper()
+	return proxiedDemo(t, m, sleep, systemdtest.Demo{})
+}
+
+// proxiedDemo is proxiedFixture for the demo unit d (its Port is set here).
+func proxiedDemo(t *testing.T, m *systemdtest.Manager, sleep SleepMode, d systemdtest.Demo) (*fixture, *systemdtest.BusProxy) {
+	t.Helper()
 	proxy := m.NewBusProxy(t)
 	p := newProvider(t)
 	f := &fixture{m: m, p: p, unit: uniq("demo") + ".service"}
 	port := testenv.FreePort(t)
-	m.WriteDemo(t, f.unit, systemdtest.Demo{Port: port})
+	d.Port = port
+	m.WriteDemo(t, f.unit, d)
 	f.r = route(m, f.unit, port, sleep)
 	f.r.Settings.(*Settings).Bus = proxy.Address
 	b, err := p.Open(f.r)
