@@ -13,6 +13,7 @@ import (
 
 	"github.com/activator/activator/internal/bodybuf"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/upstream"
 )
 
 // Sentinels callers branch on.
@@ -169,6 +170,8 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, be.RetryAfter
 	case errors.As(err, &we):
 		return http.StatusServiceUnavailable, we.RetryAfter
+	case errors.As(err, &ue) && errors.Is(ue.Err, upstream.ErrResponseTimeout):
+		return http.StatusGatewayTimeout, 0
 	case errors.As(err, &ue) && outOfFiles(ue.Err):
 		// The edge could not open a socket to the tenant: the edge is full, not the tenant broken.
 		return http.StatusServiceUnavailable, time.Second

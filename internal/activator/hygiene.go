@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/activator/activator/internal/upstream"
 )
 
 // Sentinels of the requests the edge refuses before routing them (statusFor: 501 and 400).
@@ -644,6 +646,8 @@ func upstreamCause(err error) string {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
 		// net.ErrClosed: the transport closed its end once the exchange broke, while still writing.
 		return "connection closed before the answer"
+	case errors.Is(err, upstream.ErrResponseTimeout):
+		return "no answer within the route's response_timeout"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):

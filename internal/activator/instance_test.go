@@ -119,8 +119,8 @@ func (p fakeProvider) Open(*registry.Route) (tenant.Backend, error) { return p.b
 func testRoute(name string) *registry.Route {
 	return &registry.Route{
 		Name: name, Hosts: []string{name + ".test"}, Backing: "fake",
-		Upstream:   registry.Upstream{Network: "tcp", Address: "127.0.0.1:1"},
-		Idle:       time.Minute,
+		Upstream: registry.Upstream{Network: "tcp", Address: "127.0.0.1:1"},
+		Idle:     time.Minute, ResponseTimeout: registry.DefaultResponseTimeout,
 		WakeBudget: 30 * time.Second, SleepBudget: 10 * time.Second,
 		Hold:    registry.Hold{MaxRequests: 1000, MaxTime: 30 * time.Second},
 		Backoff: registry.Backoff{Initial: 5 * time.Second, Max: time.Minute},

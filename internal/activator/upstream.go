@@ -4,6 +4,7 @@ package activator
 // the idle ones it drops when the tenant is gone.
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -36,7 +37,7 @@ func (in *instance) client() *upstream.Client { return in.lazyClient(&in.up, in.
 
 // lazyClient returns the upstream client in slot, building one to r's upstream if slot is empty. The
 // instance's own client and each fleet member's are built this way, answering failures as the
-// instance does; of two racing first calls, one client is kept.
+// instance does, with the route's response_timeout; of two racing first calls, one client is kept.
 func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registry.Route) *upstream.Client {
 	if c := slot.Load(); c != nil {
 		return c
@@ -50,6 +51,8 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 		ErrorHandler: in.upstreamFailed,
 		OnUnasked:    u.note,
 		Logger:       in.logger(),
+		// The route's, not r's: a fleet member's route carries its upstream alone.
+		ResponseTimeout: in.route.ResponseTimeout,
 	}))
 	return slot.Load()
 }
@@ -103,6 +106,10 @@ func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err e
 	case code == http.StatusBadGateway:
 		// The client is told the failure's class alone (clientMessage); the whole error is logged.
 		in.logger().Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case errors.Is(err, upstream.ErrResponseTimeout):
+		in.logger().Warn("the tenant did not begin its answer in time; answered 504 and closed that connection",
+			"method", r.Method, "path", r.URL.Path, "response_timeout", in.route.ResponseTimeout,
+			"fix", "a tenant that is slow on purpose (a report, a model's unstreamed answer) needs a longer response_timeout; one that hangs, a look at its own log")
 	case outOfFiles(err):
 		in.logger().Warn(outOfFilesMsg, "method", r.Method, "path", r.URL.Path, "err", err,
 			"fix", "raise the open-file limit (LimitNOFILE= in the unit), or lower edge.max_conns to leave more of it for upstream connections")

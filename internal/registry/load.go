@@ -23,7 +23,11 @@ const (
 	DefaultWakeBudget  = 60 * time.Second
 	DefaultSleepBudget = 30 * time.Second
 	DefaultIdle        = 15 * time.Minute
-	DefaultMaxHeld     = 10000
+	// DefaultResponseTimeout bounds the wait for a tenant's answer head: long enough for a slow
+	// report or a model's unstreamed answer, short enough that a hung request ends and lets its tenant
+	// sleep.
+	DefaultResponseTimeout = 5 * time.Minute
+	DefaultMaxHeld         = 10000
 	// DefaultMaxUpstreamConns: enough for any small tenant's concurrency, few enough that a herd of
 	// 10,000 released at once does not become 10,000 dials to a tenant that has just started.
 	DefaultMaxUpstreamConns = 256
@@ -103,6 +107,7 @@ type routeKeys struct {
 	Detailed    bool      `yaml:"detailed_errors"`
 	Health      healthKey `yaml:"health"`
 	Idle        *Duration `yaml:"idle"`
+	RespTimeout *Duration `yaml:"response_timeout"`
 	WakeBudget  Duration  `yaml:"wake_budget"`
 	SleepBudget Duration  `yaml:"sleep_budget"`
 	Hold        struct {
@@ -486,14 +491,18 @@ func (c *routeCheck) checkBody() {
 	c.r.DetailedErrors = c.rk.Detailed
 }
 
-// checkBudgets applies wake_budget, sleep_budget and idle. Their values need no check beyond decoding,
-// which already rejects negative durations.
+// checkBudgets applies wake_budget, sleep_budget, idle and response_timeout. Their values need no
+// check beyond decoding, which already rejects negative durations.
 func (c *routeCheck) checkBudgets() {
 	c.r.WakeBudget = orDefault(c.rk.WakeBudget.D(), DefaultWakeBudget)
 	c.r.SleepBudget = orDefault(c.rk.SleepBudget.D(), DefaultSleepBudget)
 	c.r.Idle = DefaultIdle
 	if c.rk.Idle != nil {
 		c.r.Idle = c.rk.Idle.D()
+	}
+	c.r.ResponseTimeout = DefaultResponseTimeout
+	if c.rk.RespTimeout != nil {
+		c.r.ResponseTimeout = c.rk.RespTimeout.D()
 	}
 }
 

@@ -81,7 +81,7 @@ func (r *Route) Same(o *Route) bool {
 	return r.Name == o.Name && slices.Equal(r.Hosts, o.Hosts) && r.PathPrefix == o.PathPrefix && r.Backing == o.Backing &&
 		r.Upstream == o.Upstream && r.MaxUpstreamConns == o.MaxUpstreamConns && r.RequestBuffering == o.RequestBuffering &&
 		r.MaxBody == o.MaxBody && r.DetailedErrors == o.DetailedErrors && r.Health == o.Health &&
-		r.Idle == o.Idle && r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget && r.Hold == o.Hold &&
+		r.Idle == o.Idle && r.ResponseTimeout == o.ResponseTimeout && r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget && r.Hold == o.Hold &&
 		r.Backoff == o.Backoff && r.WaitingPage == o.WaitingPage && r.Ignore.same(&o.Ignore) &&
 		slices.EqualFunc(r.KeepWarm, o.KeepWarm, Window.same) &&
 		slices.EqualFunc(r.WakeAt, o.WakeAt, func(a, b Schedule) bool { return a.Text == b.Text }) &&

@@ -135,6 +135,9 @@ type Route struct {
 	Health         Health
 	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
 	Idle time.Duration
+	// ResponseTimeout bounds how long the tenant may take to begin its answer (its head) once a
+	// request has been sent to it; past it the request gets 504 (default 5m; 0 means no bound).
+	ResponseTimeout time.Duration
 	// WakeBudget bounds a whole wake: backend start plus health gate.
 	WakeBudget time.Duration
 	// SleepBudget bounds one Sleep call.

@@ -45,6 +45,8 @@ package upstream
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -77,6 +79,11 @@ type Options struct {
 	// dropped without a call: that is an idle timeout of its own.) It runs in the request's (or
 	// Adopt's caller's) goroutine and must not block.
 	OnUnasked func()
+	// ResponseTimeout, when above 0, bounds how long the upstream may take to begin its answer (its
+	// head) once the request has been sent, on either path: past it the request fails with
+	// ErrResponseTimeout and the connection is closed. An answer whose head came in time is not bound
+	// by it: a stream or a long body goes on as long as it moves.
+	ResponseTimeout time.Duration
 	// Logger, which may be nil, is told of an answer that broke off after its head was passed on (the
 	// tenant closed the connection or died mid-body): the client's connection is then closed, which
 	// is all the client learns. The ReverseProxy's own lines go to it too, at WARN.
@@ -102,6 +109,17 @@ func New(opts Options) *Client {
 	}
 	p := newPool(opts.Network, opts.Address, opts.MaxConns)
 	p.unasked = opts.OnUnasked
+	p.headTimeout = opts.ResponseTimeout
+	if opts.ResponseTimeout > 0 {
+		// The Transport's own timeout error names no type to match: it becomes ErrResponseTimeout here.
+		inner := onError
+		onError = func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() == nil && headTimedOut(err) {
+				err = responseTimeout(opts.ResponseTimeout, err)
+			}
+			inner(w, r, err)
+		}
+	}
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -113,6 +131,7 @@ func New(opts Options) *Client {
 		IdleConnTimeout:        p.idleTimeout,
 		ExpectContinueTimeout:  time.Second,
 		MaxResponseHeaderBytes: maxAnswerHead,
+		ResponseHeaderTimeout:  opts.ResponseTimeout,
 		DisableCompression:     true,
 		WriteBufferSize:        32 << 10,
 		ReadBufferSize:         32 << 10,
@@ -200,3 +219,23 @@ func (b *bufferPool) Put(buf []byte) { b.put(&buf) }
 // buffers is shared by every Client: a sync.Pool is safe for concurrent use, and a buffer one route
 // returns serves the next request of any other.
 var buffers = &bufferPool{}
+
+// ErrResponseTimeout fails a request whose upstream did not begin its answer within
+// Options.ResponseTimeout.
+var ErrResponseTimeout = errors.New("no answer from the tenant within response_timeout")
+
+// responseTimeout is ErrResponseTimeout for a bound of d, with what the connection said.
+func responseTimeout(d time.Duration, err error) error {
+	return fmt.Errorf("%w (%v): %w", ErrResponseTimeout, d, err)
+}
+
+// headTimedOut reports whether err, from the ReverseProxy's Transport, is its ResponseHeaderTimeout
+// passing: a timeout that is not a dial's (whose bound is the dialer's own).
+func headTimedOut(err error) bool {
+	var ne net.Error
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -29,9 +29,15 @@ type Conn struct {
 
 	// The watch of a pool exchange on its request's context (see watch), used by the goroutine
 	// making the exchange; the callback of stop only sets the deadline.
-	ctx  context.Context // the request's, while the grace runs; nil otherwise
-	stop func() bool     // the registration on the request's context once the grace has passed; nil before
-	body body            // the answer's body, one per exchange, kept with the connection
+	ctx    context.Context // the request's, while the grace runs; nil otherwise
+	reqCtx context.Context // the request's, for the whole exchange (rearm registers on it again)
+	stop   func() bool     // the registration on the request's context once the grace has passed; nil before
+	body   body            // the answer's body, one per exchange, kept with the connection
+
+	// The bound on the wait for the answer's head (Options.ResponseTimeout): headBy is when it ends
+	// (zero: no bound), headCut whether the connection's deadline is set to it (past the grace).
+	headBy  time.Time
+	headCut bool
 
 	// The answer of an exchange whose head plainHead parsed, kept with the connection like body.
 	head  plainHead
@@ -70,34 +76,64 @@ func NewConn(c net.Conn) *Conn {
 // this much later than it would otherwise be.
 const watchGrace = 100 * time.Millisecond
 
-// watch makes ctx bound the exchange about to start on c: the connection's deadline is set
-// watchGrace ahead, and the read or write that meets it registers on ctx (graceOver) and goes on.
-// unwatch ends the watch.
-func (c *Conn) watch(ctx context.Context) {
-	c.ctx, c.stop = ctx, nil
-	_ = c.Conn.SetDeadline(time.Now().Add(watchGrace))
+// watch makes ctx bound the exchange about to start on c, and headTimeout (0: nothing) the wait for
+// the answer's head once the request is sent: the connection's deadline is set watchGrace ahead (or
+// to the head's bound, if sooner), and the read or write that meets it registers on ctx (graceOver)
+// and goes on. unwatch ends the watch.
+func (c *Conn) watch(ctx context.Context, headTimeout time.Duration) {
+	now := time.Now()
+	c.ctx, c.reqCtx, c.stop, c.headBy, c.headCut = ctx, ctx, nil, time.Time{}, false
+	grace := now.Add(watchGrace)
+	if headTimeout > 0 {
+		c.headBy = now.Add(headTimeout)
+		if c.headBy.Before(grace) {
+			grace = c.headBy
+		}
+	}
+	_ = c.Conn.SetDeadline(grace)
 }
 
-// graceOver reports whether err is the watch's deadline passing. Then the exchange goes on without
-// a deadline, registered on the request's context: once that ends, the deadline expires, and the
-// read or write in progress fails.
+// graceOver reports whether err is the watch's deadline passing. Then the exchange goes on,
+// registered on the request's context: once that ends, the deadline expires, and the read or write
+// in progress fails. It goes on without a deadline, or, while it waits for the answer's head, with the
+// head's bound (headBy): a head that has not come by then fails the exchange (ErrResponseTimeout).
 func (c *Conn) graceOver(err error) bool {
 	ctx := c.ctx
 	if ctx == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
 	c.ctx = nil
-	// Cleared before the registration, whose callback may run at once.
-	_ = c.Conn.SetDeadline(time.Time{})
+	deadline := time.Time{}
+	if c.headLeft >= 0 && !c.headBy.IsZero() {
+		if !time.Now().Before(c.headBy) {
+			return false // the head's bound, not the grace, has passed
+		}
+		deadline, c.headCut = c.headBy, true
+	}
+	// Set before the registration, whose callback may run at once.
+	_ = c.Conn.SetDeadline(deadline)
 	c.stop = context.AfterFunc(ctx, func() { _ = c.Conn.SetDeadline(expired()) })
 	return true
 }
 
+// rearm sets the connection's deadline to d past the grace (once graceOver has registered on the
+// request's context) without undoing an expiry the context's end has set: the registration is
+// stopped first, and made again after. If the context has ended, its expiry stands. In the grace it
+// does nothing: the grace's deadline stands, and graceOver sets what follows it.
+func (c *Conn) rearm(d time.Time) {
+	if c.stop == nil || !c.stop() {
+		return
+	}
+	_ = c.Conn.SetDeadline(d)
+	c.stop = context.AfterFunc(c.reqCtx, func() { _ = c.Conn.SetDeadline(expired()) })
+}
+
 // unwatch ends the watch and reports whether the connection's deadline is as the pool left it:
 // false when the request's context ended and its callback expired the deadline (or is about to).
-// A deadline the grace left pending does no harm: the next exchange sets its own first.
+// A deadline the grace or the head's bound left pending does no harm: the next exchange sets its own
+// first.
 func (c *Conn) unwatch() bool {
-	c.ctx = nil
+	c.ctx, c.reqCtx = nil, nil
 	if c.stop == nil {
 		return true
 	}
@@ -215,6 +251,12 @@ func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx fun
 	// (idle, Clean), so the count is the whole head.
 	c.headLeft = maxAnswerHead
 	defer func() { c.headLeft = -1 }()
+	if !c.headBy.IsZero() && c.stop != nil {
+		// The grace passed while the request was written, and graceOver cleared the deadline: the
+		// head's bound starts now.
+		c.rearm(c.headBy)
+		c.headCut = true
+	}
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, true, err
 	}

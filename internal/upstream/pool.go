@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 )
@@ -41,7 +42,8 @@ type pool struct {
 	slots            chan struct{} // one token per open connection; capacity maxConns
 	dials            chan struct{} // one token per dial in progress; capacity maxDials
 	idleTimeout      time.Duration
-	unasked          func() // Options.OnUnasked; nil: none
+	headTimeout      time.Duration // Options.ResponseTimeout; 0: none
+	unasked          func()        // Options.OnUnasked; nil: none
 
 	mu      sync.Mutex // guards the fields below
 	idle    []*Conn
@@ -296,17 +298,25 @@ func expired() time.Time { return time.Unix(1, 0) }
 // returns c to the pool when the body was read to the end and both sides allow keep-alive, and closes
 // c otherwise. r's context aborts the exchange, body included, by expiring c's deadline (Conn.watch).
 func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(int, http.Header) error, dst http.Header) (*http.Response, error) {
-	c.watch(r.Context())
+	c.watch(r.Context(), p.headTimeout)
 	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx, dst)
 	if err != nil {
 		c.unwatch()
 		if ctxErr := r.Context().Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
+		if !c.headBy.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Not retried: the tenant has the request, and is slow, not gone.
+			return nil, responseTimeout(p.headTimeout, err)
+		}
 		if beforeAnswer && c.reused {
 			return nil, fmt.Errorf("%w: %w", errRetry, err)
 		}
 		return nil, err
+	}
+	if c.headCut {
+		c.rearm(time.Time{}) // the head is in: the body has no bound but the request's context
+		c.headCut = false
 	}
 	c.body = body{body: resp.Body, p: p, c: c, keep: !resp.Close}
 	resp.Body = &c.body
