@@ -150,11 +150,17 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		<-run.Decided()
 	}
 	err := run.Err()
+	var life *tenant.Life
+	if err == nil {
+		if life, err = fb.up(run, idx); err != nil {
+			run.Cancel(errBelowQuorum)
+		}
+	}
 	go fb.settle(run, err != nil, cancel, settled)
 	if err != nil {
 		return nil, err
 	}
-	return fb.up(), nil
+	return life, nil
 }
 
 // detachWithDeadline returns a context that keeps ctx's deadline but not its cancellation.
@@ -290,7 +296,7 @@ func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why
 		fb.mu.Unlock()
 		return // put to sleep by us
 	}
-	if fb.life == nil { // the fleet is not up yet: the wake's quorum counted it
+	if fb.life == nil { // the fleet is not up yet: up does not count it
 		fb.mu.Unlock()
 		w.mark(m, memberExited, why, "exited on its own", ", after it had passed its health gate")
 		return
@@ -344,12 +350,27 @@ func (fb *fleetBackend) ready() int {
 	return n
 }
 
-// up gives the fleet a new Life, now that its quorum is up.
-func (fb *fleetBackend) up() *tenant.Life {
+// up gives the fleet a new Life, now that run's quorum is up (idx: the fleet's members in run's
+// order), unless a member that passed its gate has exited since: run counted it, and the fleet is not
+// up on fewer than min_ready. That fails the wake with a *fleet.QuorumError naming the first such
+// member, whose row says how it ended. The count and the Life are set under fb.mu, which memberGone
+// reads the Life under, so a member that exits after the count takes the fleet down as any other.
+func (fb *fleetBackend) up(run *fleet.Run, idx []int) (*tenant.Life, error) {
 	fb.mu.Lock()
 	defer fb.mu.Unlock()
+	if ready, min := fb.ready(), fb.minReady(); ready < min {
+		qe := &fleet.QuorumError{Up: ready, Members: len(fb.members), MinReady: min}
+		for k, res := range run.Results() {
+			if m := fb.members[idx[k]]; res.Status == fleet.Up && !m.ready.Load() {
+				qe.Culprit = fleet.Result{Name: m.name, Status: memberExited, Class: tenant.ClassRetryable,
+					Phase: tenant.PhaseHealth, Err: errors.New("exited after it had passed its health gate, before the quorum was up")}
+				break
+			}
+		}
+		return nil, qe
+	}
 	fb.life = tenant.NewLife()
-	return fb.life
+	return fb.life, nil
 }
 
 // Sleep cancels the members still waking, then puts every member that came up to sleep at once. A

@@ -464,3 +464,35 @@ func TestFleetSleepOneMemberRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetMemberGoneBeforeQuorum: a member that passed its gate and then died while the others were
+// still waking no longer counts toward min_ready. Here a (up) dies while b waits for its wake, and b's
+// coming up completes the count of two that the fleet's run keeps: the wake fails, naming a, instead
+// of bringing the fleet up on b alone, and nothing is left running. Found by session 29's fleet work:
+// the quorum counted a member that was gone.
+func TestFleetMemberGoneBeforeQuorum(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &fakeBackend{}, &fakeBackend{wakeGate: make(chan struct{})}
+		s := newChainServer(t, byName{"pool.a": a, "pool.b": b}, &registry.Config{Routes: []*registry.Route{fleetRoute(2, true, "a", "b")}})
+		errc := make(chan error, 1)
+		go func() { errc <- s.Wake(t.Context(), "pool") }()
+		synctest.Wait() // a is up, b waits for its wake
+		killMember(a, "killed by the OOM killer")
+		close(b.wakeGate)
+		err := <-errc
+		if err == nil || !strings.Contains(err.Error(), `"a"`) {
+			t.Fatalf("Wake = %v, want it to fail naming member a", err)
+		}
+		synctest.Wait()
+		in := s.instance("pool")
+		if st := in.status(); st.State == Awake.String() {
+			t.Errorf("the fleet is up with %d of min_ready 2 members ready", in.fleet.ready())
+		}
+		b.mu.Lock()
+		running := b.life != nil && b.life.Err() == nil
+		b.mu.Unlock()
+		if running {
+			t.Error("b still runs after the failed wake")
+		}
+	})
+}
