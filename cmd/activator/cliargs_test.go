@@ -124,3 +124,23 @@ func TestRouteNameRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoAddressesNeedAPort: the demo refuses an edge or admin address without a port at once, as a
+// usage error, before it sets anything up. Found by session 29's CLI work: `activator demo --admin
+// 127.0.0.1` failed only after the tenant's cgroups were set up, saying the address was "not an
+// address to listen on".
+func TestDemoAddressesNeedAPort(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--admin", "127.0.0.1"}, `activator demo: --admin "127.0.0.1": missing port`},
+		{[]string{"--listen", "127.0.0.1"}, `activator demo: --listen "127.0.0.1": want host:port`},
+		{[]string{"--listen", "127.0.0.1:"}, `activator demo: --listen "127.0.0.1:": want host:port`},
+	} {
+		code, out := runCLI(t, nil, append([]string{"demo"}, tc.args...)...)
+		if code != 2 || !strings.HasPrefix(out, tc.want) {
+			t.Errorf("demo %q: exit %d, %q; want exit 2 and %q", tc.args, code, out, tc.want)
+		}
+	}
+}

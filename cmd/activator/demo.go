@@ -38,6 +38,16 @@ func cmdDemo(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	// Checked before anything is set up: a listen failure comes only after the cgroups and the
+	// tenant's backing, and says nothing of a missing port.
+	if _, err := parseAdminAddr("--admin", *admin); err != nil {
+		fmt.Fprintln(os.Stderr, "activator demo:", err)
+		return 2
+	}
+	if _, port, err := net.SplitHostPort(*listen); err != nil || port == "" {
+		fmt.Fprintf(os.Stderr, "activator demo: --listen %q: want host:port, e.g. 127.0.0.1:8080\n", *listen)
+		return 2
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activator demo: cannot find my own binary:", err)
