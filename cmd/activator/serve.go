@@ -478,12 +478,16 @@ func watchReloads(log *slog.Logger, o serveOptions) *reloadTriggers {
 	return tr
 }
 
-// close stops the triggers.
-func (tr *reloadTriggers) close() {
-	signal.Stop(tr.hup)
+// close stops the triggers, once the shutdown has begun. SIGHUP is ignored from then on, not given
+// back its default action: the shutdown runs for up to shutdown_grace, and a `systemctl reload`, a
+// config manager or a logrotate hook racing it ended the process there and then (exit 129), its held
+// requests unanswered and its tenants not put down (found by an operator trial).
+func (tr *reloadTriggers) close(log *slog.Logger) {
+	signal.Ignore(syscall.SIGHUP)
 	if tr.w != nil {
 		tr.w.Close()
 	}
+	log.Debug("reloads stopped for the shutdown", "sighup", "ignored until the process exits")
 }
 
 // reloader reloads on tr's triggers, SIGHUP and changes of the config file (see reloadLoop for how
@@ -494,7 +498,7 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 		<-ctx.Done()
 		return nil
 	}
-	defer tr.close()
+	defer tr.close(log)
 	w, events := tr.w, tr.events
 	l := &reloadLoop{
 		hup:    tr.hup,

@@ -264,6 +264,32 @@ func TestSIGTERMAnswersHeldRequests(t *testing.T) {
 	}
 }
 
+// TestSIGHUPDuringShutdown: a SIGHUP that comes while the shutdown runs (a `systemctl reload` or a
+// logrotate hook racing a restart) changes nothing: the held request still gets its 503 with
+// Retry-After and the activator exits 0. Found by an operator trial: closing the reload triggers gave
+// SIGHUP back its default action, and the process ended there (exit 129), the request cut off.
+func TestSIGHUPDuringShutdown(t *testing.T) {
+	t.Parallel()
+	app := appRoute{Name: "sluggish", WakeBudget: "10m", HoldMaxTime: "10m",
+		Env: map[string]string{"DEMOAPP_START_DELAY": "1h"}} // never listens
+	s := startServed(t, "shutdown_grace: 2s\n"+configYAML(t, app))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*patience)
+	defer cancel()
+	answer := make(chan clientAnswer, 1)
+	go func() { answer <- getFresh(ctx, s.edge, app.host(), "/") }()
+	s.waitStatus(app.Name, "holding a request", func(st activator.Status) bool { return st.Held == 1 })
+
+	s.sigterm()
+	s.waitLogged("reloads stopped for the shutdown", 1)
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatalf("SIGHUP: %v", err)
+	}
+	if a := <-answer; a.err != nil || a.code != http.StatusServiceUnavailable || a.retryAfter == "" {
+		t.Errorf("held request: %d (Retry-After %q) %q, %v; want 503 with Retry-After", a.code, a.retryAfter, a.body, a.err)
+	}
+	s.wait()
+}
+
 // TestSIGTERMDrainsInFlight: a request in flight when SIGTERM arrives completes, longer than the 30 s
 // the shutdown once had but within shutdown_grace, and only then is the tenant stopped.
 func TestSIGTERMDrainsInFlight(t *testing.T) {
