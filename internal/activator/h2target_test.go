@@ -146,6 +146,11 @@ func TestH2RequestsSayableInHTTP1(t *testing.T) {
 		{"tab in the authority", req("GET", "a\tb.w.test", "/x")},
 		{"slash in the authority, proxied", req("POST", "a/b.w.test", "/x")},
 		{"space in host, no authority", [][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/x"}, {"host", "a b.w.test"}}},
+		// RFC 9113 §8.3.1: :path is origin form (or "*"); an absolute URI there routed by :authority
+		// while a filter in front saw another host (found by an operator trial).
+		{"absolute-form :path", req("GET", "app.test", "http://other.test/x")},
+		{"absolute-form :path, proxied", req("POST", "app.test", "http://other.test/x")},
+		{"a fragment in :path", req("GET", "app.test", "/x#frag")},
 	} {
 		if got := h2cRequest(t, addr, tc.fields); got != "400" {
 			t.Errorf("%s %q: %s, want 400", tc.name, tc.fields, got)

@@ -169,10 +169,19 @@ func httpUpgrade(t string) bool {
 //   - An :authority (or host) that is not a valid Host ("a b.example.com", "a/b.example.com"): a
 //     wildcard route matched it, and Request.Write then cut it down, so the tenant got a Host other
 //     than the one routed on (an empty one).
+//   - A :path in absolute form, or with a fragment (RFC 9113 §8.3.1: origin form or "*"). Go's server
+//     took "http://other.test/x" and routed it by :authority, while a filter in front may have judged
+//     the URI's host; "/x#frag" reached the tenant as "/x%23frag".
 func h2Malformed(r *http.Request) string {
 	switch {
 	case strings.IndexByte(r.RequestURI, ' ') >= 0:
 		return "a space in :path"
+	case r.RequestURI != "*" && !strings.HasPrefix(r.RequestURI, "/"):
+		// RFC 9113 §8.3.1: origin form, or "*". Go's server takes an absolute URI and routes by
+		// :authority, while a proxy or filter in front may have judged the URI's host.
+		return ":path is not a path (absolute form has no place in HTTP/2)"
+	case strings.IndexByte(r.RequestURI, '#') >= 0:
+		return "a fragment in :path"
 	case !httpguts.ValidHeaderFieldName(r.Method): // a method is a token, as a field name is
 		return "the method is not a token"
 	case !httpguts.ValidHostHeader(r.Host):
