@@ -123,7 +123,7 @@ func TestHistoryKeptAcrossReload(t *testing.T) {
 		}
 		// Changed: a new instance, which carries the history over; the old one's reload sleep lands in it.
 		r := testRoute("app")
-		r.Idle = 2 * time.Minute
+		r.WakeBudget += time.Second // a change of the tenant's own (an edge-only one hands the tenant over: TestReloadHandsTheTenantOver)
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
 			t.Fatal(err)
 		}

@@ -378,7 +378,7 @@ func TestReloadKeepsHeldRequests(t *testing.T) {
 		synctest.Wait()
 		// Change the route: the held request stays with the old instance, which serves it and retires.
 		r := testRoute("app")
-		r.Idle = 2 * time.Minute
+		r.WakeBudget += time.Second // a change of the tenant's own (an edge-only one hands the tenant over: TestReloadHandsTheTenantOver)
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
 			t.Fatal(err)
 		}

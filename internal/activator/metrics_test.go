@@ -175,7 +175,7 @@ func TestChangedRouteSeries(t *testing.T) {
 		}
 		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
 		changed := testRoute("app")
-		changed.Idle = 2 * changed.Idle
+		changed.WakeBudget *= 2 // a change of the tenant's own (an edge-only one hands the tenant over: TestReloadHandsTheTenantOver)
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{changed}}); err != nil {
 			t.Fatal(err)
 		}

@@ -191,6 +191,9 @@ const (
 	// triggerSleepFailed: a sleep failed and the tenant may still run; the route takes it back.
 	triggerSleepFailed trigger = "sleep_failed"
 	triggerSchedule    trigger = "schedule" // a keep_warm window's start or a wake_at time (schedule.go)
+	// triggerReload: a reload changed only keys of the edge, and the route's new instance takes over
+	// the tenant its predecessor kept running (inherit).
+	triggerReload trigger = "reload"
 )
 
 // tracker is the Tracker the activator hands to a backend: it builds a WakeRecord. The admin API reads

@@ -192,8 +192,8 @@ func TestReloadCutsRequestsThatOutlastTheGrace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := testRoute("app") // hold.max_time 30s: the grace is 15s, half of it
-		r.Idle = 2 * time.Minute
+		r := testRoute("app")       // hold.max_time 30s: the grace is 15s, half of it
+		r.WakeBudget += time.Second // a change of the tenant's own (an edge-only one hands the tenant over: TestReloadHandsTheTenantOver)
 		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}, ShutdownGrace: time.Minute}); err != nil {
 			t.Fatal(err)
 		}

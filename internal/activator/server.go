@@ -140,7 +140,13 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			next[old.route.Name] = old
 			continue
 		}
-		in, err := s.openLocked(r)
+		// A route whose tenant is the same (only keys of the edge changed) keeps it: the new instance
+		// borrows the old one's backend, and takes the tenant over, running, when the old one retires.
+		var from *instance
+		if old, ok := s.instances[r.Name]; ok && old.fleet == nil && old.route.SameTenant(r) {
+			from = old
+		}
+		in, err := s.openLocked(r, from)
 		if err != nil {
 			for _, in := range opened {
 				in.teardown()
@@ -171,6 +177,9 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	for name, old := range prev {
 		if next[name] != old {
 			s.retiring = append(s.retiring, old)
+			if heir := next[name]; heir != nil && heir.awaitsHandover() {
+				old.bequeath(heir)
+			}
 			old.retire(retireGrace(cfg, next[name])) // it deletes the route's metric series once it has retired, unless next[name] holds them
 			if next[name] == nil {
 				if removals++; removals <= namedChanges {
@@ -216,13 +225,16 @@ func retireGrace(cfg *registry.Config, successor *instance) time.Duration {
 }
 
 // openLocked opens r's backend (a fleet's members' backends) and returns its new instance, not yet
-// started.
-func (s *Server) openLocked(r *registry.Route) (*instance, error) {
+// started; with from, the instance r replaces when its tenant is the same, it borrows from's backend
+// instead, and waits for from to hand the tenant over (instance.inherit).
+func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error) {
 	var (
 		b  tenant.Backend
 		fb *fleetBackend
 	)
-	if r.Fleet != nil {
+	if from != nil {
+		b = from.backend
+	} else if r.Fleet != nil {
 		var err error
 		if fb, err = openFleet(s.opts.Opener, r, s.opts.NewGate); err != nil {
 			return nil, err
@@ -235,6 +247,9 @@ func (s *Server) openLocked(r *registry.Route) (*instance, error) {
 		}
 	}
 	in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
+	if from != nil {
+		in.ownsBackend, in.inheriting = false, true
+	}
 	if fb != nil {
 		in.fleet, fb.in = fb, in
 	}

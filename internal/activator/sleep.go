@@ -226,25 +226,107 @@ func (in *instance) graceEnded() {
 
 func (in *instance) maybeRetireLocked() {
 	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
-	if !in.retiring || in.closed || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
+	if !in.retiring || in.closed || in.inheriting || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
 		return
 	}
 	switch in.state {
 	case Awake:
+		if in.heir != nil {
+			in.handOverLocked()
+			return
+		}
 		in.beginSleepLocked(ReasonReload)
 	case Asleep, Failed:
 		in.closed = true
 		if in.cut != nil {
 			in.cut.Stop()
 		}
+		heir := in.heir
+		if heir != nil {
+			in.ownsBackend = false // the heir's from now on: it inherits no tenant, only the backend
+		}
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
 			in.teardown()
 			close(in.retired)
+			if heir != nil {
+				heir.inherit(nil)
+			}
 		}()
 	}
 	// Waking or Stopping: runWake/runSleep call back here when they finish.
+}
+
+// bequeath makes heir, which Apply gave this instance's backend, the one to take its tenant over when
+// it retires (Apply calls it just before retire).
+func (in *instance) bequeath(heir *instance) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.heir = heir
+}
+
+// awaitsHandover reports whether the instance borrowed its predecessor's backend (openLocked) and
+// waits for its tenant.
+func (in *instance) awaitsHandover() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.inheriting
+}
+
+// handOverLocked retires an awake instance whose heir takes its tenant over (instance.heir): its
+// requests in flight are done, and instead of putting the tenant to sleep it lets go of it as it is,
+// closes, and hands the heir the tenant's Life with the backend. The route's state series is the
+// heir's to set: it is left as it is.
+func (in *instance) handOverLocked() {
+	life, heir := in.life, in.heir
+	in.closed = true
+	in.ownsBackend = false
+	if in.cut != nil {
+		in.cut.Stop()
+	}
+	in.lifeGen++ // its watcher must not take what follows for a death (the heir watches the Life)
+	close(in.awakeEnd)
+	in.disarmIdleLocked()
+	in.state, in.since = Asleep, in.now()
+	in.awake.Store(false)
+	in.letGoLocked()
+	in.wg.Add(1)
+	go func() {
+		defer in.wg.Done()
+		in.teardown() // its upstream connections and its hold on the metric series; not the backend
+		close(in.retired)
+		heir.inherit(life)
+	}()
+}
+
+// inherit is the predecessor's handover (handOverLocked), or, with life nil, its word that it retired
+// with no tenant running: the backend is this instance's from now on. A running tenant is taken over
+// by a wake (triggerReload) that goes through this config's health gate, as an adopted one does; a
+// retiring heir then hands it on, or puts it to sleep, as its own retirement decides. An heir shut down
+// meanwhile passes the backend on to its own heir, or closes it.
+func (in *instance) inherit(life *tenant.Life) {
+	in.mu.Lock()
+	in.inheriting = false
+	if in.closed {
+		heir := in.heir
+		in.ownsBackend = heir == nil
+		in.mu.Unlock()
+		if heir != nil {
+			heir.inherit(life)
+			return
+		}
+		in.closeBackend(context.WithoutCancel(in.root))
+		return
+	}
+	defer in.mu.Unlock()
+	in.ownsBackend = true
+	if life != nil && life.Err() == nil && in.state == Asleep {
+		in.legacy = life
+		in.beginWakeLocked(triggerReload)
+		return
+	}
+	in.maybeRetireLocked()
 }
 
 // draining reports whether the activator has begun to shut down (Server.Drain): no wake starts then.
@@ -384,6 +466,12 @@ func (in *instance) teardownWithin(ctx context.Context) {
 }
 
 func (in *instance) closeBackend(ctx context.Context) {
+	in.mu.Lock()
+	owns := in.ownsBackend
+	in.mu.Unlock()
+	if !owns {
+		return // lent to an heir, or not yet handed over to this one: the owner closes it
+	}
 	if c, ok := in.backend.(tenant.Closer); ok {
 		ctx, cancel := context.WithTimeout(ctx, in.route.SleepBudget)
 		defer cancel()

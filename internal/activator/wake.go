@@ -119,6 +119,9 @@ func (in *instance) start() {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.inheriting {
+		return // the backend was adopted from by the predecessor, which hands its tenant over (inherit)
+	}
 	if in.state != Asleep {
 		return // a dependent started at the same reload has woken it already (chain.go)
 	}
@@ -140,7 +143,11 @@ func (in *instance) prepare(slots chan struct{}) {
 	}
 	in.mu.Lock()
 	first := in.wake // the adopt start began, if any
+	inheriting := in.inheriting
 	in.mu.Unlock()
+	if inheriting {
+		return // the predecessor's backend, with its tenant or its standby: nothing to prepare
+	}
 	before := in.after
 	if first != nil {
 		before = append([]<-chan struct{}{first.done}, in.after...)
@@ -246,8 +253,12 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	}
 	out := wakeOutcome{awake: true}
 	started := false // a tenant runs that a failure must stop
-	if trig == triggerAdopt {
-		out.life, out.awake = in.adopt(ctx, rec)
+	if trig == triggerAdopt || trig == triggerReload {
+		if trig == triggerAdopt {
+			out.life, out.awake = in.adopt(ctx, rec)
+		} else {
+			out.life, out.awake = in.takeOver(rec)
+		}
 		if started = out.awake; started {
 			out.holds, out.err = in.wakeRequirements(ctx, rec) // an adopted tenant holds them as a woken one does
 		}
@@ -283,6 +294,25 @@ func (in *instance) adopt(ctx context.Context, rec *tracker) (life *tenant.Life,
 		return nil, false
 	}
 	return life, awake
+}
+
+// phaseHandover is the phase of a reload's wake in which the route's new instance takes over the
+// tenant its predecessor kept running (inherit).
+const phaseHandover = "handover"
+
+// takeOver takes the Life the predecessor handed over (inherit): the tenant runs on, and the wake goes
+// on to the health gate, this config's. A tenant that ended meanwhile is none: the route is asleep.
+func (in *instance) takeOver(rec *tracker) (life *tenant.Life, awake bool) {
+	rec.Phase(phaseHandover)
+	in.mu.Lock()
+	life, in.legacy = in.legacy, nil
+	in.mu.Unlock()
+	if life == nil || life.Err() != nil {
+		rec.Note("the tenant the replaced instance kept running ended before the handover")
+		return nil, false
+	}
+	rec.Note("the reload changed only keys of the edge: the tenant runs on, taken over from the replaced instance")
+	return life, true
 }
 
 // startTenant wakes the tenant through the backend, which names its own phases.
@@ -346,7 +376,7 @@ func wakeResult(trig trigger, awake bool, err error) string {
 	switch {
 	case err != nil:
 		return ResultFailed
-	case trig != triggerAdopt:
+	case trig != triggerAdopt && trig != triggerReload:
 		return ResultOK
 	case awake:
 		return ResultAdopted
@@ -387,6 +417,8 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 			in.logger().Info("woke", "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
 				"joined", out.rec.Joined, "notes", out.rec.Notes)
 			in.series.wakeDone(out.rec)
+		} else if out.rec.Trigger == string(triggerReload) {
+			in.logger().Info("took over the running tenant from the replaced instance", "wake_id", out.rec.ID, "duration", out.rec.Duration)
 		} else {
 			in.logger().Info("adopted a running tenant")
 		}
@@ -423,6 +455,7 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 // without the lock), a watcher notices the tenant dying on its own, and with no waiters the idle clock
 // starts.
 func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
+	in.life = life
 	in.fails = 0
 	in.lastErr = nil
 	in.setStateLocked(Awake)

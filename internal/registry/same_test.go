@@ -132,3 +132,39 @@ func setLeaf(v reflect.Value, other bool) {
 		panic("setLeaf: no value for " + v.Type().String())
 	}
 }
+
+// TestSameTenant: a route keeps its tenant across a change of the edge's keys, and not across a change
+// of what the backing runs, where it listens, its budgets, or for a fleet, a dependent or an instance.
+func TestSameTenant(t *testing.T) {
+	base := func() *Route {
+		return &Route{Name: "app", Backing: "exec", Upstream: Upstream{Network: "tcp", Address: "127.0.0.1:9001"},
+			Hosts: []string{"app.test"}, Idle: time.Minute, WakeBudget: time.Minute, SleepBudget: 30 * time.Second,
+			Settings: map[string]any{"argv": []string{"/bin/app"}}}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(r *Route)
+		same bool
+	}{
+		{"nothing", func(*Route) {}, true},
+		{"idle", func(r *Route) { r.Idle = time.Hour }, true},
+		{"hosts", func(r *Route) { r.Hosts = []string{"other.test"} }, true},
+		{"response_timeout", func(r *Route) { r.ResponseTimeout = time.Second }, true},
+		{"health", func(r *Route) { r.Health.Path = "/healthz" }, true},
+		{"hold", func(r *Route) { r.Hold.MaxTime = time.Second }, true},
+		{"settings", func(r *Route) { r.Settings = map[string]any{"argv": []string{"/bin/other"}} }, false},
+		{"backing", func(r *Route) { r.Backing = "unit" }, false},
+		{"upstream", func(r *Route) { r.Upstream.Address = "127.0.0.1:9002" }, false},
+		{"wake_budget", func(r *Route) { r.WakeBudget = time.Hour }, false},
+		{"sleep_budget", func(r *Route) { r.SleepBudget = time.Hour }, false},
+		{"requires", func(r *Route) { r.Requires = []string{"db"} }, false},
+		{"an instance", func(r *Route) { r.Instance = true }, false},
+		{"a fleet", func(r *Route) { r.Fleet = &Fleet{} }, false},
+	} {
+		r := base()
+		c.edit(r)
+		if got := base().SameTenant(r); got != c.same {
+			t.Errorf("%s: SameTenant = %v, want %v", c.name, got, c.same)
+		}
+	}
+}

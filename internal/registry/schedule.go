@@ -89,6 +89,19 @@ func (r *Route) Same(o *Route) bool {
 		reflect.DeepEqual(r.Settings, o.Settings)
 }
 
+// SameTenant reports whether a route changed from o to r keeps the same tenant: a plain route (no
+// fleet, no requires, not an instance) whose backing, settings block, upstream, wake_budget and
+// sleep_budget are as they were, so that only keys of the edge changed (hosts, idle,
+// response_timeout, hold, health, ...). A reload hands such a route's running tenant to its new
+// instance instead of stopping it (internal/activator). The backings read nothing else of a route:
+// a unit's sleep budget and a node's budgets are derived from the two budgets compared here.
+func (r *Route) SameTenant(o *Route) bool {
+	return r.Name == o.Name && r.Backing == o.Backing && r.Upstream == o.Upstream &&
+		r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget &&
+		r.Fleet == nil && o.Fleet == nil && !r.Instance && !o.Instance && len(r.Requires) == 0 && len(o.Requires) == 0 &&
+		reflect.DeepEqual(r.Settings, o.Settings)
+}
+
 // same is Same for a keep_warm window: its zone by name.
 func (w Window) same(o Window) bool {
 	return w.Days == o.Days && w.From == o.From && w.To == o.To && w.Text == o.Text && w.Zone.String() == o.Zone.String()
