@@ -271,3 +271,32 @@ func TestWakeFailuresByClass(t *testing.T) {
 		t.Fatalf("series left after the route retired: %v", got)
 	}
 }
+
+// TestWakeSeriesBeforeTheFirstWakeEnds: the series a wake's end observes (its duration by result, the
+// hold's duration) are there at zero while the route's first wake runs, so a slow first wake rises
+// from a scraped zero and rate() sees it. Found by an operator trial: two first wakes of 100 s, holding
+// 8,100 requests each, never moved ActivatorWakeSlow, and the dashboard's quantiles read NaN.
+func TestWakeSeriesBeforeTheFirstWakeEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		s, reg := newMetricsServer(t, b, testRoute("app"))
+		if _, ok := routeSeries(t, reg, "app")[`activator_wake_duration_seconds_count{backing="fake",result="ok"}`]; ok {
+			t.Error("a route that never woke has a wake duration series: 100,000 idle routes would each have one")
+		}
+		held := request(s.instance("app"))
+		synctest.Wait()
+		wantValues(t, routeSeries(t, reg, "app"), map[string]float64{
+			`activator_wake_duration_seconds_count{backing="fake",result="ok"}`:     0,
+			`activator_wake_duration_seconds_count{backing="fake",result="failed"}`: 0,
+			`activator_hold_duration_seconds_count{}`:                               0,
+		}, "while the first wake runs")
+		close(b.wakeGate)
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+		wantValues(t, routeSeries(t, reg, "app"), map[string]float64{
+			`activator_wake_duration_seconds_count{backing="fake",result="ok"}`: 1,
+			`activator_hold_duration_seconds_count{}`:                           1,
+		}, "after it")
+	})
+}

@@ -45,6 +45,7 @@ type routeMetrics struct {
 
 	codes   sync.Map                            // int -> prometheus.Counter: activator_requests_total by code
 	holdDur atomic.Pointer[prometheus.Observer] // activator_hold_duration_seconds, resolved at the first hold
+	primed  atomic.Bool                         // wakeBegun has made the route's wake series (metrics.go)
 
 	holders []*instanceMetrics // guarded by routeSet.mu; in the order opened, the newest last
 

@@ -190,6 +190,10 @@ func awaitAll(chs []<-chan struct{}, stop, stop2 <-chan struct{}) bool {
 func (in *instance) beginWakeLocked(trig trigger) *attempt {
 	att := &attempt{done: make(chan struct{}), settled: make(chan struct{}), rec: newTracker(in.route.Name, in.route.Backing, trig, in.now)}
 	in.followLocked(att) // the waiting pages' view of it (waiting.go)
+	// An adopt or a reload's handover is no wake the duration series count.
+	if trig != triggerAdopt && trig != triggerReload {
+		in.series.wakeBegun(in.route.Backing)
+	}
 	in.wake = att
 	in.setStateLocked(Waking)
 	in.wg.Add(1)
