@@ -2,7 +2,9 @@ package activator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -134,6 +136,30 @@ func TestHistoryKeptAcrossReload(t *testing.T) {
 		}
 		if n := b.lastSleeps.Load(); n != 1 {
 			t.Errorf("the retiring instance's sleep was marked tenant.LastSleep %d times, want 1 (its backend is closed next)", n)
+		}
+	})
+}
+
+// TestStatusKeepsTheLastWakeAcrossReload: after a reload that changes a route, its status still shows
+// the last wake, a failed one included, with its error, until the new instance has a wake of its own.
+// Found by an operator trial: ActivatorWakeFailed sent the operator to `activator status`, which
+// showed the route asleep with no last wake once the reload meant to fix it was in.
+func TestStatusKeepsTheLastWakeAcrossReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{wakeErr: errors.New("exited with code 3: no config")}
+		s, _ := newTestServer(t, b, passGate{})
+		if err := s.Wake(context.Background(), "app"); err == nil {
+			t.Fatal("the wake succeeded")
+		}
+		r := testRoute("app")
+		r.WakeBudget *= 2
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		st := s.instance("app").status()
+		if st.LastWake == nil || st.LastWake.Outcome != OutcomeFailed || !strings.Contains(st.LastWake.Error, "code 3") {
+			t.Errorf("status after the reload: last wake %+v, want the failed one with its error", st.LastWake)
 		}
 	})
 }

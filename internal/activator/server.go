@@ -257,6 +257,12 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 	if old, ok := s.instances[r.Name]; ok {
 		in.hist = old.hist // a changed route keeps its history
 		in.pages = old.pages
+		// And its last wake and sleep, for the status: a failed wake that an alert sends the operator
+		// to look up was gone from `activator status` and GET /routes after the reload meant to fix it
+		// (found by an operator trial). The backoff is not kept: the new config may have fixed it.
+		old.mu.Lock()
+		in.lastRec, in.lastAtt, in.lastSlp = old.lastRec, old.lastAtt, old.lastSlp
+		old.mu.Unlock()
 	}
 	in.drain = s.drain
 	in.checkErr = s.checks[r.Name]
