@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 func TestHistoryRingKeepsTheNewest(t *testing.T) {
@@ -162,4 +164,25 @@ func TestStatusKeepsTheLastWakeAcrossReload(t *testing.T) {
 			t.Errorf("status after the reload: last wake %+v, want the failed one with its error", st.LastWake)
 		}
 	})
+}
+
+// TestWokeLogNamesTheWake: the log line of a wake that succeeded carries its wake_id, which every held
+// request's answer carries too (Activator-Wake-Id), so the id a client reports finds the line. Found
+// by an operator trial: only a failed wake's line had it.
+func TestWokeLogNamesTheWake(t *testing.T) {
+	var logs testenv.SyncBuffer
+	s := New(Options{Opener: fakeProvider{&fakeBackend{}}, Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} }})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	if err := s.Wake(context.Background(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	// status takes the instance's lock, under which the wake's end is logged: the line is written.
+	id := s.instance("app").status().LastWake.ID
+	if !strings.Contains(logs.String(), `"msg":"woke","route":"app","backing":"fake","wake_id":"`+id+`"`) {
+		t.Errorf("no woke line with wake_id %s in %s", id, logs.String())
+	}
 }

@@ -418,7 +418,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		close(att.done)
 		// The held requests are on their way; the log line and the metrics are not in their path.
 		if out.rec.Result == ResultOK {
-			in.logger().Info("woke", "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
+			in.logger().Info("woke", "wake_id", out.rec.ID, "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
 				"joined", out.rec.Joined, "notes", out.rec.Notes)
 			in.series.wakeDone(out.rec)
 		} else if out.rec.Trigger == string(triggerReload) {
