@@ -43,12 +43,13 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 		return c
 	}
 	u := &unaskedLog{in: in, upstream: r.Upstream.Address}
+	f := &failedLog{in: in}
 	slot.CompareAndSwap(nil, upstream.New(upstream.Options{
 		Network:      r.Upstream.Network,
 		Address:      r.Upstream.Address,
 		MaxConns:     upstreamConns(r),
 		TrustedProxy: in.trusted,
-		ErrorHandler: in.upstreamFailed,
+		ErrorHandler: f.answer,
 		OnUnasked:    u.note,
 		Logger:       in.logger(),
 		// The route's, not r's: a fleet member's route carries its upstream alone.
@@ -61,29 +62,41 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 // request asked for: a tenant with that bug has it on every answer, and a line each would flood the log.
 const unaskedEvery = time.Minute
 
+// throttle lets a log line through for the first of a kind of event at once, then at most one per
+// every, each saying how many events there were since the line before: what a tenant or a client can
+// cause on every request must not flood the log (and the disk under it).
+type throttle struct {
+	mu     sync.Mutex // guards the fields below
+	n      int        // events since the last line
+	logged time.Time  // when the last line was written; zero: never
+}
+
+// note counts an event at now and reports whether to write a line for it, and for how many events.
+func (t *throttle) note(now time.Time, every time.Duration) (n int, write bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n++
+	if !t.logged.IsZero() && now.Sub(t.logged) < every {
+		return 0, false
+	}
+	n, t.n, t.logged = t.n, 0, now
+	return n, true
+}
+
 // unaskedLog reports the upstream connections one client closed because the tenant sent bytes on them
 // with no request pending (upstream.Options.OnUnasked): the first at once, then at most one line per
 // unaskedEvery, each with the count since the line before.
 type unaskedLog struct {
 	in       *instance
 	upstream string // the address, which tells fleet members apart
-
-	mu     sync.Mutex // guards the fields below
-	n      int        // closed since the last line
-	logged time.Time  // when the last line was written; zero: never
+	throttle
 }
 
 func (u *unaskedLog) note() {
-	u.mu.Lock()
-	u.n++
-	now := u.in.now()
-	if !u.logged.IsZero() && now.Sub(u.logged) < unaskedEvery {
-		u.mu.Unlock()
+	n, write := u.throttle.note(u.in.now(), unaskedEvery)
+	if !write {
 		return
 	}
-	n := u.n
-	u.n, u.logged = 0, now
-	u.mu.Unlock()
 	u.in.logger().Warn("the tenant sent bytes no request asked for; closed that upstream connection unused",
 		"upstream", u.upstream, "connections", n,
 		"cause", "a body longer than its Content-Length, or a write after the answer (a second answer, an error page)",
@@ -94,24 +107,63 @@ func (u *unaskedLog) note() {
 // opened for want of a file descriptor.
 const outOfFilesMsg = "the activator is out of file descriptors"
 
-// upstreamFailed answers a request whose upstream exchange failed, on either path of the client.
+// failedEvery is how often, at most, one upstream client logs the requests whose exchange with the
+// tenant failed: a tenant that resets a path does so for every client that asks for it, and one line
+// each, with the client's path in it, let anyone fill the disk (found by an operator trial: 300 requests
+// for an 8 KB path, 2.4 MB of log).
+const failedEvery = 10 * time.Second
+
+// maxLoggedPath bounds the request path a failure's log line quotes.
+const maxLoggedPath = 256
+
+// failedLog is one upstream client's ErrorHandler: upstreamFailed, its log lines throttled.
+type failedLog struct {
+	in *instance
+	throttle
+}
+
+func (f *failedLog) answer(w http.ResponseWriter, r *http.Request, err error) {
+	f.in.upstreamFailedLog(w, r, err, &f.throttle)
+}
+
+// upstreamFailed answers a request whose upstream exchange failed, on either path of the client; its
+// log line is not throttled (fleet.go's own failure, no member ready, is rare and short).
 func (in *instance) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+	in.upstreamFailedLog(w, r, err, nil)
+}
+
+// upstreamFailedLog is upstreamFailed with its log lines throttled by t (nil: none).
+func (in *instance) upstreamFailedLog(w http.ResponseWriter, r *http.Request, err error, t *throttle) {
 	sw, ok := w.(*statusWriter)
 	if !ok {
 		sw = &statusWriter{ResponseWriter: w} // only a test calls the client with another writer
 	}
 	ue := &UpstreamError{Route: in.route.Name, Err: err}
+	logged := func() (n int, write bool) {
+		if t == nil {
+			return 1, true
+		}
+		return t.note(in.now(), failedEvery)
+	}
+	path := r.URL.Path
+	if len(path) > maxLoggedPath {
+		path = path[:maxLoggedPath] + "…"
+	}
 	switch code, _ := statusFor(ue); {
 	case r.Context().Err() != nil: // the client left: nothing failed that it will see
 	case code == http.StatusBadGateway:
 		// The client is told the failure's class alone (clientMessage); the whole error is logged.
-		in.logger().Warn("upstream failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		if n, write := logged(); write {
+			in.logger().Warn("upstream failed", "method", r.Method, "path", path, "err", err, "failures", n)
+		}
 	case errors.Is(err, upstream.ErrResponseTimeout):
-		in.logger().Warn("the tenant did not begin its answer in time; answered 504 and closed that connection",
-			"method", r.Method, "path", r.URL.Path, "response_timeout", in.route.ResponseTimeout,
-			"fix", "a tenant that is slow on purpose (a report, a model's unstreamed answer) needs a longer response_timeout; one that hangs, a look at its own log")
+		if n, write := logged(); write {
+			in.logger().Warn("the tenant did not begin its answer in time; answered 504 and closed that connection",
+				"method", r.Method, "path", path, "response_timeout", in.route.ResponseTimeout, "failures", n,
+				"fix", "a tenant that is slow on purpose (a report, a model's unstreamed answer) needs a longer response_timeout; one that hangs, a look at its own log")
+		}
 	case outOfFiles(err):
-		in.logger().Warn(outOfFilesMsg, "method", r.Method, "path", r.URL.Path, "err", err,
+		in.logger().Warn(outOfFilesMsg, "method", r.Method, "path", path, "err", err,
 			"fix", "raise the open-file limit (LimitNOFILE= in the unit), or lower edge.max_conns to leave more of it for upstream connections")
 	}
 	sw.fail(r, ue)
