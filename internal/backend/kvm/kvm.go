@@ -331,11 +331,17 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		l.ram = ram
 	}
 	if !b.s.KeepSnapshot {
+		had := b.savedSnapshot()
 		if err := b.removeSnapshots(); err != nil {
 			if l.ram != nil {
 				l.ram.Close()
 			}
 			return nil, fmt.Errorf("%s: qemu not launched: remove the route's old snapshot: %w", PhaseQEMUStart, err)
+		}
+		if had != "" && b.s.Sleep != SleepSnapshot {
+			// The route slept by snapshot before a reload changed its sleep mode: the saved memory is
+			// gone with this boot, and the record says so (found by an operator trial: it did not).
+			t.Note(fmt.Sprintf("discarded the snapshot %s that an earlier sleep: snapshot left: this route now sleeps by %s, and a cold boot supersedes it", had, b.s.Sleep))
 		}
 	}
 	inst, err := b.start(ctx, t, l)

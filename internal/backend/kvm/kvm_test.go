@@ -593,9 +593,14 @@ func TestColdBootSupersedesSnapshot(t *testing.T) {
 	must(t, b1.Close(ctx))
 
 	b2 := reopen(SleepPoweroff)
-	wake(t, b2, r.Upstream, tenant.Discard)
+	rec2 := &recorder{}
+	wake(t, b2, r.Upstream, rec2)
 	if boot := get(t, r.Upstream, "/boot_id"); boot == boot1 {
 		t.Fatalf("poweroff route resumed boot %s, want a cold boot", boot)
+	}
+	// The saved memory goes with this boot, and the record says so.
+	if _, notes := rec2.get(); !containsSub(notes, "discarded the snapshot") {
+		t.Errorf("the poweroff route's cold boot over a snapshot: notes %q, want it to say the snapshot was discarded", notes)
 	}
 	sleepB(t, b2)
 	must(t, b2.Close(ctx))

@@ -453,6 +453,18 @@ func (b *Backend) dropRAM() {
 	_ = removeFiles(b.ramPath()+genExt, b.ramPath())
 }
 
+// savedSnapshot names the snapshot a restore would find (the device state, or a copied snapshot in
+// either compression), or "" when there is none.
+func (b *Backend) savedSnapshot() string {
+	file, other := b.snapFile()
+	for _, f := range []string{b.devPath(), file, other} {
+		if exists(f) {
+			return filepath.Base(f)
+		}
+	}
+	return ""
+}
+
 // removeSnapshots removes every saved snapshot of the route (both modes, temp files and sidecars
 // included, not those moved aside) and the RAM file's sidecar: a live guest supersedes them.
 func (b *Backend) removeSnapshots() error {
