@@ -177,6 +177,17 @@ func (fb *fleetBackend) settle(run *fleet.Run, failed bool, cancel context.Cance
 	defer close(settled)
 	defer cancel()
 	<-run.Done()
+	if !failed {
+		// Up without them: the route's log said only that the fleet woke (found by an operator
+		// trial: a member that failed its gate showed nowhere but the status's note).
+		for _, res := range run.Results() {
+			if res.Status == fleet.Timeout || res.Status == fleet.Error {
+				fb.in.logger().Warn("fleet member did not come up: the fleet runs without it", "member", res.Name,
+					"status", string(res.Status), "phase", res.Phase, "class", string(res.Class), "err", res.Err,
+					"ready", fb.ready(), "min_ready", fb.minReady(), "members", len(fb.members))
+			}
+		}
+	}
 	if failed {
 		fb.mu.Lock()
 		fb.gen++ // the members that came up are stopped by us, not gone on their own

@@ -17,6 +17,7 @@ import (
 	"github.com/activator/activator/internal/fleet"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // countingBackend is a fakeBackend that counts the wakes in progress across a fleet and blocks each
@@ -493,6 +494,28 @@ func TestFleetMemberGoneBeforeQuorum(t *testing.T) {
 		b.mu.Unlock()
 		if running {
 			t.Error("b still runs after the failed wake")
+		}
+	})
+}
+
+// TestFleetDegradedIsLogged: a fleet that comes up without one of its members says so in the log,
+// naming the member and why. Found by an operator trial: the log's "woke" line was all there was.
+func TestFleetDegradedIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		p := byName{"pool.a": &fakeBackend{}, "pool.b": &fakeBackend{}, "pool.c": &fakeBackend{wakeErr: errors.New("exited with code 3")}}
+		s := New(Options{Opener: p, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), NewGate: func(*registry.Route) Gate { return passGate{} }})
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = s.Shutdown(context.Background()) }()
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if l := logs.String(); !strings.Contains(l, `"msg":"fleet member did not come up: the fleet runs without it"`) ||
+			!strings.Contains(l, `"member":"c"`) || !strings.Contains(l, "exited with code 3") {
+			t.Errorf("log %s: want a line naming member c and its error", l)
 		}
 	})
 }
