@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
@@ -180,4 +181,36 @@ func TestReloadLoop(t *testing.T) {
 		}
 		h.finish()
 	})
+}
+
+// TestRejectedReloadIsAMetric: a reload of a bad config is visible to Prometheus, not only in the
+// log: activator_config_last_reload_successful drops to 0 while the old config stays in force, and
+// comes back to 1, with a later success timestamp, once a good config is loaded. Found by an operator
+// trial: a bad file left in place showed nowhere but the log until the next restart failed on it.
+func TestRejectedReloadIsAMetric(t *testing.T) {
+	t.Parallel()
+	app := appRoute{Name: "hello"}
+	good := configYAML(t, app)
+	s := startServed(t, good)
+	const ok, at = "activator_config_last_reload_successful", "activator_config_last_reload_success_timestamp_seconds"
+	start := scrape(t, s.admin, ok, at)
+	if start[ok] != 1 || start[at] <= 0 {
+		t.Fatalf("at start-up: %v, want successful and a load time", start)
+	}
+	bad := good + "  - name: broken\n    hosts: [broken.test]\n"
+	tmp := s.path + ".new"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("listen: %q\nadmin: %q\n", s.edge, s.admin)+bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		t.Fatal(err)
+	}
+	s.waitLogged("config reload rejected; the old config stays in force", 1)
+	if got := scrape(t, s.admin, ok, at); got[ok] != 0 || got[at] != start[at] {
+		t.Errorf("after the rejected reload: %v, want 0 and the start-up's time %v", got, start[at])
+	}
+	s.rewrite(good, 1)
+	if got := scrape(t, s.admin, ok, at); got[ok] != 1 || got[at] <= start[at] {
+		t.Errorf("after a good reload: %v, want 1 and a time after %v", got, start[at])
+	}
 }

@@ -51,6 +51,16 @@ type serveOptions struct {
 	pprof bool
 	// onReady runs once both listeners are bound (demo prints its banner there).
 	onReady func(edge, admin net.Addr)
+	// loaded, when set, is told of every load of the config: the start-up one, and each reload,
+	// applied (ok) or not (activator.Metrics.ConfigLoaded).
+	loaded func(ok bool, at time.Time)
+}
+
+// noteLoad tells o.loaded, if set, of a load of the config.
+func (o serveOptions) noteLoad(ok bool) {
+	if o.loaded != nil {
+		o.loaded(ok, time.Now())
+	}
 }
 
 func cmdServe(args []string) int {
@@ -162,6 +172,7 @@ func serve(o serveOptions) int {
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
+	o.loaded = metrics.ConfigLoaded
 	if err := srv.Apply(cfg); err != nil {
 		log.Error("cannot start routes", "err", err)
 		edgeLn.Close()
@@ -172,6 +183,7 @@ func serve(o serveOptions) int {
 		_ = srv.Shutdown(context.Background())
 		return 1
 	}
+	o.noteLoad(true)
 	releaseLoadGarbage()
 	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
@@ -535,7 +547,9 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 	started := startOnly(running, o)
 	return func(trigger string) {
 		cfg, err := o.load(bk.loader)
+		// The metric before the log line, which a reader (an operator, a test) may act on at once.
 		if err != nil {
+			o.noteLoad(false)
 			errs := registry.Errors(err)
 			log.Error("config reload rejected; the old config stays in force", "trigger", trigger, "problems", len(errs))
 			for _, e := range errs {
@@ -544,9 +558,11 @@ func newReload(ctx context.Context, log *slog.Logger, o serveOptions, bk *backin
 			return
 		}
 		if err := srv.Apply(cfg); err != nil {
+			o.noteLoad(false)
 			log.Error("config reload failed; the old config stays in force", "trigger", trigger, "err", err)
 			return
 		}
+		o.noteLoad(true)
 		log.Info("config reloaded", "trigger", trigger, "routes", len(cfg.Routes), "instances", len(cfg.Instances), "decoded", bk.loader.Decoded())
 		warnStartOnly(log, started, startOnly(cfg, o))
 		liveCheck(ctx, log, bk.provider, tenants(cfg), srv.SetCheckError)

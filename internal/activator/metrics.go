@@ -15,8 +15,9 @@ import (
 // A route's series belong to its instances (routeseries.go): the first instance of a route name
 // creates them, an instance that replaces it on a reload shares them, and the last of them to retire
 // deletes them. The series whose labels are fixed (the route's alone, or with a state, reason or
-// result) exist from the start, at 0. The histograms and activator_requests_total appear at their
-// first observation.
+// result) exist from the start, at 0. The wake and hold histograms appear when a route's first wake
+// begins; the phase histogram, the failures by class and activator_requests_total at their first
+// observation.
 type Metrics struct {
 	wakeDuration  *prometheus.HistogramVec
 	phaseDuration *prometheus.HistogramVec
@@ -24,8 +25,11 @@ type Metrics struct {
 	requests      *prometheus.CounterVec
 	filtered      *prometheus.CounterVec
 	wakeFailures  *prometheus.CounterVec
-	unknown       func(code int) // activator_requests_total{route="_unknown"}
-	routes        *routeSet
+	// The config's last load (ConfigLoaded): whether the last reload was applied, and when a config
+	// last was, at start-up or by a reload.
+	reloadOK, reloadAt prometheus.Gauge
+	unknown            func(code int) // activator_requests_total{route="_unknown"}
+	routes             *routeSet
 	// routeReg holds routes alone, apart from the registry NewMetrics registers on: a text scrape
 	// writes them itself (Handler), a protobuf one gathers both registries (Gatherer).
 	routeReg *prometheus.Registry
@@ -59,11 +63,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "activator_wake_failures_total",
 			Help: "Failed wakes, by the phase they failed in and the fault's class (retryable, throttle, terminal).",
 		}, []string{"route", "phase", "class"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "activator_config_last_reload_successful",
+			Help: "1 when the last reload of the config file was applied (or none has been tried since the start), 0 when it was rejected or failed: the config on disk is then not the one in force.",
+		}),
+		reloadAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "activator_config_last_reload_success_timestamp_seconds",
+			Help: "When a config was last loaded and applied, at start-up or by a reload (Unix time).",
+		}),
 		routes:   newRouteSet(),
 		routeReg: prometheus.NewRegistry(),
 	}
+	m.reloadOK.Set(1)
 	m.unknown = newRouteMetrics(m, unknownRoute).countFn
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures, m.reloadOK, m.reloadAt)
 	m.routeReg.MustRegister(m.routes)
 	return m
 }
@@ -212,4 +225,19 @@ func (im *instanceMetrics) sleepFailed(failed bool) {
 		im.rm.sleepFailures.Add(1)
 	}
 	im.sleepFailing.Store(failed)
+}
+
+// ConfigLoaded records a load of the config file at at: applied (ok), or rejected or failed, which
+// leaves the config loaded before it in force. serve calls it once the start-up config is applied,
+// and after every reload. Safe for concurrent use; a nil Metrics records nothing.
+func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
+	if m == nil {
+		return
+	}
+	if !ok {
+		m.reloadOK.Set(0)
+		return
+	}
+	m.reloadOK.Set(1)
+	m.reloadAt.Set(float64(at.UnixNano()) / 1e9)
 }
