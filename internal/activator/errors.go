@@ -95,6 +95,24 @@ func (e *BackoffError) Error() string {
 
 func (e *BackoffError) Unwrap() error { return e.Last }
 
+// HoldTimeoutError is a request held past its route's hold.max_time (ErrHoldTimeout): it names the
+// route and, when the request waited for a wake, that wake's id, which the answer carries as the
+// failed wake's does. Found by an operator trial: the 504's body named neither.
+type HoldTimeoutError struct {
+	Route   string
+	MaxTime time.Duration
+	WakeID  string // the wake the request waited for; "" behind a stop
+}
+
+func (e *HoldTimeoutError) Error() string {
+	if e.WakeID == "" {
+		return fmt.Sprintf("route %q: %v (hold.max_time %v)", e.Route, ErrHoldTimeout, e.MaxTime)
+	}
+	return fmt.Sprintf("route %q: %v (hold.max_time %v); the wake goes on", e.Route, ErrHoldTimeout, e.MaxTime)
+}
+
+func (e *HoldTimeoutError) Unwrap() error { return ErrHoldTimeout }
+
 // UpstreamError is a proxy failure after the route was awake (connection refused, reset). Its Error
 // is the whole text, for the log; the client reads only the failure's class (upstreamCause).
 type UpstreamError struct {
@@ -260,9 +278,14 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	h.Set("X-Content-Type-Options", "nosniff")
 	msg := clientMessage(err)
 	phase, wakeID, class := "", "", tenant.Class("")
-	var we *WakeError
+	var (
+		we *WakeError
+		he *HoldTimeoutError
+	)
 	if errors.As(err, &we) {
 		phase, wakeID, class = we.Phase, we.WakeID, we.Class
+	} else if errors.As(err, &he) {
+		wakeID = he.WakeID
 	}
 	accept := r.Header.Get("Accept")
 	switch {

@@ -103,7 +103,11 @@ func (in *instance) awaitHeld(ctx context.Context, wait <-chan struct{}, att *at
 		if in.root.Err() != nil {
 			return nil, false, ErrClosed
 		}
-		return nil, false, ErrHoldTimeout
+		he := &HoldTimeoutError{Route: in.route.Name, MaxTime: in.route.Hold.MaxTime}
+		if att != nil {
+			he.WakeID = att.rec.rec.ID // written once, by newTracker
+		}
+		return nil, false, he
 	case <-drain:
 		in.leave(nil)
 		return nil, false, ErrClosed

@@ -110,3 +110,29 @@ func TestUpstreamFailuresLogThrottled(t *testing.T) {
 		t.Errorf("after the window: lines %q, want a second saying 50 failures", got)
 	}
 }
+
+// TestHoldTimeoutNamesRouteAndWake: a request held past hold.max_time gets a 504 whose body names the
+// route, the bound and that the wake goes on, and whose Activator-Wake-Id, in the body too, is the
+// wake it waited for. Found by an operator trial: the body named neither route nor wake.
+func TestHoldTimeoutNamesRouteAndWake(t *testing.T) {
+	b := &fakeBackend{wakeGate: make(chan struct{})}
+	defer close(b.wakeGate)
+	g := newEdgeRig(t, b, registry.EdgeLimits{}, http.NotFoundHandler(), func(r *registry.Route) {
+		r.Hold.MaxTime = 50 * time.Millisecond
+		r.WakeBudget = time.Hour
+	})
+	code, h, body := g.get(t, "/", http.Header{"Accept": {"application/json"}})
+	if code != http.StatusGatewayTimeout {
+		t.Fatalf("answer %d %q, want 504", code, body)
+	}
+	g.in.mu.Lock()
+	wake := ""
+	if g.in.wake != nil {
+		wake = g.in.wake.rec.rec.ID // the wake still running
+	}
+	g.in.mu.Unlock()
+	if wake == "" || h.Get("Activator-Wake-Id") != wake || !strings.Contains(body, `"wake_id":"`+wake+`"`) ||
+		!strings.Contains(body, `route \"app\": timed out waiting for the route to wake (hold.max_time 50ms); the wake goes on`) {
+		t.Errorf("504 %q (Activator-Wake-Id %q), want the route, the bound and wake %q", body, h.Get("Activator-Wake-Id"), wake)
+	}
+}
