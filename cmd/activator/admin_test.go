@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -115,22 +114,17 @@ func TestAdminToken(t *testing.T) {
 	}
 }
 
-// runMain runs this test binary as `activator args...` and returns its exit code and output.
+// runMain runs this test binary as `activator args...`, in this process's whole environment (the
+// admin API's variables included, which runCLI leaves out), and returns its exit code and output.
 func runMain(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	var admin []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "ACTIVATOR_ADMIN") {
+			admin = append(admin, kv)
+		}
 	}
-	cmd := exec.Command(self, args...)
-	cmd.Env = append(os.Environ(), serveChildEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), string(out)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return 0, string(out)
+	return runCLI(t, admin, args...)
 }
 
 // TestAdminConfigProblems: `check` and `serve` agree on the admin settings: what serve cannot bind or

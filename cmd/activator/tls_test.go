@@ -87,21 +87,35 @@ func presented(t testing.TB, addr, sni string) string {
 // waitLogged waits until the activator has logged msg at least n times, and returns those records.
 func (s *served) waitLogged(msg string, n int) []map[string]any {
 	s.t.Helper()
+	var recs []map[string]any
+	s.until(func() bool { recs = s.logs.matching(msg); return len(recs) >= n },
+		func() string { return fmt.Sprintf("logging %q %d times", msg, n) },
+		func() string {
+			return fmt.Sprintf("%q logged %d times within %v, want %d", msg, len(s.logs.matching(msg)), patience, n)
+		})
+	return recs
+}
+
+// until waits until done reports true, asking again each time the activator logs a record; it fails
+// the test, with what (the awaited event) or late (how it stands), when the activator exits first or
+// patience runs out.
+func (s *served) until(done func() bool, what, late func() string) {
+	s.t.Helper()
 	deadline := time.NewTimer(patience)
 	defer deadline.Stop()
 	for {
 		s.logs.mu.Lock()
 		changed := s.logs.changed
 		s.logs.mu.Unlock()
-		if recs := s.logs.matching(msg); len(recs) >= n {
-			return recs
+		if done() {
+			return
 		}
 		select {
 		case <-changed:
 		case <-s.exited:
-			s.t.Fatalf("the activator exited before logging %q %d times", msg, n)
+			s.t.Fatalf("the activator exited before %s", what())
 		case <-deadline.C:
-			s.t.Fatalf("%q logged %d times within %v, want %d", msg, len(s.logs.matching(msg)), patience, n)
+			s.t.Fatal(late())
 		}
 	}
 }
@@ -612,24 +626,12 @@ func TestTLSCertDirRemade(t *testing.T) {
 // again each time the activator logs a record (a reload logs one).
 func (s *served) waitPresented(addr, sni, want string) {
 	s.t.Helper()
-	deadline := time.NewTimer(patience)
-	defer deadline.Stop()
-	for {
-		s.logs.mu.Lock()
-		changed := s.logs.changed
-		s.logs.mu.Unlock()
-		got := presented(s.t, addr, sni)
-		if got == want {
-			return
-		}
-		select {
-		case <-changed:
-		case <-s.exited:
-			s.t.Fatalf("the activator exited before serving %s for %s", want, sni)
-		case <-deadline.C:
-			s.t.Fatalf("a handshake for %s still got %s after %v, want %s: the change was not seen", sni, got, patience, want)
-		}
-	}
+	var got string
+	s.until(func() bool { got = presented(s.t, addr, sni); return got == want },
+		func() string { return fmt.Sprintf("serving %s for %s", want, sni) },
+		func() string {
+			return fmt.Sprintf("a handshake for %s still got %s after %v, want %s: the change was not seen", sni, got, patience, want)
+		})
 }
 
 // TestReloadLoopWatchErrors: the watcher's errors are drained (fsnotify stops delivering events while

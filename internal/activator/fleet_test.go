@@ -164,20 +164,28 @@ func TestFleetFastFail(t *testing.T) {
 	})
 }
 
+// threeUp is a server with route pool, a fleet of three members a, b and c (min_ready 2) on fake
+// backends, woken: the wake has returned at the quorum, the third member may still be joining.
+func threeUp(t *testing.T) (*Server, map[string]*fakeBackend) {
+	t.Helper()
+	members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
+	p := byName{}
+	for n, fb := range members {
+		p["pool."+n] = fb
+	}
+	s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
+	if err := s.Wake(t.Context(), "pool"); err != nil {
+		t.Fatal(err)
+	}
+	return s, members
+}
+
 // TestFleetBelowQuorumStops: three members, min_ready 2. One member dying leaves the fleet up and out
 // of the pool; a second brings it below the quorum: the survivor is stopped and the route is asleep
 // (exited), ready to wake every member again.
 func TestFleetBelowQuorumStops(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
-		p := byName{}
-		for n, fb := range members {
-			p["pool."+n] = fb
-		}
-		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
-		if err := s.Wake(t.Context(), "pool"); err != nil {
-			t.Fatal(err)
-		}
+		s, members := threeUp(t)
 		synctest.Wait() // the wake returned at the quorum: the third member joins now
 		in := s.instance("pool")
 		kill := func(n string) {
@@ -298,15 +306,7 @@ func memberStatuses(rows []MemberRecord) []string {
 // an operator trial: after the quorum was lost every row still said "up".
 func TestFleetRowsSayWhatMembersAreNow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		members := map[string]*fakeBackend{"a": {}, "b": {}, "c": {}}
-		p := byName{}
-		for n, fb := range members {
-			p["pool."+n] = fb
-		}
-		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
-		if err := s.Wake(t.Context(), "pool"); err != nil {
-			t.Fatal(err)
-		}
+		s, members := threeUp(t)
 		synctest.Wait() // the third member joins
 		in := s.instance("pool")
 		id := in.status().LastWake.ID

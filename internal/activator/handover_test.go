@@ -17,6 +17,23 @@ func edgeChange(idle time.Duration) *registry.Config {
 	return &registry.Config{Routes: []*registry.Route{r}}
 }
 
+// awakeWithARequest is a server whose one route, app, is awake on b with a request in flight on its
+// instance (done ends it), as a reload may find it.
+func awakeWithARequest(t *testing.T) (s *Server, old *instance, b *closingBackend, done func()) {
+	t.Helper()
+	b = &closingBackend{}
+	s = newShutdownServer(t, map[string]tenant.Backend{"app": b})
+	old = s.instance("app")
+	if err := s.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	done, err := old.acquire(context.Background(), triggerRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, old, b, done
+}
+
 // TestReloadHandsTheTenantOver: a reload that changes only keys of the edge (here idle) keeps the
 // route's tenant running: the old instance, once its requests in flight are done, hands it to the
 // new one instead of putting it to sleep, the new one takes it over through its health gate (a wake
@@ -25,16 +42,7 @@ func edgeChange(idle time.Duration) *registry.Config {
 // idle alone stopped a unit and powered a bare-metal node off and on again.
 func TestReloadHandsTheTenantOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &closingBackend{}
-		s := newShutdownServer(t, map[string]tenant.Backend{"app": b})
-		old := s.instance("app")
-		if err := s.Wake(t.Context(), "app"); err != nil {
-			t.Fatal(err)
-		}
-		long, err := old.acquire(context.Background(), triggerRequest) // in flight across the reload
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, old, b, long := awakeWithARequest(t) // long: in flight across the reload
 		if err := s.Apply(edgeChange(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
@@ -108,16 +116,7 @@ func TestReloadHandoverCases(t *testing.T) {
 	})
 	t.Run("two reloads", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := &closingBackend{}
-			s := newShutdownServer(t, map[string]tenant.Backend{"app": b})
-			old := s.instance("app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
-			long, err := old.acquire(context.Background(), triggerRequest)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, old, b, long := awakeWithARequest(t)
 			if err := s.Apply(edgeChange(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
@@ -139,16 +138,7 @@ func TestReloadHandoverCases(t *testing.T) {
 	})
 	t.Run("removed before the handover", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := &closingBackend{}
-			s := newShutdownServer(t, map[string]tenant.Backend{"app": b})
-			old := s.instance("app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
-			long, err := old.acquire(context.Background(), triggerRequest)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, old, b, long := awakeWithARequest(t)
 			if err := s.Apply(edgeChange(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
@@ -167,16 +157,7 @@ func TestReloadHandoverCases(t *testing.T) {
 	})
 	t.Run("shutdown before the handover", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := &closingBackend{}
-			s := newShutdownServer(t, map[string]tenant.Backend{"app": b})
-			old := s.instance("app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
-			long, err := old.acquire(context.Background(), triggerRequest)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, _, b, long := awakeWithARequest(t)
 			if err := s.Apply(edgeChange(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
