@@ -181,17 +181,10 @@ type instance struct {
 	holds      []func()
 	dependents map[string]int
 
-	// A reload that changes only keys of the edge (registry.Route.SameTenant) gives the route's new
-	// instance, the heir, the old one's backend, and the old one hands the heir its tenant, running,
-	// when it retires, instead of putting it to sleep (handOverLocked, inherit). life is the tenant's
-	// Life while Awake. ownsBackend: this instance closes the backend at its teardown; an heir owns it
-	// from the handover on. inheriting: an heir waiting for the handover, which neither adopts, nor
-	// prepares, nor retires before it. legacy is the Life handed over, for the handover's wake.
-	life        *tenant.Life
-	heir        *instance
-	ownsBackend bool
-	inheriting  bool
-	legacy      *tenant.Life
+	// ho is the instance's part in a reload that hands the route's tenant on (sleep.go): nil for
+	// nearly every instance, which owns its backend from start to end. A pointer, not the fields: at
+	// 100,000 routes every byte of an instance is 100 kB.
+	ho *handover
 }
 
 // newInstance returns route r's instance, asleep. It holds the route's metric series from now on (see
@@ -212,8 +205,6 @@ func newInstance(root context.Context, r *registry.Route, b tenant.Backend, log 
 		hist:    newHistory(),
 		pages:   &routePage{},
 		since:   now(),
-
-		ownsBackend: true,
 	}
 	in.releaseFn, in.unadmitFn = in.release, in.unadmit
 	in.filter, in.releaseIgnoredFn = newFilter(&r.Ignore, series), in.releaseIgnored

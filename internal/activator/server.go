@@ -248,7 +248,7 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 	}
 	in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
 	if from != nil {
-		in.ownsBackend, in.inheriting = false, true
+		in.ho = &handover{inheriting: true, lent: true} // the backend is from's until it hands it over
 	}
 	if fb != nil {
 		in.fleet, fb.in = fb, in

@@ -226,12 +226,12 @@ func (in *instance) graceEnded() {
 
 func (in *instance) maybeRetireLocked() {
 	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
-	if !in.retiring || in.closed || in.inheriting || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
+	if !in.retiring || in.closed || in.ho.waiting() || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
 		return
 	}
 	switch in.state {
 	case Awake:
-		if in.heir != nil {
+		if in.ho.heirOf() != nil {
 			in.handOverLocked()
 			return
 		}
@@ -241,9 +241,9 @@ func (in *instance) maybeRetireLocked() {
 		if in.cut != nil {
 			in.cut.Stop()
 		}
-		heir := in.heir
+		heir := in.ho.heirOf()
 		if heir != nil {
-			in.ownsBackend = false // the heir's from now on: it inherits no tenant, only the backend
+			in.ho.lent = true // the heir's from now on: it inherits no tenant, only the backend
 		}
 		in.wg.Add(1)
 		go func() {
@@ -258,12 +258,37 @@ func (in *instance) maybeRetireLocked() {
 	// Waking or Stopping: runWake/runSleep call back here when they finish.
 }
 
+// handover is an instance's part in a reload that hands the route's tenant on, when only keys of the
+// edge changed (registry.Route.SameTenant): Apply gives the route's new instance, the heir, the old
+// one's backend, and the old one hands the heir its tenant, running, when it retires, instead of
+// putting it to sleep (handOverLocked, inherit). Guarded by the instance's mu. Its methods take a nil
+// handover as an instance's that owns its backend throughout.
+type handover struct {
+	heir       *instance    // the old instance's: who takes its tenant over
+	inheriting bool         // the heir's: waiting for the handover; it neither adopts, prepares nor retires before
+	lent       bool         // the backend is another's to close: the heir's after the handover, the old one's before it
+	legacy     *tenant.Life // the heir's: the Life handed over, for its handover wake (takeOver)
+}
+
+func (h *handover) waiting() bool     { return h != nil && h.inheriting }
+func (h *handover) ownsBackend() bool { return h == nil || !h.lent }
+
+func (h *handover) heirOf() *instance {
+	if h == nil {
+		return nil
+	}
+	return h.heir
+}
+
 // bequeath makes heir, which Apply gave this instance's backend, the one to take its tenant over when
 // it retires (Apply calls it just before retire).
 func (in *instance) bequeath(heir *instance) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.heir = heir
+	if in.ho == nil {
+		in.ho = &handover{}
+	}
+	in.ho.heir = heir
 }
 
 // awaitsHandover reports whether the instance borrowed its predecessor's backend (openLocked) and
@@ -271,7 +296,7 @@ func (in *instance) bequeath(heir *instance) {
 func (in *instance) awaitsHandover() bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.inheriting
+	return in.ho.waiting()
 }
 
 // handOverLocked retires an awake instance whose heir takes its tenant over (instance.heir): its
@@ -279,9 +304,9 @@ func (in *instance) awaitsHandover() bool {
 // closes, and hands the heir the tenant's Life with the backend. The route's state series is the
 // heir's to set: it is left as it is.
 func (in *instance) handOverLocked() {
-	life, heir := in.life, in.heir
+	life, heir := in.wake.life, in.ho.heir
 	in.closed = true
-	in.ownsBackend = false
+	in.ho.lent = true
 	if in.cut != nil {
 		in.cut.Stop()
 	}
@@ -307,10 +332,10 @@ func (in *instance) handOverLocked() {
 // meanwhile passes the backend on to its own heir, or closes it.
 func (in *instance) inherit(life *tenant.Life) {
 	in.mu.Lock()
-	in.inheriting = false
+	in.ho.inheriting = false
 	if in.closed {
-		heir := in.heir
-		in.ownsBackend = heir == nil
+		heir := in.ho.heir
+		in.ho.lent = heir != nil
 		in.mu.Unlock()
 		if heir != nil {
 			heir.inherit(life)
@@ -320,9 +345,9 @@ func (in *instance) inherit(life *tenant.Life) {
 		return
 	}
 	defer in.mu.Unlock()
-	in.ownsBackend = true
+	in.ho.lent = false
 	if life != nil && life.Err() == nil && in.state == Asleep {
-		in.legacy = life
+		in.ho.legacy = life
 		in.beginWakeLocked(triggerReload)
 		return
 	}
@@ -467,7 +492,7 @@ func (in *instance) teardownWithin(ctx context.Context) {
 
 func (in *instance) closeBackend(ctx context.Context) {
 	in.mu.Lock()
-	owns := in.ownsBackend
+	owns := in.ho.ownsBackend()
 	in.mu.Unlock()
 	if !owns {
 		return // lent to an heir, or not yet handed over to this one: the owner closes it

@@ -21,6 +21,7 @@ type attempt struct {
 	done chan struct{}
 	err  error
 	rec  *tracker
+	life *tenant.Life // the tenant's Life, once the attempt has made the instance Awake (guarded by instance.mu)
 	// The release of the requests held on it, for the wake record: how many left the hold once done
 	// was closed, and when the last of them did (UnixNano), so the record can show how long letting a
 	// herd go took.
@@ -119,7 +120,7 @@ func (in *instance) start() {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.inheriting {
+	if in.ho.waiting() {
 		return // the backend was adopted from by the predecessor, which hands its tenant over (inherit)
 	}
 	if in.state != Asleep {
@@ -143,7 +144,7 @@ func (in *instance) prepare(slots chan struct{}) {
 	}
 	in.mu.Lock()
 	first := in.wake // the adopt start began, if any
-	inheriting := in.inheriting
+	inheriting := in.ho.waiting()
 	in.mu.Unlock()
 	if inheriting {
 		return // the predecessor's backend, with its tenant or its standby: nothing to prepare
@@ -309,7 +310,9 @@ const phaseHandover = "handover"
 func (in *instance) takeOver(rec *tracker) (life *tenant.Life, awake bool) {
 	rec.Phase(phaseHandover)
 	in.mu.Lock()
-	life, in.legacy = in.legacy, nil
+	if in.ho != nil {
+		life, in.ho.legacy = in.ho.legacy, nil
+	}
 	in.mu.Unlock()
 	if life == nil || life.Err() != nil {
 		rec.Note("the tenant the replaced instance kept running ended before the handover")
@@ -459,7 +462,7 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 // without the lock), a watcher notices the tenant dying on its own, and with no waiters the idle clock
 // starts.
 func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
-	in.life = life
+	att.life = life
 	in.fails = 0
 	in.lastErr = nil
 	in.setStateLocked(Awake)

@@ -113,7 +113,9 @@ func (c *Config) Route(name string) *Route {
 	return nil
 }
 
-// Route is one tenant: where its requests come from, how to wake it and when to let it sleep.
+// Route is one tenant: where its requests come from, how to wake it and when to let it sleep. Its
+// bools sit together, so that it stays within the 512-byte size class: at 100,000 routes, a Route in
+// the next class (576) is 6.4 MB more of the activator's memory (response_timeout's 8 bytes did that).
 type Route struct {
 	Name       string
 	Hosts      []string // exact ("app.example.com") or leading wildcard ("*.example.com"), lower case
@@ -126,13 +128,16 @@ type Route struct {
 	// RequestBuffering has a request's whole body read before the request takes an upstream slot, so a
 	// slow upload cannot hold one (default true). False streams bodies, for streaming uploads.
 	RequestBuffering bool
-	// MaxBody is the largest request body accepted, buffered or not; a larger one gets 413 (default
-	// 100MiB; 0 means no limit).
-	MaxBody int64
 	// DetailedErrors has the edge's error bodies quote a failed wake's cause (a tenant's output tail,
 	// a backend's words) to anonymous clients, for development (default false: phase and wake id only).
 	DetailedErrors bool
-	Health         Health
+	// Instance is set for an entry of instances:: it has no Hosts and no PathPrefix, and no request
+	// reaches it; it wakes as a requirement or from the admin API.
+	Instance bool
+	// MaxBody is the largest request body accepted, buffered or not; a larger one gets 413 (default
+	// 100MiB; 0 means no limit).
+	MaxBody int64
+	Health  Health
 	// Idle is how long the route stays awake after its last in-flight request ends; 0 means never sleep.
 	Idle time.Duration
 	// ResponseTimeout bounds how long the tenant may take to begin its answer (its head) once a
@@ -157,9 +162,6 @@ type Route struct {
 	// first member's (each member's own is in Fleet.Members): the route's block alone may lack a key
 	// that every member sets.
 	Settings any
-	// Instance is set for an entry of instances:: it has no Hosts and no PathPrefix, and no request
-	// reaches it; it wakes as a requirement or from the admin API.
-	Instance bool
 	// Requires names the instances (instances:) that must be awake, each past its own health gate,
 	// before this tenant starts: in the order written, deduplicated. Load has checked that every name
 	// exists and that there is no cycle.
