@@ -492,7 +492,8 @@ func (c *routeCheck) checkBody() {
 }
 
 // checkBudgets applies wake_budget, sleep_budget, idle and response_timeout. Their values need no
-// check beyond decoding, which already rejects negative durations.
+// check beyond decoding, which already rejects negative durations, but for a response_timeout under a
+// millisecond.
 func (c *routeCheck) checkBudgets() {
 	c.r.WakeBudget = orDefault(c.rk.WakeBudget.D(), DefaultWakeBudget)
 	c.r.SleepBudget = orDefault(c.rk.SleepBudget.D(), DefaultSleepBudget)
@@ -503,6 +504,10 @@ func (c *routeCheck) checkBudgets() {
 	c.r.ResponseTimeout = DefaultResponseTimeout
 	if c.rk.RespTimeout != nil {
 		c.r.ResponseTimeout = c.rk.RespTimeout.D()
+		if d := c.r.ResponseTimeout; d > 0 && d < time.Millisecond {
+			// Every request would get 504 before the tenant could answer (an operator trial set 1ns).
+			c.add("response_timeout", c.at("response_timeout"), "%v is shorter than any answer: 0 for no bound, or at least 1ms", d)
+		}
 	}
 }
 
