@@ -313,7 +313,20 @@ func (in *instance) admit(ctx context.Context, heldFor time.Duration) (done func
 	}
 }
 
+// busy is the error of a request that waited for an upstream slot for the rest of its hold budget; it
+// is logged, throttled. Found by an operator trial: 6,125 requests released from a herd got 503 this
+// way with no word in the log, counted with every other 503.
 func (in *instance) busy(heldFor time.Duration) error {
+	t := in.busyLog.Load()
+	if t == nil {
+		in.busyLog.CompareAndSwap(nil, &throttle{})
+		t = in.busyLog.Load()
+	}
+	if n, write := t.note(in.now(), failedEvery); write {
+		in.logger().Warn("requests waited for a connection to the upstream past hold.max_time: answered 503",
+			"requests", n, "max_upstream_conns", cap(in.slots), "hold_max_time", in.route.Hold.MaxTime,
+			"fix", "raise max_upstream_conns if the tenant takes more at once; each stream, WebSocket or unbuffered upload keeps one for its whole life")
+	}
 	return fmt.Errorf("route %q: %w: all %d in use for the rest of hold.max_time (%v, %v of it held)",
 		in.route.Name, ErrUpstreamBusy, cap(in.slots), in.route.Hold.MaxTime, heldFor.Round(time.Millisecond))
 }

@@ -181,6 +181,10 @@ type instance struct {
 	holds      []func()
 	dependents map[string]int
 
+	// busyLog throttles the log of requests refused for want of an upstream slot (busy), made at the
+	// first of them.
+	busyLog atomic.Pointer[throttle]
+
 	// ho is the instance's part in a reload that hands the route's tenant on (sleep.go): nil for
 	// nearly every instance, which owns its backend from start to end. A pointer, not the fields: at
 	// 100,000 routes every byte of an instance is 100 kB.

@@ -2,6 +2,7 @@ package activator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -135,4 +137,43 @@ func TestHoldTimeoutNamesRouteAndWake(t *testing.T) {
 		!strings.Contains(body, `route \"app\": timed out waiting for the route to wake (hold.max_time 50ms); the wake goes on`) {
 		t.Errorf("504 %q (Activator-Wake-Id %q), want the route, the bound and wake %q", body, h.Get("Activator-Wake-Id"), wake)
 	}
+}
+
+// TestUpstreamBusyIsLogged: requests refused for want of an upstream slot (max_upstream_conns) at the
+// end of their hold budget are logged, the first at once and then at most one line per failedEvery
+// with how many. Found by an operator trial: thousands of such 503s showed nowhere but in
+// activator_requests_total{code="503"}, mixed with every other 503.
+func TestUpstreamBusyIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		s := New(Options{Opener: fakeProvider{&fakeBackend{}}, Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+			NewGate: func(*registry.Route) Gate { return passGate{} }})
+		r := testRoute("app")
+		r.MaxUpstreamConns, r.Hold.MaxTime = 1, time.Second
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = s.Shutdown(context.Background()) }()
+		in := s.instance("app")
+		done, err := in.admit(context.Background(), 0) // the one slot, kept
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer done()
+		for range 3 {
+			if _, err := in.admit(context.Background(), 0); !errors.Is(err, ErrUpstreamBusy) {
+				t.Fatalf("admit with the slot taken: %v, want ErrUpstreamBusy", err)
+			}
+		}
+		if n := strings.Count(logs.String(), `"msg":"requests waited for a connection to the upstream past hold.max_time: answered 503"`); n != 1 {
+			t.Errorf("%d lines for three refusals within %v, want 1:\n%s", n, failedEvery, logs.String())
+		}
+		time.Sleep(failedEvery)
+		if _, err := in.admit(context.Background(), 0); !errors.Is(err, ErrUpstreamBusy) {
+			t.Fatal(err)
+		}
+		if !strings.Contains(logs.String(), `"requests":3,"max_upstream_conns":1`) {
+			t.Errorf("no line counting the three refusals since the first:\n%s", logs.String())
+		}
+	})
 }
