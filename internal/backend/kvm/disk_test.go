@@ -108,3 +108,26 @@ func TestCheckCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveSnapshotsTakesTheTemps: removeSnapshots leaves nothing of a save behind, the sidecars'
+// temp files included (an activator killed between writing a binding and putting it in place left
+// guest.dev.gen.tmp and guest.ram.gen.tmp for good), and keeps what was moved aside.
+func TestRemoveSnapshotsTakesTheTemps(t *testing.T) {
+	dir := t.TempDir()
+	b := &Backend{s: &Settings{SnapshotDir: dir}}
+	for _, f := range []string{ramBase + genExt + ".tmp", devBase + genExt + ".tmp", devBase, devBase + genExt, snapBase + genExt + ".tmp", snapBase + ".zst", devBase + badExt} {
+		must(t, os.WriteFile(filepath.Join(dir, f), nil, 0o600))
+	}
+	must(t, b.removeSnapshots())
+	left, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0].Name() != devBase+badExt {
+		var names []string
+		for _, e := range left {
+			names = append(names, e.Name())
+		}
+		t.Errorf("left %q, want only %s", names, devBase+badExt)
+	}
+}

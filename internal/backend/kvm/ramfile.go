@@ -466,12 +466,16 @@ func (b *Backend) savedSnapshot() string {
 }
 
 // removeSnapshots removes every saved snapshot of the route (both modes, temp files and sidecars
-// included, not those moved aside) and the RAM file's sidecar: a live guest supersedes them.
+// included, not those moved aside) and the RAM file's sidecar: a live guest supersedes them. The
+// sidecars' own temp files go too, as far as they can: an activator killed between writing a binding
+// and putting it in place left them for good (found by an operator trial). One that cannot be removed
+// fails the write that would use its name, with its own error, not this removal.
 func (b *Backend) removeSnapshots() error {
 	file, other := b.snapFile()
 	b.gen.Lock()
 	defer b.gen.Unlock()
 	b.savedGen = ""
+	_ = removeFiles(b.ramPath()+genExt+".tmp", b.devPath()+genExt+".tmp", file+genExt+".tmp", other+genExt+".tmp")
 	return removeFiles(b.ramPath()+genExt, b.devPath()+genExt, b.devPath(), b.devPath()+".tmp",
 		file, file+".tmp", file+genExt, other, other+".tmp", other+genExt)
 }
