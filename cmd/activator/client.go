@@ -14,6 +14,7 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -225,6 +226,7 @@ func cmdStatus(args []string) int {
 	count := fs.Int("count", 0, "with --watch: stop after this many tables (0: until interrupted)")
 	names := fs.Bool("names", false, "print the route names, one a line (for shell completion)")
 	state := fs.String("state", "", "only routes in these states, comma-separated: "+strings.Join(activator.StateNames(), ", "))
+	wide := fs.Bool("wide", false, fmt.Sprintf("show each NOTE whole (else cut at %d characters)", statusNoteMax))
 	// Route names may come before, between or after the flags.
 	var routes []string
 	for rest := args; ; {
@@ -273,7 +275,7 @@ func cmdStatus(args []string) int {
 	case *names:
 		return printNames(c, listPath(routes, *state, true))
 	case *watch:
-		return watchStatus(c, list, *interval, *count)
+		return watchStatus(c, list, *interval, *count, noteMax(*wide))
 	}
 	body, code, err := c.call(http.MethodGet, list, 10*time.Second)
 	if err != nil {
@@ -293,8 +295,35 @@ func cmdStatus(args []string) int {
 		fmt.Fprintln(os.Stderr, "activator status: bad answer from the admin API:", err)
 		return 1
 	}
-	printStatus(os.Stdout, sts, time.Now())
+	printStatus(os.Stdout, sts, time.Now(), noteMax(*wide))
 	return 0
+}
+
+// statusNoteMax is how many characters of a route's NOTE the status table shows without --wide: a
+// wake's error quotes the tail of the tenant's stderr, and a whole one would wrap every row of the
+// table. The cut is said under the table, so that nobody takes a cut note for the whole.
+const statusNoteMax = 100
+
+// noteMax is printStatus's bound on a NOTE: none with --wide.
+func noteMax(wide bool) int {
+	if wide {
+		return 0
+	}
+	return statusNoteMax
+}
+
+// cutNote cuts s to at most max characters (runes, not bytes: a cut in the middle of one would print
+// a broken character), ending it with "…", and reports whether it did. max 0 keeps s whole.
+func cutNote(s string, max int) (string, bool) {
+	if max <= 0 || utf8.RuneCountInString(s) <= max {
+		return s, false
+	}
+	i := 0
+	for range max - 1 {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return s[:i] + "…", true
 }
 
 // listPath is the admin API's GET /routes for these routes (all when none) in these states (any when
@@ -317,8 +346,10 @@ func listPath(routes []string, states string, names bool) string {
 	return "/routes?" + q.Encode()
 }
 
-func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
+// printStatus prints the status table, each NOTE cut to noteMax characters (0: whole).
+func printStatus(w io.Writer, sts []activator.Status, now time.Time, noteMax int) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	cut := 0
 	fmt.Fprintln(tw, "ROUTE\tBACKING\tSTATE\tFOR\tIN-FLIGHT\tHELD\tLAST WAKE\tPHASES\tNOTE")
 	for _, s := range sts {
 		last, phases := "-", "-"
@@ -369,17 +400,23 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time) {
 		if e := s.NextEvent; e != nil { // the schedule's part stays short: errors come first
 			note = strings.TrimPrefix(note+"; ", "; ") + "next " + e.What + " " + e.At.Format(time.RFC3339)
 		}
-		if len(note) > 100 {
-			note = note[:97] + "..."
+		note = strings.ReplaceAll(note, "\n", " ")
+		if c, was := cutNote(note, noteMax); was {
+			note = c
+			cut++
 		}
 		name := s.Route
 		if s.Kind == "instance" {
 			name += " (instance)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", name, s.Backing, state,
-			now.Sub(s.Since).Round(time.Second), s.InFlight, s.Held, last, phases, strings.ReplaceAll(note, "\n", " "))
+			now.Sub(s.Since).Round(time.Second), s.InFlight, s.Held, last, phases, note)
 	}
 	tw.Flush()
+	if cut > 0 {
+		fmt.Fprintf(w, "(%d note%s cut at %d characters: status --wide shows them whole, explain ROUTE each wake's)\n",
+			cut, plural(cut), noteMax)
+	}
 }
 
 // minWatchInterval bounds how often status --watch asks the admin API.
@@ -413,7 +450,7 @@ func cmdAct(verb string, args []string) int {
 	}
 	var st activator.Status
 	_ = decodeAnswer(body, &st)
-	printStatus(os.Stdout, []activator.Status{st}, time.Now())
+	printStatus(os.Stdout, []activator.Status{st}, time.Now(), 0)
 	return 0
 }
 

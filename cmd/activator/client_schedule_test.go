@@ -18,7 +18,7 @@ func TestPrintStatusNextEvent(t *testing.T) {
 	printStatus(&out, []activator.Status{
 		{Route: "office", Backing: "exec", State: "asleep", Since: now, NextEvent: ev},
 		{Route: "broken", Backing: "exec", State: "failed", Since: now, LastError: "wake failed", NextEvent: ev},
-	}, now)
+	}, now, statusNoteMax)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 {
 		t.Fatalf("got %d lines, want a header and 2 routes:\n%s", len(lines), out.String())

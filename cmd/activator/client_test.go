@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/activator/activator/internal/activator"
 )
@@ -27,7 +28,7 @@ func TestPrintStatus(t *testing.T) {
 		{Route: "never", Backing: "unit", State: "asleep", Since: now, LastError: "unit x.service: start job result \"failed\""},
 		{Route: "cold", Backing: "unit", State: "awake", Since: now, LastWake: wake(1), LastSleepError: `route "cold": sleep (idle) failed; the tenant may still run: freeze: not supported`},
 		{Route: "held", Backing: "unit", State: "failed", Since: now, LastError: "wake failed", CheckError: "127.0.0.1:8080 is held by pid 42 (nginx)"},
-	}, now)
+	}, now, statusNoteMax)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 6 {
 		t.Fatalf("got %d lines, want a header and 5 routes:\n%s", len(lines), out.String())
@@ -98,5 +99,40 @@ func TestAnswersAreScrubbed(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("decoded answer %q lacks %q", got, want)
 		}
+	}
+}
+
+// TestStatusNoteCut: a NOTE longer than statusNoteMax is cut on a character, not a byte, and the
+// table says that it cut one and how to see it whole; --wide (noteMax 0) prints it whole. Before,
+// a note was cut at its 97th byte, which split a multi-byte character (a tenant's stderr in another
+// script, a "…" of our own) into invalid UTF-8, and nothing said the note was not all there.
+func TestStatusNoteCut(t *testing.T) {
+	now := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	long := "wake failed: exit status 12: " + strings.Repeat("ошибка ", 30) + "THE-END"
+	st := []activator.Status{{Route: "ru", Backing: "exec", State: "failed", Since: now, LastError: long}}
+
+	var out bytes.Buffer
+	printStatus(&out, st, now, statusNoteMax)
+	text := out.String()
+	if !utf8.ValidString(text) {
+		t.Errorf("the table is not valid UTF-8: a character was cut in two:\n%q", text)
+	}
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("got %d lines, want a header, the route and a line saying a note was cut:\n%s", len(lines), text)
+	}
+	row := lines[1]
+	note := row[strings.Index(row, "wake failed"):]
+	if n := utf8.RuneCountInString(note); n != statusNoteMax || !strings.HasSuffix(note, "…") {
+		t.Errorf("the cut note is %d characters, want %d ending in …: %q", n, statusNoteMax, note)
+	}
+	if !strings.Contains(lines[2], "--wide") {
+		t.Errorf("nothing says the note was cut and how to see it whole: %q", lines[2])
+	}
+
+	out.Reset()
+	printStatus(&out, st, now, 0)
+	if !strings.Contains(out.String(), "THE-END") || strings.Contains(out.String(), "--wide") {
+		t.Errorf("with --wide the note is not whole, or a cut is reported:\n%s", out.String())
 	}
 }

@@ -30,7 +30,7 @@ var stateNames = strings.Join(activator.StateNames(), " ")
 var completionCommands = []completionCommand{
 	{name: "serve", flags: []string{"--config", "--log-format", "--log-level", "--pprof"}},
 	{name: "check", flags: []string{"--config"}},
-	{name: "status", flags: append([]string{"--json", "--watch", "--interval", "--count", "--names", "--state"}, adminFlagNames...), routes: true},
+	{name: "status", flags: append([]string{"--json", "--watch", "--interval", "--count", "--names", "--state", "--wide"}, adminFlagNames...), routes: true},
 	{name: "wake", flags: adminFlagNames, routes: true},
 	{name: "sleep", flags: adminFlagNames, routes: true},
 	{name: "explain", flags: append([]string{"--last", "--json"}, adminFlagNames...), routes: true},

@@ -15,7 +15,7 @@ import (
 // watchStatus redraws the status table every interval until SIGINT, or until count tables were drawn
 // when count > 0. On a terminal it clears the screen before each; otherwise a separator line with the
 // time parts them.
-func watchStatus(c *adminClient, list string, interval time.Duration, count int) int {
+func watchStatus(c *adminClient, list string, interval time.Duration, count, noteMax int) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	tty := isTerminal(os.Stdout)
@@ -40,7 +40,7 @@ func watchStatus(c *adminClient, list string, interval time.Duration, count int)
 			fmt.Fprintln(os.Stderr, "activator status:", err) // the next refresh may reach it again
 			continue
 		}
-		printStatus(os.Stdout, sts, time.Now())
+		printStatus(os.Stdout, sts, time.Now(), noteMax)
 	}
 	return 0
 }
