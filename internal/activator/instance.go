@@ -114,6 +114,8 @@ type instance struct {
 	peer func(name string) *instance
 	// trusted is Server.TrustedProxy, for the upstream clients (nil trusts no proxy). Set by Apply.
 	trusted func(netip.Addr) bool
+	// tunnel is Server.tunnelTimeout, for the upstream clients (nil bounds no tunnel). Set by Apply.
+	tunnel func() time.Duration
 	// fleet is the route's fleet of members (fleet.go), nil for a single tenant; then backend is the
 	// fleet's.
 	fleet *fleetBackend

@@ -268,6 +268,7 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 	in.checkErr = s.checks[r.Name]
 	in.peer = s.peer
 	in.trusted = s.TrustedProxy
+	in.tunnel = s.tunnelTimeout
 	return in, nil
 }
 
@@ -445,6 +446,10 @@ func answerReserve(left time.Duration) time.Duration { return max(0, min(time.Se
 // whose connections must open with a PROXY header on a listener that asks for one (trust.Wrap). It
 // reads the routing table, so it follows reloads; it is safe for concurrent use.
 func (s *Server) TrustedProxy(peer netip.Addr) bool { return s.table.Load().trusts(peer) }
+
+// tunnelTimeout is the running config's edge.tunnel_timeout, which the upstream clients ask at each
+// switch of protocols (a WebSocket's 101): a reload bounds the tunnels that open after it.
+func (s *Server) tunnelTimeout() time.Duration { return s.table.Load().edge.TunnelTimeout }
 
 // ProxyProtocol reports which edge listeners the running config has expect a PROXY header
 // (proxy_protocol): what the listeners ask as they accept each connection (trust.Wrap), so a reload

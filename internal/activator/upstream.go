@@ -37,21 +37,25 @@ func (in *instance) client() *upstream.Client { return in.lazyClient(&in.up, in.
 
 // lazyClient returns the upstream client in slot, building one to r's upstream if slot is empty. The
 // instance's own client and each fleet member's are built this way, answering failures as the
-// instance does, with the route's response_timeout; of two racing first calls, one client is kept.
+// instance does, with the route's response_timeout and the running edge.tunnel_timeout; of two racing
+// first calls, one client is kept.
 func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registry.Route) *upstream.Client {
 	if c := slot.Load(); c != nil {
 		return c
 	}
 	u := &unaskedLog{in: in, upstream: r.Upstream.Address}
 	f := &failedLog{in: in}
+	tl := &tunnelLog{in: in}
 	slot.CompareAndSwap(nil, upstream.New(upstream.Options{
-		Network:      r.Upstream.Network,
-		Address:      r.Upstream.Address,
-		MaxConns:     upstreamConns(r),
-		TrustedProxy: in.trusted,
-		ErrorHandler: f.answer,
-		OnUnasked:    u.note,
-		Logger:       in.logger(),
+		Network:       r.Upstream.Network,
+		Address:       r.Upstream.Address,
+		MaxConns:      upstreamConns(r),
+		TrustedProxy:  in.trusted,
+		ErrorHandler:  f.answer,
+		OnUnasked:     u.note,
+		TunnelTimeout: in.tunnel,
+		OnIdleTunnel:  tl.note,
+		Logger:        in.logger(),
 		// The route's, not r's: a fleet member's route carries its upstream alone.
 		ResponseTimeout: in.route.ResponseTimeout,
 	}))
@@ -101,6 +105,28 @@ func (u *unaskedLog) note() {
 		"upstream", u.upstream, "connections", n,
 		"cause", "a body longer than its Content-Length, or a write after the answer (a second answer, an error page)",
 		"why", "read as the next request's answer, they would have gone to another client")
+}
+
+// tunnelEvery is how often, at most, an upstream client (a route's, or a fleet member's) logs the
+// upgraded connections it closed for passing no byte for edge.tunnel_timeout: a client can open
+// sockets by the thousand and leave them silent.
+const tunnelEvery = time.Minute
+
+// tunnelLog reports the upgraded connections (WebSockets) one upstream client closed for silence
+// (upstream.Options.OnIdleTunnel), at INFO: it is the bound doing its job, not a fault. The first at
+// once, then at most one line per tunnelEvery, each with the count since the line before.
+type tunnelLog struct {
+	in *instance
+	throttle
+}
+
+func (l *tunnelLog) note(open, bound time.Duration) {
+	n, write := l.throttle.note(l.in.now(), tunnelEvery)
+	if !write {
+		return
+	}
+	l.in.logger().Info("closed an upgraded connection (a WebSocket) that passed no byte either way for edge.tunnel_timeout",
+		"tunnel_timeout", bound, "open", open, "connections", n)
 }
 
 // outOfFilesMsg is logged for a request answered 503 because its upstream connection could not be

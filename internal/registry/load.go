@@ -44,7 +44,10 @@ const (
 	DefaultKeepAliveTimeout = 2 * time.Minute
 	// DefaultSendTimeout is edge.send_timeout's default, nginx's send_timeout: a client this slow to
 	// take 16 KiB of an answer is gone, and it holds an upstream connection slot of its route.
-	DefaultSendTimeout    = time.Minute
+	DefaultSendTimeout = time.Minute
+	// DefaultTunnelTimeout is edge.tunnel_timeout's default, HAProxy's common `timeout tunnel`: a
+	// WebSocket silent this long both ways has nobody at one end, and keeps its tenant awake.
+	DefaultTunnelTimeout  = time.Hour
 	DefaultMaxHeaderBytes = 32 * kiB
 	// DefaultMaxHeldTotal is edge.max_held, across all routes; DefaultMaxHeld is one route's.
 	DefaultMaxHeldTotal = 20000
@@ -52,11 +55,13 @@ const (
 	DefaultBodyMemory   = 64 * kiB
 )
 
-// Bounds of the edge's sizes.
+// Bounds of the edge's sizes, and of its tunnel_timeout.
 const (
-	minHeaderBytes = 1 * kiB
-	maxHeaderBytes = 1 * miB
-	maxBodyMemory  = 16 * miB
+	// minTunnelTimeout: a shorter tunnel_timeout would close WebSockets between their messages.
+	minTunnelTimeout = time.Second
+	minHeaderBytes   = 1 * kiB
+	maxHeaderBytes   = 1 * miB
+	maxBodyMemory    = 16 * miB
 )
 
 // fileConfig is the file's top level, decoded strictly.
@@ -83,6 +88,7 @@ type edgeKeys struct {
 	BodyTimeout      *Duration `yaml:"body_timeout"`
 	KeepAliveTimeout *Duration `yaml:"keepalive_timeout"`
 	SendTimeout      *Duration `yaml:"send_timeout"`
+	TunnelTimeout    *Duration `yaml:"tunnel_timeout"`
 	MaxHeaderBytes   *ByteSize `yaml:"max_header_bytes"`
 	MaxHeld          *int      `yaml:"max_held"`
 	MaxHeldBytes     *ByteSize `yaml:"max_held_bytes"`
@@ -683,6 +689,7 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		BodyTimeout:         c.duration("edge.body_timeout", ek.BodyTimeout, DefaultBodyTimeout),
 		KeepAliveTimeout:    c.duration("edge.keepalive_timeout", ek.KeepAliveTimeout, DefaultKeepAliveTimeout),
 		SendTimeout:         c.duration("edge.send_timeout", ek.SendTimeout, DefaultSendTimeout),
+		TunnelTimeout:       ek.TunnelTimeout.or(DefaultTunnelTimeout),
 		MaxHeaderBytes:      ek.MaxHeaderBytes.or(DefaultMaxHeaderBytes),
 		MaxHeld:             valueOr(ek.MaxHeld, DefaultMaxHeldTotal),
 		MaxHeldBytes:        ek.MaxHeldBytes.or(DefaultMaxHeldBytes),
@@ -691,6 +698,9 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		TLSHandshakeTimeout: c.duration("edge.tls_handshake_timeout", ek.TLSHandshake, DefaultTLSHandshakeTimeout),
 		MaxTLSHandshakes:    valueOr(ek.MaxTLSHandshakes, DefaultMaxTLSHandshakes),
 		MaxConns:            valueOr(ek.MaxConns, 0),
+	}
+	if d := e.TunnelTimeout; d > 0 && d < minTunnelTimeout {
+		c.add("edge.tunnel_timeout", "%v would close WebSockets between their messages: 0 for no bound, or at least %v", d, minTunnelTimeout)
 	}
 	if ek.MaxConns != nil && e.MaxConns <= 0 {
 		c.add("edge.max_conns", "must be positive, got %d (leave the key out to derive it from the open-file limit)", e.MaxConns)

@@ -694,7 +694,8 @@ const (
 )
 
 // TestLoadTopDurations covers shutdown_grace and the edge's timeouts: the default, a valid value, and
-// each way a value can be wrong (0 among them: a zero timeout is not "none").
+// each way a value can be wrong (0 among them: a zero timeout is not "none", but for tunnel_timeout,
+// where it is).
 func TestLoadTopDurations(t *testing.T) {
 	runTopKeys(t, []topKey{
 		{"shutdown_grace", func(c *registry.Config) any { return c.ShutdownGrace }, []keyCase{
@@ -722,6 +723,16 @@ func TestLoadTopDurations(t *testing.T) {
 			{value: "", want: time.Minute},
 			{value: "15s", want: 15 * time.Second},
 			{value: "0", problem: "must be positive, got 0s (leave the key out for the default 1m0s)"},
+		}},
+		{"edge.tunnel_timeout", func(c *registry.Config) any { return c.Edge.TunnelTimeout }, []keyCase{
+			{value: "", want: time.Hour},
+			{value: "0", want: time.Duration(0)}, // no bound
+			{value: "1s", want: time.Second},
+			{value: "24h", want: 24 * time.Hour},
+			{value: "999ms", problem: "999ms would close WebSockets between their messages: 0 for no bound, or at least 1s"},
+			{value: "1ns", problem: "1ns would close WebSockets between their messages: 0 for no bound, or at least 1s"},
+			{value: "-1h", problem: `duration "-1h" is negative`},
+			{value: "3600", problem: `"3600" ` + notDuration},
 		}},
 		{"edge.keepalive_timeout", func(c *registry.Config) any { return c.Edge.KeepAliveTimeout }, []keyCase{
 			{value: "", want: 2 * time.Minute},
@@ -841,6 +852,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 		BodyTimeout:      30 * time.Second,
 		KeepAliveTimeout: 2 * time.Minute,
 		SendTimeout:      time.Minute,
+		TunnelTimeout:    time.Hour,
 		MaxHeaderBytes:   32 * kib,
 		MaxHeld:          20000,
 		MaxHeldBytes:     256 * mib,
@@ -871,7 +883,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 		{
 			name: "every key wrong, and a route's problem",
 			yaml: "edge:\n  header_timeout: 0\n  body_timeout: 5\n  max_header_bytes: 64MiB\n  max_held: -1\n" +
-				"  max_held_bytes: 1.5GiB\n  body_memory: 17MiB\n  body_buffer_dir: ./spool\n  keepalive: 1m\n" +
+				"  max_held_bytes: 1.5GiB\n  body_memory: 17MiB\n  body_buffer_dir: ./spool\n  keepalive: 1m\n  tunnel_timeout: 500ms\n" +
 				"routes:\n  - name: a\n    hosts: [a.localhost]\n    backing: exec\n    upstream: localhost\n    exec: {argv: [/bin/a]}\n",
 			want: []string{
 				`line 2: edge.header_timeout: must be positive, got 0s (leave the key out for the default 10s)`,
@@ -881,8 +893,9 @@ func TestLoadEdgeBlock(t *testing.T) {
 				`line 6: edge.max_held_bytes: size "1.5GiB" is not a whole number (write 1536KiB, not 1.5MiB)`,
 				`line 7: edge.body_memory: must be at most 16MiB, got 17MiB (the rest of a body goes to body_buffer_dir)`,
 				`line 8: edge.body_buffer_dir: "./spool" is not an absolute path (leave the key out for the system's temporary directory)`,
-				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, header_timeout, keepalive_timeout, max_conns, max_header_bytes, max_held, max_held_bytes, max_tls_handshakes, send_timeout, tls_handshake_timeout)`,
-				`line 14: route "a": upstream: upstream "localhost" is neither host:port nor a unix socket path`,
+				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, header_timeout, keepalive_timeout, max_conns, max_header_bytes, max_held, max_held_bytes, max_tls_handshakes, send_timeout, tls_handshake_timeout, tunnel_timeout)`,
+				`line 10: edge.tunnel_timeout: 500ms would close WebSockets between their messages: 0 for no bound, or at least 1s`,
+				`line 15: route "a": upstream: upstream "localhost" is neither host:port nor a unix socket path`,
 			},
 		},
 	}

@@ -76,6 +76,10 @@ type EdgeLimits struct {
 	// SendTimeout is the longest the edge waits for a client to take the next piece of an answer
 	// (16 KiB over HTTP/1, any byte over HTTP/2) before it closes the connection (default 60s).
 	SendTimeout time.Duration
+	// TunnelTimeout closes a connection that has switched protocols (a WebSocket) once no byte has
+	// passed it, either way, for this long: both sides, client and tenant (default 1h; 0 for no bound,
+	// else at least 1s).
+	TunnelTimeout time.Duration
 	// MaxHeaderBytes is the largest request header accepted; a larger one gets 431 (default 32KiB,
 	// between 1KiB and 1MiB).
 	MaxHeaderBytes int64

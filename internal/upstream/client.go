@@ -40,6 +40,11 @@
 // too, where the ReverseProxy passes them on (golang/go#81319), and it takes at most 10 before the
 // answer, where the ReverseProxy takes any number.
 //
+// A request that asks to switch protocols (Upgrade: a WebSocket) takes the ReverseProxy; on a 101 it
+// copies bytes both ways until either side closes, and Options.TunnelTimeout closes both sides of one
+// that passes no byte for that long (tunnel.go). The fast path takes no such request, and a 101 there
+// is an error.
+//
 // The package writes no error answers: every failure, on either path, goes to Options.ErrorHandler.
 package upstream
 
@@ -84,6 +89,15 @@ type Options struct {
 	// ErrResponseTimeout and the connection is closed. An answer whose head came in time is not bound
 	// by it: a stream or a long body goes on as long as it moves.
 	ResponseTimeout time.Duration
+	// TunnelTimeout, which may be nil, is asked at each 101 answer (a WebSocket, or another protocol the
+	// client asked to switch to) how long the connection may then pass no byte, either way, before it
+	// is closed on both sides and the request ends; 0 is no bound. Asked once per switch, it may follow
+	// reloads (a tunnel keeps the bound it began with); it must be fast and safe for concurrent use. Nil
+	// bounds no tunnel, and leaves every answer as the ReverseProxy has it.
+	TunnelTimeout func() time.Duration
+	// OnIdleTunnel, which may be nil, is called for each connection closed so, with how long it was open
+	// since the switch and the bound it had. It runs in a timer's goroutine and must not block.
+	OnIdleTunnel func(open, bound time.Duration)
 	// Logger, which may be nil, is told of an answer that broke off after its head was passed on (the
 	// tenant closed the connection or died mid-body): the client's connection is then closed, which
 	// is all the client learns. The ReverseProxy's own lines go to it too, at WARN.
@@ -99,6 +113,9 @@ type Client struct {
 	onError   func(http.ResponseWriter, *http.Request, error)
 	trusted   func(netip.Addr) bool
 	log       *slog.Logger // nil: none
+	// tunnelTimeout and onIdleTunnel are Options.TunnelTimeout and OnIdleTunnel (boundTunnel).
+	tunnelTimeout func() time.Duration
+	onIdleTunnel  func(open, bound time.Duration)
 }
 
 // New returns a Client for the upstream; it dials nothing until the first request.
@@ -138,6 +155,10 @@ func New(opts Options) *Client {
 	}
 	c := &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
 		trusted: opts.TrustedProxy, log: opts.Logger}
+	if opts.TunnelTimeout != nil {
+		c.tunnelTimeout, c.onIdleTunnel = opts.TunnelTimeout, opts.OnIdleTunnel
+		c.proxy.ModifyResponse = c.boundTunnel
+	}
 	if opts.Logger != nil {
 		c.proxy.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
 	}

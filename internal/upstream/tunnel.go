@@ -1,0 +1,106 @@
+package upstream
+
+import (
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// tunnel is the tenant's side of a connection that has switched protocols (a 101: a WebSocket), as the
+// ReverseProxy copies it: Read carries the tenant's bytes to the client, Write the client's to the
+// tenant. So it sees every byte either way, and closes the connection once none has come from either
+// end for bound; the ReverseProxy's copy from it then ends, and with it the request, and the
+// ReverseProxy closes the client's connection.
+//
+// One timer per tunnel, never moved by a byte: Read and Write record the time in last, and the timer,
+// when it fires, closes the tunnel or re-arms itself for what is left of bound since then.
+type tunnel struct {
+	rwc    io.ReadWriteCloser // the 101's body: the connection to the tenant
+	start  time.Time          // when the protocol switched
+	bound  time.Duration
+	last   atomic.Int64                    // when a byte last came from either end, as time since start
+	onIdle func(open, bound time.Duration) // nil: none
+
+	mu    sync.Mutex  // guards the fields below
+	timer *time.Timer // due when the tunnel would have passed nothing for bound, unless a byte came
+	ended bool        // closed, by the ReverseProxy or for silence: the timer does nothing more
+}
+
+// newTunnel wraps rwc, the body of a 101 answer, to be closed after bound without a byte; onIdle,
+// which may be nil, is called when it is, in the timer's goroutine.
+func newTunnel(rwc io.ReadWriteCloser, bound time.Duration, onIdle func(open, bound time.Duration)) *tunnel {
+	t := &tunnel{rwc: rwc, start: time.Now(), bound: bound, onIdle: onIdle}
+	t.mu.Lock() // expire reads timer: not before it is set
+	t.timer = time.AfterFunc(bound, t.expire)
+	t.mu.Unlock()
+	return t
+}
+
+// moved records that a byte came from either end now.
+func (t *tunnel) moved() { t.last.Store(int64(time.Since(t.start))) }
+
+// Read reads the tenant's bytes, for the client.
+func (t *tunnel) Read(p []byte) (int, error) {
+	n, err := t.rwc.Read(p)
+	if n > 0 {
+		t.moved()
+	}
+	return n, err
+}
+
+// Write writes the client's bytes to the tenant. They count when they come, not when the tenant has
+// taken them: a tenant that never reads them is as silent as one that never writes.
+func (t *tunnel) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		t.moved()
+	}
+	return t.rwc.Write(p)
+}
+
+// Close closes the connection to the tenant and stops the timer. The ReverseProxy calls it once the
+// copying is over, whatever ended it.
+func (t *tunnel) Close() error {
+	t.mu.Lock()
+	t.ended = true
+	t.timer.Stop()
+	t.mu.Unlock()
+	return t.rwc.Close()
+}
+
+// expire closes the tunnel if nothing came for bound, else re-arms the timer for the rest of bound
+// after the last byte.
+func (t *tunnel) expire() {
+	t.mu.Lock()
+	if t.ended {
+		t.mu.Unlock()
+		return
+	}
+	open := time.Since(t.start)
+	if quiet := open - time.Duration(t.last.Load()); quiet < t.bound {
+		t.timer.Reset(t.bound - quiet)
+		t.mu.Unlock()
+		return
+	}
+	t.ended = true
+	t.mu.Unlock()
+	_ = t.rwc.Close()
+	if t.onIdle != nil {
+		t.onIdle(open, t.bound)
+	}
+}
+
+// boundTunnel is the ReverseProxy's ModifyResponse when Options.TunnelTimeout is set: it wraps the
+// body of a 101 answer in a tunnel, if the timeout asked now is above 0. It leaves every other answer
+// as it is, and costs them one comparison.
+func (c *Client) boundTunnel(res *http.Response) error {
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		return nil
+	}
+	rwc, ok := res.Body.(io.ReadWriteCloser)
+	if bound := c.tunnelTimeout(); ok && bound > 0 {
+		res.Body = newTunnel(rwc, bound, c.onIdleTunnel)
+	}
+	return nil
+}

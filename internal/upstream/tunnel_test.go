@@ -1,0 +1,146 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// hijackable is a ResponseWriter whose Hijack hands over conn, the edge's end of the client's
+// connection, as net/http's does.
+type hijackable struct {
+	h    http.Header
+	conn net.Conn
+}
+
+func (w *hijackable) Header() http.Header         { return w.h }
+func (w *hijackable) Write(b []byte) (int, error) { return w.conn.Write(b) }
+func (w *hijackable) WriteHeader(int)             {}
+
+func (w *hijackable) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return w.conn, bufio.NewReadWriter(bufio.NewReader(w.conn), bufio.NewWriter(w.conn)), nil
+}
+
+// TestTunnelTimeout: once a request has switched protocols, Options.TunnelTimeout closes the connection,
+// on the client's side and the tenant's, when no byte has come from either end for that long, and ends
+// the request (Serve returns); OnIdleTunnel hears of it, with how long it was open. Each byte, either
+// way, starts the bound again; a tunnel that ends first is not bound any more, and with no bound one
+// stays open until a side closes it. Found by an attacker trial on the real binary: a silent WebSocket
+// stayed open for ever. The connections are pipes, so the test runs on synctest's clock and the times
+// are exact.
+func TestTunnelTimeout(t *testing.T) {
+	const bound = time.Minute
+	cases := []struct {
+		name       string
+		bound      time.Duration // -1: no Options.TunnelTimeout at all
+		client     []time.Duration
+		tenant     []time.Duration // when each side sends a byte, counted from the switch
+		clientEnds time.Duration   // the client closes its connection then (0: never)
+		closed     time.Duration   // when both sides are closed and Serve returns
+		idle       bool            // closed for silence: OnIdleTunnel is told
+	}{
+		{name: "silent", bound: bound, closed: bound, idle: true},
+		{name: "the client sends", bound: bound, client: []time.Duration{50 * time.Second, 100 * time.Second, 150 * time.Second, 200 * time.Second},
+			closed: 260 * time.Second, idle: true},
+		{name: "the tenant sends", bound: bound, tenant: []time.Duration{50 * time.Second, 100 * time.Second, 150 * time.Second, 200 * time.Second},
+			closed: 260 * time.Second, idle: true},
+		{name: "each in turn", bound: bound, client: []time.Duration{59 * time.Second, 177 * time.Second}, tenant: []time.Duration{118 * time.Second},
+			closed: 237 * time.Second, idle: true},
+		{name: "the client leaves first", bound: bound, client: []time.Duration{30 * time.Second}, clientEnds: 40 * time.Second, closed: 40 * time.Second},
+		{name: "no bound", bound: 0, clientEnds: 10 * time.Hour, closed: 10 * time.Hour},
+		{name: "no option", bound: -1, clientEnds: 10 * time.Hour, closed: 10 * time.Hour},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				idled := make(chan [2]time.Duration, 2)
+				opts := Options{Network: "tcp", Address: "127.0.0.1:1", MaxConns: 4, ErrorHandler: failed,
+					OnIdleTunnel: func(open, b time.Duration) { idled <- [2]time.Duration{open, b} }}
+				if tc.bound >= 0 {
+					opts.TunnelTimeout = func() time.Duration { return tc.bound }
+				}
+				c := New(opts)
+				tenantEnd, upEnd := net.Pipe()
+				c.transport.DialContext = func(context.Context, string, string) (net.Conn, error) { return upEnd, nil }
+				clientEnd, edgeEnd := net.Pipe()
+				start := time.Now()
+				since := func() time.Duration { return time.Since(start) }
+				sends := func(conn net.Conn, at []time.Duration) {
+					for _, d := range at {
+						time.Sleep(d - since())
+						if _, err := conn.Write([]byte{'x'}); err != nil {
+							t.Errorf("a byte at %v: %v", d, err)
+						}
+					}
+				}
+
+				tenantClosed := make(chan time.Duration, 1)
+				go func() {
+					br := bufio.NewReader(tenantEnd)
+					req, err := http.ReadRequest(br)
+					if err != nil || req.Header.Get("Upgrade") != "websocket" {
+						t.Errorf("the tenant got %v, %v; want an upgrade to websocket", req, err)
+						tenantEnd.Close()
+						return
+					}
+					io.WriteString(tenantEnd, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+					go sends(tenantEnd, tc.tenant)
+					_, _ = io.Copy(io.Discard, br)
+					tenantClosed <- since()
+					tenantEnd.Close()
+				}()
+				clientClosed := make(chan time.Duration, 1)
+				go func() {
+					br := bufio.NewReader(clientEnd)
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+						t.Errorf("the client got %v, %v; want 101", resp, err)
+						clientEnd.Close()
+						return
+					}
+					go func() {
+						sends(clientEnd, tc.client)
+						if tc.clientEnds > 0 {
+							time.Sleep(tc.clientEnds - since())
+							clientEnd.Close()
+						}
+					}()
+					_, _ = io.Copy(io.Discard, br)
+					clientClosed <- since()
+					clientEnd.Close()
+				}()
+
+				r := httptest.NewRequest(http.MethodGet, "http://app.test/ws", nil)
+				r.Header.Set("Connection", "Upgrade")
+				r.Header.Set("Upgrade", "websocket")
+				c.Serve(&hijackable{h: http.Header{}, conn: edgeEnd}, r)
+				served := since()
+				tenantAt, clientAt := <-tenantClosed, <-clientClosed
+				time.Sleep(10 * bound) // a timer left behind would fire meanwhile
+				synctest.Wait()
+				c.CloseIdle()
+
+				if served != tc.closed || tenantAt != tc.closed || clientAt != tc.closed {
+					t.Errorf("the request ended at %v, the tenant's side was closed at %v, the client's at %v; want all at %v",
+						served, tenantAt, clientAt, tc.closed)
+				}
+				var told [][2]time.Duration
+				for len(idled) > 0 {
+					told = append(told, <-idled)
+				}
+				if want := [][2]time.Duration{{tc.closed, tc.bound}}; tc.idle && !slices.Equal(told, want) {
+					t.Errorf("OnIdleTunnel told %v, want %v (open, bound)", told, want)
+				} else if !tc.idle && len(told) > 0 {
+					t.Errorf("OnIdleTunnel told %v for a tunnel not closed for silence", told)
+				}
+			})
+		})
+	}
+}
