@@ -2,6 +2,7 @@ package activator
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -35,11 +36,13 @@ func awakeWithARequest(t *testing.T) (s *Server, old *instance, b *closingBacken
 }
 
 // TestReloadHandsTheTenantOver: a reload that changes only keys of the edge (here idle) keeps the
-// route's tenant running: the old instance, once its requests in flight are done, hands it to the
-// new one instead of putting it to sleep, the new one takes it over through its health gate (a wake
-// with trigger reload, not counted as a wake of the tenant), and the new idle window applies from
-// then on. The backend is the same, closed once, at shutdown. Found by an operator trial: a change of
-// idle alone stopped a unit and powered a bare-metal node off and on again.
+// route's tenant running: the old instance hands it to the new one at once instead of putting it to
+// sleep, the new one takes it over through its health gate (a wake with trigger reload, not counted as
+// a wake of the tenant) and counts the old one's requests in flight as its own until they end, and
+// the new idle window applies from then on. The backend is the same, closed once, at shutdown. Found
+// by operator trials: a change of idle alone stopped a unit and powered a bare-metal node off and on
+// again; then, with the handover waiting for the old instance's requests in flight, one long request
+// kept the route shown asleep, and every new request held, for the whole reload grace.
 func TestReloadHandsTheTenantOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, old, b, long := awakeWithARequest(t) // long: in flight across the reload
@@ -51,15 +54,30 @@ func TestReloadHandsTheTenantOver(t *testing.T) {
 		if heir == old {
 			t.Fatal("a changed route kept its instance")
 		}
-		if st := heir.status().State; st != Asleep.String() {
-			t.Errorf("the new instance is %s while the old one serves a request, want asleep (waiting for it)", st)
+		st := heir.status()
+		if st.State != Awake.String() || st.InFlight != 1 {
+			t.Errorf("the new instance is %s with %d in flight while the old one serves a request, want awake with that one", st.State, st.InFlight)
+		}
+		if err := <-request(heir); err != nil {
+			t.Fatalf("a request to the new instance during the old one's request: %v", err)
+		}
+		select {
+		case <-old.retired:
+			t.Fatal("the old instance retired with its request in flight")
+		default:
+		}
+		// The new idle window does not start under the old instance's request.
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		if n := b.sleeps.Load(); n != 0 {
+			t.Fatalf("the tenant slept under the old instance's request")
 		}
 		long()
 		synctest.Wait()
 		wantRetired(t, old)
-		st := heir.status()
-		if st.State != Awake.String() {
-			t.Fatalf("the new instance is %s after the handover, want awake", st.State)
+		st = heir.status()
+		if st.State != Awake.String() || st.InFlight != 0 {
+			t.Fatalf("the new instance is %s with %d in flight once the old one's request ended, want awake with none", st.State, st.InFlight)
 		}
 		if n, m := b.sleeps.Load(), b.wakes.Load(); n != 0 || m != 1 {
 			t.Errorf("sleeps %d, wakes %d: want the tenant of the first wake running on (0, 1)", n, m)
@@ -192,5 +210,47 @@ func TestReloadHandoverCases(t *testing.T) {
 				t.Errorf("sleeps %d, closes %d; want the old instance's reload sleep and close (1, 1)", n, c)
 			}
 		})
+	})
+}
+
+// TestReloadHandoverToARequestsWake: a request that reaches the new instance before the old one has
+// handed the tenant over (here the old one is still waking it at the reload) waits for the handover
+// and takes the tenant over: it does not start the tenant a second time. Found by an operator trial
+// with a bare-metal node: the request's wake powered the node "on" again after the handover, its record
+// a 9.5 s wake of phases predecessor, start and health, counted as a wake of the tenant.
+func TestReloadHandoverToARequestsWake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &closingBackend{}
+		gate := make(chan struct{})
+		b.wakeGate = gate
+		s := newShutdownServer(t, map[string]tenant.Backend{"app": b})
+		old := s.instance("app")
+		first := request(old) // wakes the tenant, blocked in the backend's Wake
+		synctest.Wait()
+		if err := s.Apply(edgeChange(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		heir := s.instance("app")
+		second := request(heir)
+		synctest.Wait()
+		b.mu.Lock()
+		b.wakeGate = nil
+		b.mu.Unlock()
+		close(gate)
+		if err := <-first; err != nil {
+			t.Fatalf("the request to the old instance: %v", err)
+		}
+		if err := <-second; err != nil {
+			t.Fatalf("the request to the new instance: %v", err)
+		}
+		synctest.Wait()
+		wantRetired(t, old)
+		if n := b.wakes.Load(); n != 1 {
+			t.Errorf("the backend woke %d times, want once: the new instance takes the tenant over", n)
+		}
+		rec := heir.status().LastWake
+		if rec == nil || rec.Result != ResultAdopted || !slices.ContainsFunc(rec.Phases, func(p PhaseRecord) bool { return p.Name == phaseHandover }) {
+			t.Errorf("the new instance's wake %+v, want result adopted with a handover phase", rec)
+		}
 	})
 }

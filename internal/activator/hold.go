@@ -360,6 +360,11 @@ func (in *instance) release() {
 
 func (in *instance) releaseLocked() {
 	in.inflight--
+	if in.ho != nil && in.ho.carried > 0 {
+		// One of the requests in flight at the handover, which the heir counts too (see handover).
+		in.ho.carried--
+		in.ho.heir.release()
+	}
 	if in.inflight == 0 && in.state == Awake {
 		in.armIdleLocked()
 	}

@@ -167,6 +167,19 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			delete(s.checks, name)
 		}
 	}
+	for name, old := range prev {
+		if next[name] != old {
+			s.retiring = append(s.retiring, old)
+		}
+	}
+	// What the new instances' first wakes wait for is complete before any request can reach them, and
+	// before a handover below can start one.
+	gone := s.removedUpstreamsLocked(next)
+	for _, in := range opened {
+		if in.route.Upstream.Address != "" { // a fleet's members have the upstreams
+			in.after = append(in.after, gone[in.route.Upstream]...)
+		}
+	}
 	s.table.Store(buildTable(cfg, next))
 	// Only now, with the new table published, are the replaced instances retired. Retired first, they
 	// stopped their tenants while the table still routed to them, for as long as building it took
@@ -176,7 +189,6 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	changes, removals := 0, 0
 	for name, old := range prev {
 		if next[name] != old {
-			s.retiring = append(s.retiring, old)
 			if heir := next[name]; heir != nil && heir.awaitsHandover() {
 				old.bequeath(heir)
 			}
@@ -196,11 +208,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	for _, in := range next {
 		in.setGrace(retireGrace(cfg, in))
 	}
-	gone := s.removedUpstreamsLocked(next)
 	for _, in := range opened {
-		if in.route.Upstream.Address != "" { // a fleet's members have the upstreams
-			in.after = append(in.after, gone[in.route.Upstream]...)
-		}
 		in.start()
 		in.prepare(s.prepares)
 		in.startSchedule()
@@ -247,13 +255,18 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 		}
 	}
 	in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
-	if from != nil {
-		in.ho = &handover{inheriting: true, lent: true} // the backend is from's until it hands it over
-	}
 	if fb != nil {
 		in.fleet, fb.in = fb, in
 	}
 	in.after = s.predecessorsLocked(r.Name)
+	if from != nil {
+		// The backend is from's until it hands it over (inherit). The first wake waits for that, not
+		// for from to retire: from hands its tenant over at once, and retires only once its own requests
+		// in flight are done, which a WebSocket can make hours.
+		in.ho = &handover{inheriting: true, lent: true, arrived: make(chan struct{})}
+		in.after = slices.DeleteFunc(in.after, func(ch <-chan struct{}) bool { return ch == from.retired })
+		in.after = append(in.after, in.ho.arrived)
+	}
 	if old, ok := s.instances[r.Name]; ok {
 		in.hist = old.hist // a changed route keeps its history
 		in.pages = old.pages
@@ -329,7 +342,7 @@ func (s *Server) predecessorsLocked(name string) []<-chan struct{} {
 // awake woke its own tenant beside the old one, found the old one listening, and failed (terminal)
 // calling the activator's own tenant a stranger. A route that keeps its name has its own predecessor
 // wait; counting it here too would make every route that shares an upstream wait for every other.
-// Called once the reload's replaced instances are retiring.
+// Called once the reload's replaced instances are in s.retiring.
 func (s *Server) removedUpstreamsLocked(next map[string]*instance) map[registry.Upstream][]<-chan struct{} {
 	gone := map[registry.Upstream][]<-chan struct{}{}
 	for _, old := range s.retiring {

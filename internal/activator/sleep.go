@@ -219,6 +219,12 @@ func (in *instance) graceEnded() {
 		return
 	}
 	in.cutDue = true
+	if in.ho.heirOf() != nil {
+		// Nothing sleeps under them: the tenant is handed over running as soon as the wake or sleep in
+		// progress ends (handOverLocked), whatever is in flight.
+		in.maybeRetireLocked()
+		return
+	}
 	in.logger().Warn("requests still in flight when the reload's grace ended: the replaced instance sleeps under them",
 		"in_flight", in.inflight+in.unseen, "state", in.state.String())
 	in.maybeRetireLocked()
@@ -226,15 +232,25 @@ func (in *instance) graceEnded() {
 
 func (in *instance) maybeRetireLocked() {
 	in.noteQuietLocked() // every path that lowers held, in flight, waking or stopping comes here
-	if !in.retiring || in.closed || in.ho.waiting() || (in.inflight+in.unseen > 0 && !in.cutDue) || in.held > 0 {
+	if !in.retiring || in.closed || in.ho.waiting() || in.held > 0 {
+		return
+	}
+	if in.ho.passedOn() {
+		in.closeHandedLocked()
+		return
+	}
+	if in.state == Awake && in.ho.heirOf() != nil {
+		// At once, whatever is in flight: waiting for those to end held every new request to the route
+		// for up to the reload's grace (one event stream was enough), with the route shown asleep, for
+		// a change of idle (found by an operator trial).
+		in.handOverLocked()
+		return
+	}
+	if in.inflight+in.unseen > 0 && !in.cutDue {
 		return
 	}
 	switch in.state {
 	case Awake:
-		if in.ho.heirOf() != nil {
-			in.handOverLocked()
-			return
-		}
 		in.beginSleepLocked(ReasonReload)
 	case Asleep, Failed:
 		in.closed = true
@@ -263,15 +279,26 @@ func (in *instance) maybeRetireLocked() {
 // one's backend, and the old one hands the heir its tenant, running, when it retires, instead of
 // putting it to sleep (handOverLocked, inherit). Guarded by the instance's mu. Its methods take a nil
 // handover as an instance's that owns its backend throughout.
+//
+// The old instance hands the tenant over as soon as it is awake, with its requests in flight going on
+// (a proxied request needs the tenant's upstream, not the backend): the heir counts them in flight as
+// its own (carry), so that its idle clock does not start under them, and the old instance, which
+// counts them too, forwards each one's end to it (releaseLocked). The old instance retires once they
+// are done (closeHandedLocked). Lock order: an instance may take its heir's mu under its own, never
+// the reverse.
 type handover struct {
-	heir       *instance    // the old instance's: who takes its tenant over
-	inheriting bool         // the heir's: waiting for the handover; it neither adopts, prepares nor retires before
-	lent       bool         // the backend is another's to close: the heir's after the handover, the old one's before it
-	legacy     *tenant.Life // the heir's: the Life handed over, for its handover wake (takeOver)
+	heir       *instance     // the old instance's: who takes its tenant over
+	inheriting bool          // the heir's: waiting for the handover; it neither adopts, prepares nor retires before
+	lent       bool          // the backend is another's to close: the heir's after the handover, the old one's before it
+	legacy     *tenant.Life  // the heir's: the Life handed over, for the wake that takes it over (takeOver)
+	arrived    chan struct{} // the heir's: closed once inherit has run; its first wake waits for it (instance.after)
+	passed     bool          // the old instance's: the tenant (or its absence) was handed over
+	carried    int           // the old instance's: its requests in flight the heir also counts, not yet ended
 }
 
 func (h *handover) waiting() bool     { return h != nil && h.inheriting }
 func (h *handover) ownsBackend() bool { return h == nil || !h.lent }
+func (h *handover) passedOn() bool    { return h != nil && h.passed }
 
 func (h *handover) heirOf() *instance {
 	if h == nil {
@@ -299,16 +326,15 @@ func (in *instance) awaitsHandover() bool {
 	return in.ho.waiting()
 }
 
-// handOverLocked retires an awake instance whose heir takes its tenant over (instance.heir): its
-// requests in flight are done, and instead of putting the tenant to sleep it lets go of it as it is,
-// closes, and hands the heir the tenant's Life with the backend. The route's state series is the
-// heir's to set: it is left as it is.
+// handOverLocked retires an awake instance whose heir takes its tenant over (instance.heir): instead of
+// putting the tenant to sleep it lets go of it as it is and hands the heir the tenant's Life with the
+// backend, at once; its requests in flight go on, counted by the heir too (see handover), and it
+// closes once they are done. The route's state series is the heir's to set: it is left as it is.
 func (in *instance) handOverLocked() {
 	life, heir := in.wake.life, in.ho.heir
-	in.closed = true
-	in.ho.lent = true
+	in.ho.lent, in.ho.passed = true, true
 	if in.cut != nil {
-		in.cut.Stop()
+		in.cut.Stop() // nothing waits for it to retire any more
 	}
 	in.lifeGen++ // its watcher must not take what follows for a death (the heir watches the Life)
 	close(in.awakeEnd)
@@ -316,12 +342,42 @@ func (in *instance) handOverLocked() {
 	in.state, in.since = Asleep, in.now()
 	in.awake.Store(false)
 	in.letGoLocked()
+	if in.inflight > 0 && heir.carry(in.inflight) {
+		in.ho.carried = in.inflight
+	}
 	in.wg.Add(1)
 	go func() {
 		defer in.wg.Done()
-		in.teardown() // its upstream connections and its hold on the metric series; not the backend
-		close(in.retired)
 		heir.inherit(life)
+	}()
+	in.closeHandedLocked()
+}
+
+// carry counts n requests in flight on the predecessor as the instance's own, until the predecessor
+// forwards their ends (release), and reports whether it did: a closed instance counts nothing.
+func (in *instance) carry(n int) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return false
+	}
+	in.inflight += n
+	return true
+}
+
+// closeHandedLocked closes an instance that has handed its tenant over (handOverLocked), once its
+// requests in flight are done: its upstream connections, its hold on the metric series; not the
+// backend, which is the heir's.
+func (in *instance) closeHandedLocked() {
+	if in.closed || in.inflight+in.unseen > 0 {
+		return
+	}
+	in.closed = true
+	in.wg.Add(1)
+	go func() {
+		defer in.wg.Done()
+		in.teardown()
+		close(in.retired)
 	}()
 }
 
@@ -333,6 +389,7 @@ func (in *instance) handOverLocked() {
 func (in *instance) inherit(life *tenant.Life) {
 	in.mu.Lock()
 	in.ho.inheriting = false
+	defer close(in.ho.arrived) // after legacy is set: a wake waiting for it takes the tenant over
 	if in.closed {
 		heir := in.ho.heir
 		in.ho.lent = heir != nil
@@ -346,10 +403,18 @@ func (in *instance) inherit(life *tenant.Life) {
 	}
 	defer in.mu.Unlock()
 	in.ho.lent = false
-	if life != nil && life.Err() == nil && in.state == Asleep {
-		in.ho.legacy = life
-		in.beginWakeLocked(triggerReload)
-		return
+	if life != nil && life.Err() == nil {
+		switch in.state {
+		case Asleep:
+			in.ho.legacy = life
+			in.beginWakeLocked(triggerReload)
+			return
+		case Waking:
+			// A request reached the new instance before the handover, and its wake waits for it
+			// (instance.after): that wake takes the tenant over, where it would have started it again.
+			in.ho.legacy = life
+			return
+		}
 	}
 	in.maybeRetireLocked()
 }

@@ -220,6 +220,8 @@ type wakeOutcome struct {
 	err   error
 	rec   WakeRecord // the finished record
 	holds []func()   // the holds on the requirements, kept while the tenant is awake (chain.go)
+	// handedOver: a request's wake took over the tenant a reload's predecessor handed over (inherit).
+	handedOver bool
 }
 
 // phaseAdopt is the phase of a wake that asks the backend for a tenant already running.
@@ -258,6 +260,11 @@ func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	}
 	out := wakeOutcome{awake: true}
 	started := false // a tenant runs that a failure must stop
+	if trig != triggerAdopt && in.inherited() {
+		// A request's wake that waited for the predecessor's handover, which handed a tenant over:
+		// it takes that over, as the reload's own wake would have (inherit).
+		trig, out.handedOver = triggerReload, true
+	}
 	if trig == triggerAdopt || trig == triggerReload {
 		if trig == triggerAdopt {
 			out.life, out.awake = in.adopt(ctx, rec)
@@ -304,6 +311,13 @@ func (in *instance) adopt(ctx context.Context, rec *tracker) (life *tenant.Life,
 // phaseHandover is the phase of a reload's wake in which the route's new instance takes over the
 // tenant its predecessor kept running (inherit).
 const phaseHandover = "handover"
+
+// inherited reports whether the predecessor handed over a Life that no wake has taken over yet.
+func (in *instance) inherited() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.ho != nil && in.ho.legacy != nil
+}
 
 // takeOver takes the Life the predecessor handed over (inherit): the tenant runs on, and the wake goes
 // on to the health gate, this config's. A tenant that ended meanwhile is none: the route is asleep.
@@ -424,7 +438,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 			in.logger().Info("woke", "wake_id", out.rec.ID, "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
 				"joined", out.rec.Joined, "notes", out.rec.Notes)
 			in.series.wakeDone(out.rec)
-		} else if out.rec.Trigger == string(triggerReload) {
+		} else if out.rec.Trigger == string(triggerReload) || out.handedOver {
 			in.logger().Info("took over the running tenant from the replaced instance", "wake_id", out.rec.ID, "duration", out.rec.Duration)
 		} else {
 			in.logger().Info("adopted a running tenant")
