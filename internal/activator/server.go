@@ -76,6 +76,7 @@ type Server struct {
 
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
+	applied   bool // Apply has run once: routes it finds new from then on were added by a reload
 	retiring  []*instance
 	checks    map[string]error // SetCheckError's findings, by route name
 	closed    bool             // set by Drain: no config is applied any more
@@ -103,7 +104,7 @@ func New(opts Options) *Server {
 	return s
 }
 
-// namedChanges is how many changed routes, and how many removed ones, one Apply logs by name; beyond
+// namedChanges is how many added routes, how many changed and how many removed ones, one Apply logs by name; beyond
 // that it logs their numbers once. A reload that edits every one of 100,000 routes logged a line per
 // route, which journald's rate limit (10,000 lines in 30 s by default) answers by dropping what the
 // activator logs next: the wakes that follow the reload.
@@ -202,8 +203,19 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			}
 		}
 	}
-	if changes > namedChanges || removals > namedChanges {
-		s.log.Info("more routes changed or removed than are named one by one", "changed", changes, "removed", removals, "named_at_most", namedChanges)
+	additions := 0
+	if len(prev) > 0 || s.applied { // the first config's routes are the start-up's, not additions
+		for name := range next {
+			if prev[name] == nil {
+				if additions++; additions <= namedChanges {
+					s.log.Info("route added", "route", name)
+				}
+			}
+		}
+	}
+	s.applied = true
+	if changes > namedChanges || removals > namedChanges || additions > namedChanges {
+		s.log.Info("more routes added, changed or removed than are named one by one", "added", additions, "changed", changes, "removed", removals, "named_at_most", namedChanges)
 	}
 	for _, in := range next {
 		in.setGrace(retireGrace(cfg, in))
