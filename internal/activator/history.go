@@ -4,6 +4,7 @@ package activator
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 )
@@ -75,7 +76,7 @@ func (h *history) add(ev Event, att *attempt) {
 	h.n = min(h.n+1, HistorySize)
 }
 
-// last returns the newest n events (all of them when n <= 0), oldest first.
+// last returns the n events that ended last (all of them when n <= 0), in the order they began.
 func (h *history) last(n int) []Event {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -94,7 +95,22 @@ func (h *history) last(n int) []Event {
 		}
 		out = append(out, e.ev)
 	}
+	// In the order they began: the ring has them in the order they ended, and a long wake (or one
+	// of a reload's new instance, which shares the ring) ends after a sleep that began later, which
+	// `activator explain` then listed after it (found by an operator trial).
+	slices.SortStableFunc(out, func(a, b Event) int { return a.started().Compare(b.started()) })
 	return out
+}
+
+// started is when the event began.
+func (e Event) started() time.Time {
+	if e.Wake != nil {
+		return e.Wake.Started
+	}
+	if e.Sleep != nil {
+		return e.Sleep.Started
+	}
+	return time.Time{}
 }
 
 // recordSleep records a sleep of in's tenant for reason that began at start and ended with err, with

@@ -42,6 +42,25 @@ func TestHistoryRingKeepsTheNewest(t *testing.T) {
 	}
 }
 
+// TestHistoryInTheOrderEventsBegan: events are listed in the order they began, though the ring has
+// them in the order they ended: a wake that began before a sleep but ended after it (a reload's new
+// instance shares the ring) comes first. Found by an operator trial: `explain --last 4` listed an event
+// of 16:51:59 after one of 16:52:07.
+func TestHistoryInTheOrderEventsBegan(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 16, 51, 0, 0, time.UTC)
+	h := newHistory()
+	h.add(Event{Kind: EventSleep, Sleep: &SleepRecord{Reason: "first", Started: t0}}, nil)
+	h.add(Event{Kind: EventSleep, Sleep: &SleepRecord{Reason: "later", Started: t0.Add(67 * time.Second)}}, nil)
+	h.add(Event{Kind: EventWake, Wake: &WakeRecord{Trigger: "earlier", Started: t0.Add(59 * time.Second), Duration: 9 * time.Second}}, nil)
+	got := h.last(0)
+	if len(got) != 3 || got[0].Sleep == nil || got[1].Wake == nil || got[2].Sleep == nil || got[2].Sleep.Reason != "later" {
+		t.Fatalf("events %+v, want first, the wake that began earlier, later", got)
+	}
+	if two := h.last(2); len(two) != 2 || two[0].Wake == nil || two[1].Sleep.Reason != "later" {
+		t.Errorf("last(2) = %+v, want the two that ended last, in the order they began", two)
+	}
+}
+
 // tailErr is an error carrying an output tail, as exec's ExitError does.
 type tailErr struct{}
 
