@@ -116,11 +116,56 @@ func (w tbWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// logTap is a logger's writer that passes each line to the test log and keeps it, for tests of what
+// the backing says.
+type logTap struct {
+	tb    testing.TB
+	mu    sync.Mutex
+	lines []string
+}
+
+func newLogTap(tb testing.TB) *logTap { return &logTap{tb: tb} }
+
+func (l *logTap) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (l *logTap) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	l.tb.Log(line)
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	return len(p), nil
+}
+
+// find returns the first line that contains every one of subs, or "".
+func (l *logTap) find(subs ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(line, s)
+		}
+		if all {
+			return line
+		}
+	}
+	return ""
+}
+
 // open opens r's backend and registers a Close (and, as a safety net, a kill of any QEMU left) at
 // cleanup.
 func open(tb testing.TB, r *registry.Route) *Backend {
 	tb.Helper()
-	be, err := New(Options{Logger: testLogger(tb)}).Open(r)
+	return openWith(tb, New(Options{Logger: testLogger(tb)}), r)
+}
+
+// openWith is open through p: the Provider of an activator that opens several routes.
+func openWith(tb testing.TB, p *Provider, r *registry.Route) *Backend {
+	tb.Helper()
+	be, err := p.Open(r)
 	if err != nil {
 		tb.Fatalf("Open: %v", err)
 	}

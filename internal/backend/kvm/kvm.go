@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -56,9 +57,13 @@ var (
 	_ tenant.Closer  = (*Backend)(nil)
 )
 
-// Provider opens kvm routes. It holds no resources.
+// Provider opens kvm routes. It keeps the backends it opened until they close, so that one route's
+// backend never cleans up a snapshot dir another open route names (leftover.go).
 type Provider struct {
 	log *slog.Logger
+
+	mu   sync.Mutex            // guards open
+	open map[*Backend]struct{} // opened and not closed yet
 }
 
 // New returns a Provider.
@@ -67,12 +72,41 @@ func New(o Options) *Provider {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Provider{log: log}
+	return &Provider{log: log, open: map[*Backend]struct{}{}}
+}
+
+// ownerOf names the route of a backend p opened and has not seen close, other than self, whose
+// snapshot_dir is dir ("" when none). p may be nil (a Backend built by hand): none.
+func (p *Provider) ownerOf(dir string, self *Backend) string {
+	if p == nil {
+		return ""
+	}
+	dir = filepath.Clean(dir)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for b := range p.open {
+		if b != self && filepath.Clean(b.s.SnapshotDir) == dir {
+			return b.name
+		}
+	}
+	return ""
+}
+
+// closed forgets b, which Close has closed.
+func (p *Provider) closed(b *Backend) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	delete(p.open, b)
+	p.mu.Unlock()
 }
 
 // Open returns the route's Backend. r.Settings must be the *Settings Decode returned. Open starts
 // no guest; the accelerator and, in snapshot mode, where the guest's RAM lives are chosen here (and
-// logged with the reasons).
+// logged with the reasons), and a snapshot on disk that the route's config does not use (an earlier
+// snapshot_dir's, or a RAM file the sleep mode has no use for) is logged, kept until the guest boots
+// or is restored (leftover.go).
 func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, ok := r.Settings.(*Settings)
 	if !ok || s == nil {
@@ -90,7 +124,12 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 		ram = planRAM(s, readRAMHost(context.Background(), bin, s))
 		log.Info("kvm snapshot RAM chosen", "ram", ram.mode(), "reason", ram.reason)
 	}
-	return &Backend{name: r.Name, s: s, p: newPaths(s), bin: bin, accel: accel, ram: ram, log: log}, nil
+	b := &Backend{name: r.Name, s: s, p: newPaths(s), bin: bin, accel: accel, ram: ram, log: log, prov: p}
+	b.sayLeft()
+	p.mu.Lock()
+	p.open[b] = struct{}{}
+	p.mu.Unlock()
+	return b, nil
 }
 
 // Check verifies, without starting a guest, that the host can run the route's guest: the QEMU
@@ -167,6 +206,7 @@ type Backend struct {
 	accel string
 	ram   ramPlan // snapshot mode: where the guest's RAM lives
 	log   *slog.Logger
+	prov  *Provider // the Provider that opened it (nil when built by hand)
 
 	op sync.Mutex     // serialises Wake, Sleep, Adopt and Close
 	wg sync.WaitGroup // instance goroutines; joined by Close
@@ -183,6 +223,9 @@ type Backend struct {
 
 	gen      sync.Mutex // guards savedGen and the RAM file's sidecar (ramfile.go)
 	savedGen string     // the generation of the last save while it may still be resumed; "" once a QEMU maps the RAM file again
+
+	dirsMu   sync.Mutex // guards dirNoted and the route's record of snapshot dirs (leftover.go)
+	dirNoted bool       // the snapshot dir is in the record
 }
 
 var (
@@ -320,7 +363,8 @@ func (b *Backend) resume(ctx context.Context, t tenant.Tracker, inst *instance) 
 // route keeps its snapshot by design, keep_snapshot): from here on the guest's disk moves on, and a
 // later wake in snapshot mode must not resume the memory of an older boot. Found with reloads from
 // snapshot to poweroff and back: the guest resumed the RAM of two boots before, over a disk the boots
-// since had written.
+// since had written. So it also removes a RAM file this config does not use, and, once the guest runs,
+// what the route left in its earlier snapshot dirs (leftover.go).
 func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	var l launch
 	if b.ram.file {
@@ -344,6 +388,7 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 			t.Note(fmt.Sprintf("discarded the snapshot %s that an earlier sleep: snapshot left: this route now sleeps by %s, and a cold boot supersedes it", had, b.s.Sleep))
 		}
 	}
+	b.dropUnusedRAM("cold-boots")
 	inst, err := b.start(ctx, t, l)
 	if err != nil {
 		return nil, err
@@ -358,6 +403,7 @@ func (b *Backend) boot(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		b.discard(inst)
 		return nil, err
 	}
+	b.leaveOldDirs("cold-booted") // only now: a config that cannot boot the guest has not moved it on
 	return life, nil
 }
 
@@ -695,8 +741,10 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	st, _ := inst.state()
 	inst.ramFile = holdsFile(pid, b.ramPath())
 	if b.s.Sleep == SleepSnapshot && slices.Contains([]string{"running", "paused", "postmigrate", "suspended"}, st) {
-		// The live guest supersedes a snapshot left from before (an activator that died mid-sleep).
+		// The live guest supersedes a snapshot left from before (an activator that died mid-sleep),
+		// and what the route left in its earlier snapshot dirs.
 		_ = b.removeSnapshots()
+		b.leaveOldDirs("was adopted running")
 	}
 	switch st {
 	case "running":
@@ -732,12 +780,14 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 
 // Close quits the guest (its Life ends with ErrClosed) unless keep_running_on_exit is set, in which
 // case the monitor is closed and QEMU left running for the next activator to adopt. A standby QEMU is
-// killed either way (the snapshot stays for the next activator). Close joins every goroutine the
-// backend started; later Wakes fail with ErrClosed.
+// killed either way (the snapshot stays for the next activator). The first Close logs the snapshot
+// it leaves on disk (sayKept). Close joins every goroutine the backend started; later Wakes fail with
+// ErrClosed.
 func (b *Backend) Close(ctx context.Context) error {
 	b.op.Lock()
 	defer b.op.Unlock()
 	b.mu.Lock()
+	again := b.closed
 	b.closed = true
 	b.mu.Unlock()
 	// The last sleep's retire may be starting a standby QEMU: let it finish, so the standby is
@@ -762,6 +812,7 @@ func (b *Backend) Close(ctx context.Context) error {
 			b.dropRAM()
 		}
 	}
+	b.prov.closed(b)
 	done := make(chan struct{})
 	go func() {
 		b.wg.Wait()
@@ -769,6 +820,9 @@ func (b *Backend) Close(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
+		if !again {
+			b.sayKept()
+		}
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("kvm close: %w", ctx.Err())

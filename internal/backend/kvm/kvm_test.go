@@ -246,13 +246,22 @@ func TestCorruptSnapshot(t *testing.T) {
 			if want := []string{PhaseQEMUStart, PhaseQMP, PhaseRestore, PhaseQEMUStart, PhaseQMP, PhaseRunning}; !slices.Equal(phases, want) {
 				t.Errorf("phases = %q, want %q", phases, want)
 			}
-			for _, f := range []string{snap, snap + genExt} {
-				if _, err := os.Stat(f + badExt); err != nil {
-					t.Errorf("corrupt snapshot not moved aside: %v", err)
-				}
+			if got := movedAside(b.s.SnapshotDir, snapBase); len(got) != 2 {
+				t.Errorf("corrupt snapshot moved aside as %q, want it and its sidecar", got)
 			}
 		})
 	}
+}
+
+// movedAside names the files of the newest refused snapshot of base (devBase, snapBase) in dir.
+func movedAside(dir, base string) []string {
+	all := refusals(dir)
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].base == base {
+			return all[i].files
+		}
+	}
+	return nil
 }
 
 func containsSub(list []string, sub string) bool {
@@ -713,12 +722,12 @@ func TestSnapshotOverAChangedDisk(t *testing.T) {
 			if !containsSub(notes, "snapshot refused") || !containsSub(notes, "disk") {
 				t.Errorf("notes %q do not say the snapshot was refused for its disk", notes)
 			}
-			bad := filepath.Join(b.s.SnapshotDir, devBase+badExt)
+			base := devBase
 			if ram == RAMCopy {
-				bad = filepath.Join(b.s.SnapshotDir, snapBase+badExt)
+				base = snapBase
 			}
-			if _, err := os.Stat(bad); err != nil {
-				t.Errorf("refused snapshot not moved aside: %v", err)
+			if got := movedAside(b.s.SnapshotDir, base); len(got) != 2 {
+				t.Errorf("refused snapshot moved aside as %q, want it and its sidecar", got)
 			}
 		})
 	}

@@ -105,6 +105,8 @@ func moduleList(m []string) string {
 // paths are the files of one route.
 type paths struct {
 	sock, pid, console, log, start, mig, writer string
+
+	dirs string // the record of the route's snapshot dirs (leftover.go)
 }
 
 func newPaths(s *Settings) paths {
@@ -116,6 +118,7 @@ func newPaths(s *Settings) paths {
 		start:   filepath.Join(s.RuntimeDir, startName),
 		mig:     filepath.Join(s.RuntimeDir, migName),
 		writer:  filepath.Join(s.RuntimeDir, writerName),
+		dirs:    filepath.Join(s.RuntimeDir, dirsName),
 	}
 }
 

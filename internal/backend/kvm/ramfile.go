@@ -199,7 +199,7 @@ func (b *Backend) ramBytes() int64 { return int64(b.s.Memory) << 20 }
 // of a copied snapshot): it is locked, its sidecar and any device state saved with it are removed, and
 // it is emptied to the guest's size. It returns the file locked, for start.
 func (b *Backend) freshRAM() (*os.File, error) {
-	if err := privateDir(b.s.SnapshotDir); err != nil {
+	if err := b.useSnapshotDir(); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
 	f, err := lockRAM(b.ramPath(), true)

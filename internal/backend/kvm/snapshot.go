@@ -39,7 +39,7 @@ func (b *Backend) snapFile() (file, other string) {
 func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 	started := time.Now()
 	shared := b.ram.file && inst.ramFile
-	if err := privateDir(b.s.SnapshotDir); err != nil {
+	if err := b.useSnapshotDir(); err != nil {
 		return fmt.Errorf("snapshot dir: %w", err)
 	}
 	if err := b.removeSnapshots(); err != nil {
@@ -210,6 +210,7 @@ func (b *Backend) retire(inst *instance, saved savedState, bd *binding) {
 		inst.quit(context.Background(), b.s.Budgets.Quit.D())
 		inst.close()
 		removeStale(b.p)
+		b.leaveOldDirs("slept") // an adopted QEMU may have mapped an earlier snapshot dir's RAM file
 		if !saved.shared {
 			b.dropRAM() // a RAM file the guest had (adopted from file mode) is in the copy now
 			if b.s.Standby && !b.ram.file {
@@ -312,8 +313,10 @@ type snapshotSource struct {
 // restore starts QEMU waiting for a migration, loads the snapshot into it and continues the guest. It
 // returns an error wrapping errNoSnapshot when there is nothing to restore, a *refusedError for a
 // device state that must not be resumed on its RAM file. A snapshot that is refused or does not load
-// is moved aside (".bad") so the next wake does not try it again. sb (nil: none) is a standby QEMU
-// that fits the snapshot (usableStandby): the snapshot loads into it instead of a new QEMU.
+// is moved aside (moveAside: FILE.<time>.bad, the newest two kept) so the next wake does not try it
+// again. A restored guest supersedes what the route left in its earlier snapshot dirs, and a RAM file
+// its config does not use (leftover.go). sb (nil: none) is a standby QEMU that fits the snapshot
+// (usableStandby): the snapshot loads into it instead of a new QEMU.
 func (b *Backend) restore(ctx context.Context, t tenant.Tracker, sb *instance) (*tenant.Life, error) {
 	src, err := b.findSnapshot(sb != nil && sb.ramFile)
 	if err != nil {
@@ -334,7 +337,7 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker, sb *instance) (
 			err = fmt.Errorf("%w: qemu: %s", err, strings.ReplaceAll(msg, "\n", "; "))
 		}
 		if ctx.Err() == nil {
-			err = moveAside(src, err)
+			err = b.moveAside(src, err)
 		}
 		return nil, fmt.Errorf("%s: %w", PhaseRestore, err)
 	}
@@ -348,6 +351,8 @@ func (b *Backend) restore(ctx context.Context, t tenant.Tracker, sb *instance) (
 			b.log.Warn("cannot remove the restored snapshot", "err", err)
 		}
 	}
+	b.dropUnusedRAM("was restored")
+	b.leaveOldDirs("was restored")
 	b.log.Info("guest restored from snapshot", "file", src.file, "ram_file", src.shared || src.ram != nil, "standby", sb != nil, "ms", sinceMs(started))
 	return life, nil
 }
@@ -364,7 +369,7 @@ func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 			ram, err := b.savedRAM(held)
 			var re *refusedError
 			if errors.As(err, &re) {
-				err = moveAside(src, err)
+				err = b.moveAside(src, err)
 			}
 			src.ram = ram
 			return src, err
@@ -379,7 +384,7 @@ func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 	}
 	src := snapshotSource{file: file, side: file + genExt}
 	if err := b.checkCopy(src); err != nil {
-		return snapshotSource{}, moveAside(src, err)
+		return snapshotSource{}, b.moveAside(src, err)
 	}
 	if err := prefetch(file); err != nil {
 		b.log.Debug("snapshot prefetch", "err", err)
@@ -412,18 +417,6 @@ func (b *Backend) checkCopy(src snapshotSource) error {
 		return &refusedError{why}
 	}
 	return nil
-}
-
-// moveAside renames a snapshot that must not be tried again (and its sidecar) to *.bad, and says so in
-// err.
-func moveAside(src snapshotSource, err error) error {
-	if rerr := os.Rename(src.file, src.file+badExt); rerr != nil {
-		return err
-	}
-	if src.side != "" {
-		_ = os.Rename(src.side, src.side+badExt)
-	}
-	return fmt.Errorf("%w (moved aside to %s%s)", err, filepath.Base(src.file), badExt)
 }
 
 // migrateIn loads src into a QEMU started with -incoming defer, within budgets.restore.
