@@ -2,7 +2,11 @@ package activator
 
 // What the admin API reports of an instance.
 
-import "time"
+import (
+	"time"
+
+	"github.com/activator/activator/internal/tenant"
+)
 
 // Status is a route's state as the admin API reports it.
 type Status struct {
@@ -27,6 +31,9 @@ type Status struct {
 	LastSleepError string `json:"last_sleep_error,omitempty"`
 	// CheckError is what the route's host check found at start-up (Server.SetCheckError).
 	CheckError string `json:"check_error,omitempty"`
+	// RunningOutside is the backing's word, while the route is asleep or failed, that its tenant runs
+	// all the same, started without the activator (tenant.Outsider): a unit an operator started by hand.
+	RunningOutside string `json:"running_outside,omitempty"`
 	// Filtered counts the requests the route's ignore: matched since it started (filter.go); none
 	// without ignore:. InFlight includes the ignored requests being served.
 	Filtered *FilterCounts `json:"filtered,omitempty"`
@@ -71,6 +78,9 @@ func (in *instance) status() Status {
 	if in.state == Failed {
 		u := in.until
 		s.RetryAt = &u
+	}
+	if o, ok := in.backend.(tenant.Outsider); ok && (in.state == Asleep || in.state == Failed) {
+		s.RunningOutside = o.RunningOutside()
 	}
 	in.scheduleStatus(&s)
 	s.Filtered = in.filter.snapshot()

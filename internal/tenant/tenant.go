@@ -120,6 +120,15 @@ type Adopter interface {
 	Adopt(ctx context.Context) (life *Life, awake bool, err error)
 }
 
+// Outsider is implemented by backends that can see their tenant run without the activator: a systemd
+// unit started by hand while its route sleeps. RunningOutside says so in one line, or returns "" when
+// the tenant does not run so or the backend cannot tell. It must not do I/O: the admin API asks it of
+// every route that is not awake in a listing. The activator only shows it in the route's status;
+// the next Wake takes the running tenant (and its record says so).
+type Outsider interface {
+	RunningOutside() string
+}
+
 // Preparer is implemented by backends that can get ready for a first Wake ahead of it, off its path
 // (the exec and kvm backings' standbys). The activator calls Prepare once per backend it opens (at
 // start-up, and for a route a reload adds or changes, once the route's old backend has been closed),
