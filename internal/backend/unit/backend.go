@@ -38,6 +38,7 @@ type Backend struct {
 	log         *slog.Logger
 	sleepBudget time.Duration // bounds the cleanup stop after a failed or canceled wake
 	upstream    registry.Upstream
+	closeOnce   sync.Once // Close lets go of the unit's entry in the bus's seenLog once
 
 	mu      sync.Mutex   // guards the fields below
 	life    *tenant.Life // the current awake period; nil while asleep
@@ -49,6 +50,9 @@ type Backend struct {
 	// budget, a crash or a stop behind the activator's back) the unit may be deactivating, and Wake
 	// reads its state before a start job (see waitStopped).
 	stopped bool
+	// parked is true while the unit is frozen or SIGSTOPped by this backend's Sleep (or, in freeze mode,
+	// found frozen by Adopt), until a wake or Stop: a thaw then is someone else's (outside).
+	parked bool
 }
 
 var (
@@ -72,6 +76,10 @@ func (b *Backend) Settings() Settings { return b.s }
 //     active (started by someone else) systemd finishes it at once and nothing restarts.
 //   - In sigstop and freeze modes the unit's state is read first: an active unit is taken as it is,
 //     with SIGCONT (harmless when its processes run) or a thaw; no start job.
+//   - A unit found running without the activator (started by someone else while the route slept,
+//     restarted after a SIGSTOP, thawed after a freeze) is a note in the wake's record and a log
+//     line, with the time it started (see outside). In stop mode that is learned from the manager's
+//     signals, which precede the start job's reply: no read is added to the wake.
 //   - Before a start job, a unit without a paired .socket fails the wake when something else already
 //     answers at the route's upstream (see checkForeign).
 //   - A start job that ends in anything but "done" ends the Life with a *JobError naming the job
@@ -94,16 +102,21 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		// Its own phase: without it, a SIGCONT wake's record read "start=0.6ms continue=…", as if a
 		// start job had run.
 		t.Phase(PhaseState)
+		seq := b.bus.seen.mark(b.s.Unit)
 		st, err := b.quickState(ctx)
 		if err != nil {
 			return nil, err
 		}
+		b.bus.seen.settle(b.s.Unit, st, seq)
 		unread = false
 		t.Note(fmt.Sprintf("%s found %s/%s", b.s.Unit, st.ActiveState, st.SubState)) // the last observed state, for explain
 		if st.LoadState != "loaded" {
 			return nil, notLoaded(b.s.Unit, st.LoadState)
 		}
 		if st.Active() {
+			if how := b.outside(st); how != "" {
+				b.noteOutside(ctx, t, st, how)
+			}
 			if err := b.resume(ctx, st, t); err != nil {
 				return nil, err
 			}
@@ -112,11 +125,15 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		if err := b.waitStopped(ctx, t, st); err != nil {
 			return nil, err
 		}
-	} else if !b.knownStopped() {
+	} else if _, known := b.bus.seen.state(b.s.Unit); !known || !b.knownStopped() {
+		// The unit may still be stopping, or nothing has been heard of it since the connection was made:
+		// two property Gets, which also give the signals' log its state (seenLog.settle).
+		seq := b.bus.seen.mark(b.s.Unit)
 		st, err := b.stopState(ctx)
 		if err != nil {
 			return nil, err
 		}
+		b.bus.seen.settle(b.s.Unit, st, seq)
 		if err := b.waitStopped(ctx, t, st); err != nil {
 			return nil, err
 		}
@@ -143,6 +160,13 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		}
 		return nil, fmt.Errorf("unit %s: start: %w", b.s.Unit, err)
 	}
+	// The manager replied to StartUnit after sending every signal of the unit's changes before it
+	// took the call (the job runs, and the unit changes, only after the reply): what they last said
+	// is the unit as the job found it. A unit running or starting then was started by someone else,
+	// the job merged with that start or finished at once.
+	if st, ok := b.bus.seen.state(b.s.Unit); ok && st.upOrStarting() {
+		b.noteOutside(ctx, t, st, "started")
+	}
 	life := tenant.NewLife()
 	p := &startJob{life: life, done: make(chan struct{}), prevInv: b.lastInvocation()}
 	// The job's remainder runs on a context detached from the wake's (which the activator cancels once
@@ -154,7 +178,7 @@ func (b *Backend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, err
 		jctx, p.cancel = context.WithCancel(jctx)
 	}
 	b.mu.Lock()
-	b.life, b.pending, b.stopped = life, p, false
+	b.life, b.pending, b.stopped, b.parked = life, p, false, false
 	b.mu.Unlock()
 	go b.finishStart(jctx, p, ch, l)
 	return life, nil
@@ -489,7 +513,7 @@ func (b *Backend) track(ctx context.Context) (*tenant.Life, error) {
 		return nil, err
 	}
 	b.mu.Lock()
-	b.life, b.w, b.stopped = life, w, false
+	b.life, b.w, b.stopped, b.parked = life, w, false, false
 	b.mu.Unlock()
 	return life, nil
 }
@@ -555,7 +579,7 @@ func (b *Backend) end() *tenant.Life {
 	}
 	b.mu.Lock()
 	life, w := b.life, b.w
-	b.life, b.w = nil, nil
+	b.life, b.w, b.parked = nil, nil, false
 	b.mu.Unlock()
 	b.bus.unwatch(w)
 	return life
@@ -648,12 +672,15 @@ func (b *Backend) freeze(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !st.Active() || st.FreezerState == "frozen" {
+	if !st.Active() {
 		return nil
 	}
-	if err := b.bus.do(ctx, func(l *link) error { return l.c.FreezeUnit(ctx, b.s.Unit) }); err != nil {
-		return unsupported(b.s.Unit, "freeze", err)
+	if st.FreezerState != "frozen" {
+		if err := b.bus.do(ctx, func(l *link) error { return l.c.FreezeUnit(ctx, b.s.Unit) }); err != nil {
+			return unsupported(b.s.Unit, "freeze", err)
+		}
 	}
+	b.setParked()
 	return nil
 }
 
@@ -665,7 +692,18 @@ func (b *Backend) sigstop(ctx context.Context) error {
 	if !st.Active() {
 		return nil
 	}
-	return b.signal(ctx, syscall.SIGSTOP)
+	if err := b.signal(ctx, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	b.setParked()
+	return nil
+}
+
+// setParked records that Sleep froze or SIGSTOPped the unit (see Backend.parked).
+func (b *Backend) setParked() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.parked = true
 }
 
 // Adopt reports whether the unit is already awake and, if so, adopts it as it is (same MainPID, no
@@ -674,12 +712,19 @@ func (b *Backend) sigstop(ctx context.Context) error {
 // unit is thawed (it counts as asleep in freeze mode, where Wake thaws it), and an active unit's
 // processes get SIGCONT, since SIGSTOP leaves no trace in the unit's state.
 func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
+	seq := b.bus.seen.mark(b.s.Unit)
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, false, err
 	}
+	b.bus.seen.settle(b.s.Unit, st, seq)
 	awake, thaw, cont := adoptPlan(b.s.Sleep, st)
 	if !awake {
+		if st.Active() && st.Frozen() {
+			// Parked in this route's mode by an activator before this one: asleep, and its own.
+			b.saw(st)
+			b.setParked()
+		}
 		return nil, false, nil
 	}
 	if thaw {
@@ -725,5 +770,6 @@ func (b *Backend) Close(context.Context) error {
 	if life := b.end(); life != nil {
 		life.End(errBackendClosed)
 	}
+	b.closeOnce.Do(func() { b.bus.seen.drop(b.s.Unit) })
 	return nil
 }

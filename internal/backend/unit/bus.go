@@ -52,8 +52,10 @@ type bus struct {
 	log  *slog.Logger
 	wg   *sync.WaitGroup
 	// checks keeps what the manager's signals say of the condition checks of units whose start jobs
-	// are out (see checks.go); it has a lock of its own.
+	// are out (see checks.go); seen, what they last said of the state of every unit a backend drives
+	// (see outside.go). Each has a lock of its own.
 	checks *checkLog
+	seen   *seenLog
 
 	mu      sync.Mutex    // guards the fields below
 	link    *link         // nil while disconnected
@@ -111,7 +113,13 @@ func (w *watch) dead(st UnitState) bool {
 
 func newBus(ctx context.Context, name string, dial dialFunc, log *slog.Logger, wg *sync.WaitGroup) *bus {
 	return &bus{name: name, dial: dial, ctx: ctx, log: log.With("bus", name), wg: wg, checks: newCheckLog(),
-		watches: map[string]map[*watch]struct{}{}}
+		seen: newSeenLog(), watches: map[string]map[*watch]struct{}{}}
+}
+
+// observe sees every signal of the connection first, on its reading goroutine (gatedSignals).
+func (b *bus) observe(sig *godbus.Signal) {
+	b.checks.observe(sig)
+	b.seen.observe(sig)
 }
 
 // get returns the live connection, dialing one if there is none (or the one there is has dropped).
@@ -123,7 +131,10 @@ func (b *bus) get(ctx context.Context) (*link, error) {
 		b.mu.Unlock()
 		return l, nil
 	}
-	b.link = nil // dropped: its serve goroutine closes it
+	if b.link != nil {
+		b.link = nil // dropped: its serve goroutine closes it
+		b.seen.forget()
+	}
 	if err := b.ctx.Err(); err != nil {
 		b.mu.Unlock()
 		return nil, errClosed
@@ -171,11 +182,13 @@ func (b *bus) do(ctx context.Context, fn func(*link) error) error {
 }
 
 // invalidate forgets l if it is the current connection and closes it; its serve goroutine then
-// reconnects.
+// reconnects. What the signals said of the units goes with the current connection: the next one
+// reads it again (seenLog).
 func (b *bus) invalidate(l *link) {
 	b.mu.Lock()
 	if b.link == l {
 		b.link = nil
+		b.seen.forget()
 	}
 	b.mu.Unlock()
 	l.c.Close()
@@ -202,7 +215,7 @@ func (b *bus) connect(done chan struct{}) {
 		if raw != nil {
 			return raw, nil
 		}
-		g := newGatedSignals(b.checks.observe)
+		g := newGatedSignals(b.observe)
 		rc, err := b.dial(cctx, godbus.WithSignalHandler(g))
 		if err == nil {
 			raw, gate = rc, g
@@ -250,10 +263,11 @@ func (b *bus) connect(done chan struct{}) {
 
 // serve delivers l's property changes to the watches until l drops or the provider closes; after a
 // drop it reconnects. Every (re)connection starts with a resync: watched units that died while nobody
-// was listening are noticed.
+// was listening are noticed, and units whose state was known before the drop are read again (reread).
 func (b *bus) serve(l *link, updates <-chan *sddbus.PropertiesUpdate, lost <-chan error) {
 	defer b.wg.Done()
 	b.resync(l.c)
+	b.reread(l.c)
 loop:
 	for {
 		select {

@@ -46,6 +46,7 @@ var (
 	_ tenant.Stopper      = (*Backend)(nil)
 	_ tenant.Adopter      = (*Backend)(nil)
 	_ tenant.Closer       = (*Backend)(nil)
+	_ tenant.Outsider     = (*Backend)(nil)
 )
 
 // Provider opens unit Backends. It checks routes against the host and holds the D-Bus connections, and is
@@ -94,7 +95,8 @@ func settingsOf(r *registry.Route) (*Settings, error) {
 	return s, nil
 }
 
-// Open returns the route's Backend. It does not touch the bus.
+// Open returns the route's Backend. It does not touch the bus (the unit is only entered in the
+// bus's log of what the manager's signals say, for its status: tenant.Outsider).
 func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	s, err := settingsOf(r)
 	if err != nil {
@@ -103,13 +105,15 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	if p.ctx.Err() != nil {
 		return nil, errClosed
 	}
-	return &Backend{
+	b := &Backend{
 		s:           *s,
 		bus:         p.bus(s.Bus),
 		log:         p.log.With("route", r.Name, "unit", s.Unit),
 		sleepBudget: r.SleepBudget,
 		upstream:    r.Upstream,
-	}, nil
+	}
+	b.bus.seen.add(s.Unit) // what the manager's signals say of the unit is kept from now on (outside.go)
+	return b, nil
 }
 
 // Check verifies a route against the live manager without waking anything: the bus is reachable, the

@@ -36,6 +36,9 @@ type UnitState struct {
 	ExecMainCode    int32  // CLD_EXITED (1), CLD_KILLED (2), CLD_DUMPED (3); 0 when never ran
 	ExecMainStatus  int32  // exit status or signal number
 	TimeoutStopUSec uint64 // TimeoutStopSec=, in µs (math.MaxUint64: infinity)
+	// When the unit last entered active and last left inactive (began to start), in µs since the
+	// epoch; 0: never. Read only for a note (outside.go).
+	ActiveEnterTimestamp, InactiveExitTimestamp uint64
 	// Start limits (0 interval: disabled).
 	StartLimitIntervalUSec uint64
 	StartLimitBurst        uint32
@@ -149,6 +152,8 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (UnitState, err
 	st.SubState, _ = up["SubState"].(string)
 	st.FreezerState, _ = up["FreezerState"].(string)
 	st.InvocationID, _ = up["InvocationID"].([]byte)
+	st.ActiveEnterTimestamp, _ = up["ActiveEnterTimestamp"].(uint64)
+	st.InactiveExitTimestamp, _ = up["InactiveExitTimestamp"].(uint64)
 	st.StartLimitIntervalUSec, _ = up["StartLimitIntervalUSec"].(uint64)
 	st.StartLimitBurst, _ = up["StartLimitBurst"].(uint32)
 	condOK, _ := up["ConditionResult"].(bool)
@@ -225,6 +230,10 @@ func readProps(ctx context.Context, c *sddbus.Conn, unit string, names ...string
 			st.InvocationID, _ = p.Value.Value().([]byte)
 		case "FreezerState":
 			st.FreezerState, _ = p.Value.Value().(string)
+		case "ActiveEnterTimestamp":
+			st.ActiveEnterTimestamp, _ = p.Value.Value().(uint64)
+		case "InactiveExitTimestamp":
+			st.InactiveExitTimestamp, _ = p.Value.Value().(uint64)
 		}
 		if name == "LoadState" && st.LoadState != "loaded" {
 			return st, nil
