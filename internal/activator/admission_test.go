@@ -742,3 +742,58 @@ func TestExpectNotForwardedOnceBuffered(t *testing.T) {
 		t.Errorf("the client got %d 100 Continue answers (want at most the edge's one) and:\n%s", n, all)
 	}
 }
+
+// TestHeldClientGoneGetsNoFakeAnswer: a request held in net/http (not parked) whose client half-closes
+// its connection after the request ends its hold, as a client that left (net/http's background read
+// takes the FIN for a departure), and gets no answer: the connection is closed. Before, the handler
+// returned without one and net/http wrote an empty "200 OK", which the half-closed client read as its
+// answer before the wake had finished (found with real sockets). The same for a request to an awake
+// route whose tenant has not answered yet.
+func TestHeldClientGoneGetsNoFakeAnswer(t *testing.T) {
+	for _, awake := range []bool{false, true} {
+		t.Run(map[bool]string{false: "held", true: "proxied"}[awake], func(t *testing.T) {
+			b := &fakeBackend{}
+			slow := make(chan struct{})
+			defer close(slow)
+			arrived := make(chan struct{}, 1)
+			g := newRig(t, b, registry.EdgeLimits{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				select {
+				case <-slow:
+				case <-r.Context().Done():
+				}
+			}), nil, -1) // no parking
+			if awake {
+				if err := g.s.Wake(t.Context(), "app"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				b.wakeGate = make(chan struct{})
+				defer close(b.wakeGate)
+			}
+			c := g.dial(t)
+			if err := send(c, "GET /x HTTP/1.1\nHost: app.test", nil); err != nil {
+				t.Fatal(err)
+			}
+			if awake {
+				<-arrived
+			} else {
+				until(t, func() (bool, string) {
+					st := g.in.status()
+					return st.Held == 1, fmt.Sprintf("held %d", st.Held)
+				})
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if len(got) != 0 {
+				t.Errorf("the half-closed client read %q (%v), want no answer: its request was given up", got, err)
+			}
+			until(t, func() (bool, string) {
+				st := g.in.status()
+				return st.Held == 0 && st.InFlight == 0, fmt.Sprintf("held %d, in flight %d", st.Held, st.InFlight)
+			})
+		})
+	}
+}

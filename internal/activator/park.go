@@ -275,7 +275,10 @@ func (s *Server) serveParked(w http.ResponseWriter, r *http.Request, p *parkedRe
 		w = &closingWriter{ResponseWriter: w}
 	}
 	sw := &statusWriter{ResponseWriter: w}
-	defer func() { p.rt.count(sw.statusCode()) }()
+	defer func() {
+		p.rt.count(sw.statusCode())
+		sw.abortIfGone()
+	}()
 	defer p.body.Close()
 	s.answer(sw, p.req.WithContext(ctx), p.rt.in, &p.charge, p.release, p.err)
 }

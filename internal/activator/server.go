@@ -510,6 +510,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if !parked { // a parked request is counted when it is answered (park.go)
 			rt.count(sw.statusCode())
+			sw.abortIfGone()
 		}
 	}()
 	// A browser navigation to a route that is not awake gets the waiting page at once (waiting.go). The
@@ -636,6 +637,7 @@ type statusWriter struct {
 	// stream's write deadline that far ahead (bound). 0 for HTTP/1, whose connections keep the bound
 	// themselves (framingConn.Write).
 	stall time.Duration
+	gone  bool // fail found the client gone, and wrote no answer: see abortIfGone
 }
 
 // bound gives an HTTP/2 answer's next write stall to reach the client. A stream waits for its
@@ -679,10 +681,23 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // the client is still there (bodyRefused).
 func (w *statusWriter) fail(r *http.Request, err error) {
 	if err = w.body.cause(err); r.Context().Err() != nil && !bodyRefused(err) {
-		w.code = 499
+		w.code, w.gone = 499, true
 		return
 	}
 	writeError(w, r, err)
+}
+
+// abortIfGone ends a request that fail found its client gone from without an answer: it aborts the
+// connection (over HTTP/2, the stream) with http.ErrAbortHandler, which net/http recovers silently.
+// Returned from instead, the handler let net/http write an empty "200 OK", and a client that had only
+// half-closed its connection after its request (its FIN ends the request's context as a departure
+// does) read that, before the wake had even finished, as its answer (found with real sockets; a
+// parked request is answered instead, park.go). The edge's handlers call it last, in their first
+// deferred function, so that everything else has unwound.
+func (w *statusWriter) abortIfGone() {
+	if w.gone {
+		panic(http.ErrAbortHandler)
+	}
 }
 
 func (w *statusWriter) statusCode() int {
