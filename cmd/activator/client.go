@@ -372,14 +372,17 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time, noteMax int
 		if s.LastSleepError != "" && s.State == "awake" {
 			state = "awake, sleep failed" // the reason is the note
 		}
+		if s.RunningOutside != "" {
+			state += ", running outside" // started without the activator: the note says what and since when
+		}
 		var notes []string
-		for _, n := range []string{s.CheckError, s.LastError, s.LastSleepError} {
+		if s.CheckError != "" {
+			s.CheckError = "host check failed: " + s.CheckError
+		}
+		for _, n := range []string{s.RunningOutside, s.CheckError, s.LastError, s.LastSleepError} {
 			if n != "" {
 				notes = append(notes, n)
 			}
-		}
-		if s.CheckError != "" {
-			notes[0] = "host check failed: " + notes[0]
 		}
 		note := strings.Join(notes, "; ")
 		if note == "" && wr != nil && len(wr.Notes) > 0 {

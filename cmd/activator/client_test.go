@@ -136,3 +136,17 @@ func TestStatusNoteCut(t *testing.T) {
 		t.Errorf("with --wide the note is not whole, or a cut is reported:\n%s", out.String())
 	}
 }
+
+// TestStatusRunningOutside: a route asleep while its tenant runs all the same (a unit started by hand:
+// running_outside) says so in its state and its note, ahead of older notes.
+func TestStatusRunningOutside(t *testing.T) {
+	now := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	var out bytes.Buffer
+	printStatus(&out, []activator.Status{{Route: "svc", Backing: "unit", State: "asleep", Since: now,
+		RunningOutside: "unit app.service is active, started outside the activator", LastError: "an old failure"}}, now, 0)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[1], "asleep, running outside") ||
+		!strings.Contains(lines[1], "unit app.service is active, started outside the activator; an old failure") {
+		t.Errorf("the table does not say the tenant runs outside:\n%s", out.String())
+	}
+}
