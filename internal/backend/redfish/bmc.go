@@ -34,8 +34,9 @@ const (
 
 // bmc is one route's connection to its BMC: a gofish client created lazily, logged in (with the
 // credentials read afresh at each login) and reused; after a 401 or 403 on a reused client it logs in
-// once more. Every call first waits at gate, the BMC's throttle gate that it shares with the other
-// routes on the same endpoint. Safe for concurrent use.
+// once more, unless that cannot help (see loginAgain). Every call first waits at gate, the BMC's
+// throttle gate that it shares with the other routes on the same endpoint; the credentials the BMC
+// rejects are noted in creds, shared likewise. Safe for concurrent use.
 type bmc struct {
 	s     *Settings
 	log   *slog.Logger
@@ -43,17 +44,25 @@ type bmc struct {
 	httpc *http.Client
 	live  *liveness
 	gate  *throttleGate
+	creds *rejections
 
 	loginMu sync.Mutex // held while logging in
 
 	mu      sync.Mutex // guards the fields below
-	api     *gofish.APIClient
-	sysURI  string // the ComputerSystem's @odata.id, once found
-	node    string // how messages name the node: the system's Id once known
+	sess    *session   // the logged-in client; nil before the first login and after a rejection
+	sysURI  string     // the ComputerSystem's @odata.id, once found
+	node    string     // how messages name the node: the system's Id once known
 	secrets []string
 }
 
-func newBMC(s *Settings, log *slog.Logger, route, node string, gate *throttleGate) (*bmc, error) {
+// session is a logged-in client and what it logged in with.
+type session struct {
+	api   *gofish.APIClient
+	creds credsID // the fingerprint of its user name and password
+	basic bool    // basic auth: every request carries the password
+}
+
+func newBMC(s *Settings, log *slog.Logger, route, node string, ep *endpointState) (*bmc, error) {
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		MaxIdleConns:        4,
@@ -78,13 +87,14 @@ func newBMC(s *Settings, log *slog.Logger, route, node string, gate *throttleGat
 		log.Warn("BMC endpoint is plain http: credentials travel unencrypted", "endpoint", s.Endpoint)
 	}
 	live := &liveness{}
-	throttle := &throttleTransport{next: tr, live: live, gate: gate, floor: s.PollInterval.D()}
+	throttle := &throttleTransport{next: tr, live: live, gate: ep.gate, floor: s.PollInterval.D()}
 	return &bmc{
 		s:     s,
 		log:   log,
 		route: route,
 		live:  live,
-		gate:  gate,
+		gate:  ep.gate,
+		creds: ep.creds,
 		// The client-wide timeout backs up the per-call contexts (gofish's Logout may drop its context).
 		httpc: &http.Client{Transport: throttle, Timeout: s.Timeout.D()},
 		node:  node,
@@ -292,34 +302,35 @@ func redfishMessage(re *schemas.Error) string {
 
 // client returns the logged-in client, logging in first if needed. Logins are serialized, so one
 // backend holds at most one session.
-func (b *bmc) client(ctx context.Context) (*gofish.APIClient, error) {
+func (b *bmc) client(ctx context.Context) (*session, error) {
 	b.loginMu.Lock()
 	defer b.loginMu.Unlock()
 	b.mu.Lock()
-	api := b.api
+	sess := b.sess
 	b.mu.Unlock()
-	if api != nil {
-		return api, nil
+	if sess != nil {
+		return sess, nil
 	}
-	api, err := b.login(ctx)
+	sess, err := b.login(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
-	b.api = api
+	b.sess = sess
 	b.mu.Unlock()
-	return api, nil
+	return sess, nil
 }
 
 // login reads the credentials, connects and authenticates once: no retry, so rejected credentials cost
-// exactly one attempt. It ends with an authenticated call (creating the session, or with basic auth a
-// read of the Systems collection), so wrong credentials fail here and are never kept.
-func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
+// exactly one attempt, which creds notes. It ends with an authenticated call (creating the session, or
+// with basic auth a read of the Systems collection), so wrong credentials fail here and are never kept.
+func (b *bmc) login(ctx context.Context) (*session, error) {
 	pass, err := b.s.password()
 	if err != nil {
 		return nil, &BMCError{Op: fmt.Sprintf("log in to BMC %s (route %q)", b.s.Endpoint, b.route), Class: ErrConfig, Detail: err.Error()}
 	}
 	b.addSecret(pass)
+	id := b.creds.fingerprint(b.s.Username, pass)
 	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
 	defer cancel()
 	basic := b.s.Auth == AuthBasic
@@ -357,7 +368,7 @@ func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
 	}
 	api, err := gofish.ConnectContext(cctx, cfg)
 	if err != nil {
-		return nil, b.classify(ctx, op, err)
+		return nil, b.rejectedIf(id, b.classify(ctx, op, err))
 	}
 	if tok, err := api.GetSession(); err == nil {
 		b.addSecret(tok.Token)
@@ -367,13 +378,21 @@ func (b *bmc) login(ctx context.Context) (*gofish.APIClient, error) {
 		// now, so that a wrong password fails at login instead of being kept.
 		resp, err := api.WithContext(cctx).Get(systemsURI)
 		if err != nil {
-			return nil, b.classify(ctx, op, err)
+			return nil, b.rejectedIf(id, b.classify(ctx, op, err))
 		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 	}
 	b.log.Debug("logged in to BMC", "auth", mode)
-	return api, nil
+	return &session{api: api, creds: id, basic: basic}, nil
+}
+
+// rejectedIf notes id as rejected when err says the BMC rejected the credentials, and returns err.
+func (b *bmc) rejectedIf(id credsID, err error) error {
+	if errors.Is(err, ErrCredentials) {
+		b.creds.reject(id)
+	}
+	return err
 }
 
 // systemsURI is the Systems collection, at the URI Redfish mandates for it.
@@ -415,41 +434,52 @@ func (b *bmc) offersSessions(ctx context.Context) (bool, error) {
 	return root.Links.Sessions != nil && root.Links.Sessions.ID != "" && root.SessionService != nil, nil
 }
 
-// forget drops a client whose session the BMC no longer knows, so the next call logs in again.
-func (b *bmc) forget(api *gofish.APIClient) {
+// forget drops a client the BMC rejected, so the next call logs in again.
+func (b *bmc) forget(sess *session) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.api == api {
-		b.api = nil
+	if b.sess == sess {
+		b.sess = nil
 	}
 }
 
 // call runs fn once with a logged-in client bound to a per-call timeout, and classifies its error. It
-// first waits out the BMC's throttle, if any (see throttleGate.wait), logging in included. When a
-// reused client is rejected (401 or 403: the BMC forgot or expired the session, or the password was
-// rotated), it logs in again once, reading the credentials afresh, and repeats fn; a rejected fresh
-// login is final.
+// first waits out the BMC's throttle, if any (see throttleGate.wait), logging in included. A client
+// the BMC rejects (401 or 403) is dropped. When it was a reused one (the BMC forgot or expired the
+// session, or the password was rotated), call reads the credentials afresh and, unless that cannot
+// help (loginAgain), logs in once more and repeats fn; a rejected fresh login is final. Credentials
+// rejected in the end are noted in creds, and credentials that worked are cleared there.
 func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) error) error {
 	for try := 0; ; try++ {
 		if err := b.gate.wait(ctx, op); err != nil {
 			return err
 		}
 		b.mu.Lock()
-		reused := b.api != nil
+		reused := b.sess != nil
 		b.mu.Unlock()
-		api, err := b.client(ctx)
+		sess, err := b.client(ctx)
 		if err != nil {
 			return err
 		}
 		cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
-		err = b.classify(ctx, op, fn(api.WithContext(cctx)))
+		err = b.classify(ctx, op, fn(sess.api.WithContext(cctx)))
 		cancel()
-		if errors.Is(err, ErrCredentials) && reused && try == 0 {
-			b.log.Info("BMC rejected the credentials in use; reading them again and logging in once more", "op", op, "err", err)
-			b.forget(api)
-			continue
+		if err == nil {
+			b.creds.accept(sess.creds)
+			return nil
 		}
-		return err
+		if errors.Is(err, ErrCredentials) {
+			b.forget(sess)
+			if reused && try == 0 {
+				why := b.loginAgain(sess)
+				if why == "" {
+					b.log.Info("BMC rejected the credentials in use; reading them again and logging in once more", "op", op, "err", err)
+					continue
+				}
+				b.log.Info("BMC rejected the credentials in use; not logging in again: "+why, "op", op, "err", err)
+			}
+		}
+		return b.rejectedIf(sess.creds, err)
 	}
 }
 
@@ -626,10 +656,10 @@ func (b *bmc) reset(ctx context.Context, st *systemState, rt string) error {
 // logout ends the session, if any, bounded by ctx: after the BMC's throttle, if ctx leaves time for it.
 func (b *bmc) logout(ctx context.Context) {
 	b.mu.Lock()
-	api := b.api
-	b.api = nil
+	sess := b.sess
+	b.sess = nil
 	b.mu.Unlock()
-	if api == nil {
+	if sess == nil {
 		return
 	}
 	defer b.httpc.CloseIdleConnections()
@@ -639,5 +669,5 @@ func (b *bmc) logout(ctx context.Context) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
 	defer cancel()
-	api.WithContext(cctx).Logout()
+	sess.api.WithContext(cctx).Logout()
 }

@@ -257,7 +257,7 @@ func wakeAsync(ctx context.Context, b *Backend) <-chan error {
 func TestThrottleHoldsEveryRouteOfTheBMC(t *testing.T) {
 	held := newHeldPauses()
 	p := NewProvider(Options{})
-	p.gates.pause = held.pause
+	p.endpoints.pause = held.pause
 	sim, other := newSharedSim(t), newSharedSim(t)
 	a := openOn(t, p, sim, "metal-a", "node-1", 3*time.Hour)
 	b := openOn(t, p, sim, "metal-b", "node-2", 3*time.Hour)
@@ -329,28 +329,28 @@ func TestThrottleBeyondBudgetHoldsEveryRoute(t *testing.T) {
 	}
 }
 
-// TestGatePerEndpoint: spellings of one endpoint share a gate; another port, scheme or path does not;
-// the gate is dropped with its last user.
+// TestGatePerEndpoint: spellings of one endpoint share its state (throttle gate, rejected
+// credentials); another port, scheme or path does not; the state is dropped with its last user.
 func TestGatePerEndpoint(t *testing.T) {
-	var gs gates
-	g1, release1 := gs.acquire("https://BMC-7.example")
+	var es endpoints
+	e1, release1 := es.acquire("https://BMC-7.example")
 	for _, same := range []string{"https://bmc-7.example:443", "https://bmc-7.example/"} {
-		if g, release := gs.acquire(same); g != g1 {
-			t.Errorf("%s: a gate of its own, want that of https://BMC-7.example", same)
+		if e, release := es.acquire(same); e != e1 || e.gate != e1.gate || e.creds != e1.creds {
+			t.Errorf("%s: a state of its own, want that of https://BMC-7.example", same)
 		} else {
 			release()
 		}
 	}
 	for _, other := range []string{"http://bmc-7.example", "https://bmc-7.example:8443", "https://bmc-8.example", "https://bmc-7.example/node-2"} {
-		if g, release := gs.acquire(other); g == g1 {
-			t.Errorf("%s: shares the gate of https://BMC-7.example", other)
+		if e, release := es.acquire(other); e == e1 || e.gate == e1.gate || e.creds == e1.creds {
+			t.Errorf("%s: shares the state of https://BMC-7.example", other)
 		} else {
 			release()
 		}
 	}
 	release1()
-	if n := len(gs.m); n != 0 {
-		t.Fatalf("%d gates left after every user released its own", n)
+	if n := len(es.m); n != 0 {
+		t.Fatalf("%d endpoint states left after every user released its own", n)
 	}
 }
 

@@ -27,7 +27,10 @@
 // undo belongs to the Backend; the next Wake, Sleep or Close stops and joins it first.
 //
 // Credentials are read from a file or the environment at each login, and again after the BMC rejects
-// a reused client; they never appear in logs, errors or metrics.
+// a reused client; they never appear in logs, errors or metrics. Credentials the BMC rejected are
+// remembered by fingerprint, for all the routes a Provider opened on that BMC: the background loops
+// (the watch, the undo) do not log in with them again until they change or a call with them succeeds,
+// so that they cannot add up to the account's lockout.
 package redfish
 
 import (
@@ -77,10 +80,10 @@ var (
 )
 
 // Provider opens redfish backends. The backends it opens on one BMC endpoint share that BMC's throttle
-// gate (see throttleGate); nothing else.
+// gate (see throttleGate) and the credentials it rejected (see rejections); nothing else.
 type Provider struct {
-	log   *slog.Logger
-	gates gates
+	log       *slog.Logger
+	endpoints endpoints
 }
 
 // NewProvider returns a Provider.
@@ -99,8 +102,8 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	if !ok || s == nil {
 		return nil, tenant.Terminal(fmt.Errorf("route %q: redfish settings missing (got %T)", r.Name, r.Settings))
 	}
-	gate, release := p.gates.acquire(s.Endpoint)
-	b, err := newBackend(s, p.log.With("route", r.Name), r.Name, gate)
+	ep, release := p.endpoints.acquire(s.Endpoint)
+	b, err := newBackend(s, p.log.With("route", r.Name), r.Name, ep)
 	if err != nil {
 		release()
 		return nil, err
@@ -136,7 +139,10 @@ type Backend struct {
 	s       *Settings
 	log     *slog.Logger
 	bmc     *bmc
-	release func() // gives the throttle gate back to the Provider, at Close
+	release func() // gives the BMC endpoint's state back to the Provider, at Close
+	// pause waits d or until ctx is done between the rounds of the background loops (the watch, the
+	// undo): the package's pause; tests hold it on events, to count rounds without the clock.
+	pause func(ctx context.Context, d time.Duration) error
 
 	mu    sync.Mutex   // guards the fields below
 	life  *tenant.Life // the current Life while awake, nil while asleep
@@ -151,9 +157,9 @@ var (
 )
 
 // newBackend returns a Backend for settings s; name is how messages call the node until its system Id
-// is known. It does not contact the BMC. gate is the throttle gate of its BMC endpoint, shared by every
-// route of one Provider on that BMC. Its errors are terminal.
-func newBackend(s *Settings, log *slog.Logger, name string, gate *throttleGate) (*Backend, error) {
+// is known. It does not contact the BMC. ep is the state of its BMC endpoint (throttle gate, rejected
+// credentials), shared by every route of one Provider on that BMC. Its errors are terminal.
+func newBackend(s *Settings, log *slog.Logger, name string, ep *endpointState) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -161,11 +167,11 @@ func newBackend(s *Settings, log *slog.Logger, name string, gate *throttleGate) 
 	if node == "" {
 		node = name
 	}
-	m, err := newBMC(s, log, name, node, gate)
+	m, err := newBMC(s, log, name, node, ep)
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{s: s, log: log, bmc: m, release: func() {}}, nil
+	return &Backend{s: s, log: log, bmc: m, release: func() {}, pause: pause}, nil
 }
 
 // Adopt reads PowerState: a node already On is adopted as awake, with a Life watched like a woken one.
@@ -483,7 +489,7 @@ func (b *Backend) powerOff(ctx context.Context, name string) error {
 }
 
 // Close stops the background poll and the undo of a failed wake, logs out of the BMC and gives the
-// BMC's throttle gate back to the Provider. It leaves the node's power as it is: a node left On is
+// BMC endpoint's state (throttle gate, rejected credentials) back to the Provider. It leaves the node's power as it is: a node left On is
 // adopted by the next activator.
 func (b *Backend) Close(ctx context.Context) error {
 	b.stopWatch()

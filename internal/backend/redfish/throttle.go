@@ -4,16 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 )
 
 // throttleGate holds back every call to one BMC endpoint while the BMC has asked to slow down (429, or
 // 503), so that the routes sharing the BMC wait out its Retry-After together instead of each finding
-// the throttle on its own. It is shared by every Backend a Provider opened on the endpoint (see gates);
+// the throttle on its own. It is shared by every Backend a Provider opened on the endpoint (see endpoints);
 // it is safe for concurrent use.
 type throttleGate struct {
 	// pause waits d or until ctx is done (the package's pause; tests hold it on an event instead).
@@ -66,56 +63,4 @@ func (g *throttleGate) wait(ctx context.Context, op string) error {
 		return ended(op+": waiting out the BMC's Retry-After", err)
 	}
 	return nil
-}
-
-// gates hands out the throttle gate of each BMC endpoint: one per endpoint, shared by every Backend
-// opened on it, and dropped when the last of them is closed.
-type gates struct {
-	// pause is given to each new gate (nil: the package's pause).
-	pause func(ctx context.Context, d time.Duration) error
-
-	mu sync.Mutex // guards m
-	m  map[string]*gateRef
-}
-
-type gateRef struct {
-	gate  *throttleGate
-	users int
-}
-
-// acquire returns endpoint's gate and the func that gives it back, which must be called once.
-func (gs *gates) acquire(endpoint string) (*throttleGate, func()) {
-	key := endpointKey(endpoint)
-	gs.mu.Lock()
-	defer gs.mu.Unlock()
-	if gs.m == nil {
-		gs.m = map[string]*gateRef{}
-	}
-	ref := gs.m[key]
-	if ref == nil {
-		ref = &gateRef{gate: newThrottleGate(gs.pause)}
-		gs.m[key] = ref
-	}
-	ref.users++
-	return ref.gate, func() {
-		gs.mu.Lock()
-		defer gs.mu.Unlock()
-		if ref.users--; ref.users == 0 {
-			delete(gs.m, key)
-		}
-	}
-}
-
-// endpointKey names the BMC an endpoint URL points at: scheme, host (case folded), port (the scheme's
-// default made explicit) and path, so that spellings of one endpoint share one gate.
-func endpointKey(endpoint string) string {
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		return endpoint
-	}
-	port := u.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-	}
-	return u.Scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port) + strings.TrimSuffix(u.Path, "/")
 }

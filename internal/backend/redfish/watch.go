@@ -23,6 +23,8 @@ type watcher struct {
 
 // startWatch starts polling PowerState every watch_interval; when the node is found Off the Life
 // ends with ErrPoweredOff. Read errors are logged and the poll goes on: a BMC hiccup is not a dead node.
+// Once the BMC has rejected the credentials, though, the poll stops logging in with them (see
+// roundRead) but goes on pausing, and logs in again once they change or a call with them succeeds.
 func (b *Backend) startWatch(life *tenant.Life) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
@@ -35,21 +37,19 @@ func (b *Backend) startWatch(life *tenant.Life) {
 
 func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 	every := b.s.WatchInterval.D()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	failing := false
+	failing, held := false, false
 	for {
-		select {
-		case <-ctx.Done():
+		// Only the watch ends a Life while it runs (Sleep stops the watch first), but a Life that has
+		// ended needs no watch.
+		if b.pause(ctx, every) != nil || life.Err() != nil {
 			return
-		case <-life.Done():
-			return
-		case <-t.C:
 		}
-		st, err := b.bmc.readOnce(ctx)
+		st, err := b.roundRead(ctx, "power-state watch", &held)
 		switch {
 		case ctx.Err() != nil:
 			return
+		case held:
+			continue // roundRead said so
 		case err != nil:
 			if !failing {
 				b.log.Warn("cannot read the awake node's power state; will keep trying", "err", err, "every", every)
@@ -66,6 +66,36 @@ func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 			return
 		}
 	}
+}
+
+// roundRead is one round's read of PowerState by a background loop (name: "power-state watch", "undo
+// of the failed wake"). When the BMC has rejected the credentials it would log in with (bmc.heldBack),
+// it sends nothing and returns that ErrCredentials error: each failed login counts towards the
+// account's lockout, and a loop that logged in at each round locked it within the hour. *held is the
+// loop's state, true while it is held back, in which case the loop need not log the error: roundRead
+// logs at WARN when the loop stops logging in (the BMC, the user, the password source, and what makes
+// it try again), once per rejected password, and at INFO when it goes on.
+func (b *Backend) roundRead(ctx context.Context, name string, held *bool) (*systemState, error) {
+	err := b.bmc.heldBack()
+	if err == nil {
+		was := *held
+		*held = false
+		var st *systemState
+		st, err = b.bmc.readOnce(ctx)
+		// A rejection of the credentials is noted (unless none were sent: a service root that wants
+		// them), so that the next round is held back.
+		if !errors.Is(err, ErrCredentials) || b.bmc.heldBack() == nil {
+			if was {
+				b.log.Info("the credentials changed, or a call with them succeeded: the " + name + " resumes")
+			}
+			return st, err
+		}
+	}
+	if !*held {
+		b.log.Warn("BMC rejected the credentials: the "+name+" stops logging in until they change", append(b.bmc.heldAttrs(), "err", err)...)
+		*held = true
+	}
+	return nil, err
 }
 
 // stopWatch stops the background poll, if any, and waits for it to return.
@@ -90,8 +120,10 @@ func (b *Backend) swap(slot **watcher, w *watcher) {
 // startUndo starts undoing a failed wake in the background: for the route's sleep_budget (undoWindow)
 // it reads PowerState every poll_interval, and as soon as the node is On or PoweringOn (at once when it
 // was on its way up at the failure, later when the BMC carried the Reset out after the wake had given
-// up) it powers the node off as Sleep does, within a sleep_budget of its own, and ends. The undo is
-// owned by the Backend: the next Wake, Sleep or Close stops and joins it before touching the node.
+// up) it powers the node off as Sleep does, within a sleep_budget of its own, and ends. Other errors
+// that retrying cannot fix end it early; rejected credentials pause it instead, without logging in,
+// until they change (see roundRead). The undo is owned by the Backend: the next Wake, Sleep or Close
+// stops and joins it before touching the node.
 func (b *Backend) startUndo() {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
@@ -111,13 +143,15 @@ func (b *Backend) undoLoop(ctx context.Context) {
 	defer cancel()
 	every := b.s.PollInterval.D()
 	polls := int(window/max(every, time.Millisecond)) + 2
-	failing := false
+	failing, held := false, false
 	for range polls {
-		st, err := b.bmc.readOnce(wctx)
+		st, err := b.roundRead(wctx, "undo of the failed wake", &held)
 		switch {
 		case wctx.Err() != nil:
+		case held:
+			// roundRead said so; the next round may find other credentials.
 		case tenant.ClassOf(err) == tenant.ClassTerminal:
-			// Retrying cannot help, and repeated logins with rejected credentials lock accounts.
+			// Retrying cannot help: a certificate, the configuration.
 			b.log.Error("cannot undo the failed wake: the node's power state cannot be read", "err", err)
 			return
 		case err != nil:
@@ -139,11 +173,15 @@ func (b *Backend) undoLoop(ctx context.Context) {
 		default:
 			failing = false
 		}
-		if err := pause(wctx, every); err != nil {
+		if err := b.pause(wctx, every); err != nil {
 			break
 		}
 	}
-	if ctx.Err() == nil {
+	switch {
+	case ctx.Err() != nil:
+	case held:
+		b.log.Error("undo of the failed wake gave up: the BMC rejected the credentials, and they did not change in time: the node may be on", "window", window)
+	default:
 		b.log.Info("undo of the failed wake: the node did not come on", "window", window)
 	}
 }

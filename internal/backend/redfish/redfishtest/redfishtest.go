@@ -8,7 +8,8 @@
 // faults injected into the next requests (any status such as 401, 500 or 429 with Retry-After, or a
 // dropped connection), systems that never power on, stay stuck PoweringOn or ignore GracefulShutdown,
 // Resets that are accepted at once but carried out later (HoldResets), a password changed on the BMC
-// side (SetPassword), a count of accepted connections (TLS handshakes included), a broadcast of every
+// side (SetPassword), a count of accepted connections (TLS handshakes included) and of failed logins
+// (FailedLogins: what a real BMC's lockout policy counts), a broadcast of every
 // change (Changed), and an optional "node service": an HTTP listener on a fixed loopback address that
 // is open exactly while the system's PowerState is On, so a health gate can be exercised for real.
 //
@@ -145,6 +146,7 @@ type Server struct {
 	faults   []Fault
 	requests []Request
 	conns    int           // connections accepted by the Redfish service
+	failed   int           // logins refused for their credentials (FailedLogins)
 	changed  chan struct{} // closed and replaced by every power change or Reset (see Changed)
 }
 
@@ -355,6 +357,25 @@ func (s *Server) SetPassword(p string) {
 	defer s.mu.Unlock()
 	s.password = p
 	clear(s.sessions)
+}
+
+// FailedLogins reports how many logins the service refused for their credentials: session creations
+// with a wrong user name or password, and requests whose basic auth carried wrong ones. These are what
+// a BMC's account lockout policy counts. Requests with an unknown or expired X-Auth-Token, or none, and
+// injected faults do not count.
+func (s *Server) FailedLogins() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
+
+// loginRefused counts one failed login and logs it.
+func (s *Server) loginRefused(user, auth string) {
+	s.mu.Lock()
+	s.failed++
+	n := s.failed
+	s.mu.Unlock()
+	s.log.Info("login refused", "user", user, "auth", auth, "failed_logins", n)
 }
 
 // Sessions reports how many sessions are open.
@@ -885,6 +906,7 @@ func (s *Server) createSession(w *recorder, r *http.Request) {
 		return
 	}
 	if s.opts.Username != "" && !s.credentialsOK(body.UserName, body.Password) {
+		s.loginRefused(body.UserName, "session")
 		writeError(w, http.StatusUnauthorized, "Base.1.0.NoValidSession", "invalid user name or password")
 		return
 	}
@@ -944,7 +966,11 @@ func (s *Server) authorized(r *http.Request) bool {
 		return ok
 	}
 	if u, p, ok := r.BasicAuth(); ok && !s.opts.NoBasicAuth {
-		return s.credentialsOK(u, p)
+		if !s.credentialsOK(u, p) {
+			s.loginRefused(u, "basic")
+			return false
+		}
+		return true
 	}
 	return false
 }

@@ -359,6 +359,15 @@ func TestSetPassword(t *testing.T) {
 	if got := get("new-pass"); got != 200 {
 		t.Fatalf("basic auth with the new password: %d, want 200", got)
 	}
+	if n := s.FailedLogins(); n != 1 {
+		t.Fatalf("FailedLogins = %d, want 1 (the old password over basic auth; the rejected session is none)", n)
+	}
+	if _, err := gofish.ConnectContext(t.Context(), gofish.ClientConfig{Endpoint: s.URL, Username: "admin", Password: "old-pass"}); err == nil {
+		t.Fatal("a session with the old password was created")
+	}
+	if n := s.FailedLogins(); n != 2 {
+		t.Fatalf("FailedLogins = %d, want 2 after a session refused", n)
+	}
 }
 
 func TestConnectionsCountsHandshakes(t *testing.T) {
