@@ -10,16 +10,13 @@ package activator
 // each held request kept, and the two stacks 6 more. A held request needs none of it until it is
 // answered. So the edge hijacks the connection of a request it is about to hold (its body already
 // buffered whole: takeBody), keeps the parsed request, and holds it in a small goroutine of its own
-// (hold). The client leaving is noticed by its connection being reset: by one epoll instance for all
-// parked connections (park_linux.go), or where that cannot be had by a goroutine per connection reading
-// one byte (watch). A FIN is not taken for leaving: a client that half-closed once it had sent its
-// request (nc -N, some HTTP/1.0 clients and scripts) is still reading, and from here it cannot be told
-// from one that closed entirely; its request stays held and is answered, into the void if nobody is
-// there. When the hold ends (the tenant is awake, or the answer is an error) the connection goes back
-// to net/http: a second http.Server (EnableParking's resume server, with the edge's limits) serves it
-// as a new connection whose first bytes are a stand-in request line made from the held request
-// (method, HTTP version, keep-alive), then whatever the client sent after the held request, then the
-// connection itself. The resume server's handler takes the stand-in
+// (hold). The client leaving is noticed as net/http's background read would notice it: by one epoll
+// instance for all parked connections (park_linux.go), or where that cannot be had by a goroutine per
+// connection reading one byte (watch). When the hold ends (the tenant is awake, or the answer is an
+// error) the connection goes back to net/http: a second http.Server (EnableParking's resume server,
+// with the edge's limits) serves it as a new connection whose first bytes are a stand-in request
+// line made from the held request (method, HTTP version, keep-alive), then whatever the client sent
+// after the held request, then the connection itself. The resume server's handler takes the stand-in
 // for the held request and answers it exactly as the edge would have (answer): the proxied response,
 // or the hold's error with its Retry-After, Server-Timing and wake id; net/http frames it for the
 // stand-in, whose method, version and Connection field are the held request's. Later requests on
@@ -38,7 +35,6 @@ package activator
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -137,12 +133,10 @@ type parkedReq struct {
 	body    *bodybuf.Body
 	charge  holdCharge
 	closing bool // the edge answers it with "Connection: close" (closingWriter)
-	// gone: the connection was reset or failed (not a FIN: see watch). Written by watch before it
-	// closes watched, or by the Server's hangups under its lock. Next to closing, in the same word:
-	// a parked request stays in the 208-byte size class.
-	gone bool
 
-	pending []byte // bytes the client sent after the request; written by watch before it closes watched
+	// Written by watch before it closes watched, or (gone) by the Server's hangups under its lock.
+	pending []byte // bytes the client sent after the request
+	gone    bool   // the client closed the connection or it failed
 
 	watched  chan struct{}   // closed when watch returns; unused when hangups watches
 	sock     syscall.RawConn // the socket hangups watches, under hangupID; nil: watch does
@@ -151,15 +145,11 @@ type parkedReq struct {
 	// The hold's outcome, for serveParked.
 	release func()
 	err     error
-
-	resumed *resumedConn // the connection as the resume server serves it; nil before the hand-back
 }
 
 // watch reads the parked connection until the client sends a byte (kept for the resume server, and
-// the watch ends, as net/http's background read does), sends its FIN (the watch ends, the hold goes
-// on: the client may only have half-closed), or the connection is reset or fails (the hold is given
-// up), or hold stops it with a read deadline in the past. A reset that follows a FIN goes unseen until
-// the answer is written: a read at EOF returns at once, so there is nothing left to wait on for it.
+// the watch ends, as net/http's background read does), closes it or it fails (the hold is given up),
+// or hold stops it with a read deadline in the past.
 func (p *parkedReq) watch() {
 	defer close(p.watched)
 	var b [1]byte
@@ -167,7 +157,6 @@ func (p *parkedReq) watch() {
 	switch {
 	case n > 0:
 		p.pending = append(p.pending, b[0])
-	case errors.Is(err, io.EOF): // a FIN: see the package comment
 	case err != nil && !isTimeout(err): // a timeout is hold's deadline, stopping the watch
 		p.gone = true
 		p.cancel()
@@ -201,8 +190,6 @@ func (p *parkedReq) hold() {
 		return
 	}
 	rc := &resumedConn{Conn: p.conn, prefix: append(standIn(p.req), p.pending...)}
-	rc.answering.Add(1) // Done by serveParked or abandon
-	p.resumed = rc
 	rc.p.Store(p)
 	l := &oneConn{c: rc}
 	_ = p.s.resume.Serve(l)
@@ -213,13 +200,10 @@ func (p *parkedReq) hold() {
 	}
 }
 
-// abandon ends a parked request that no handler answers: its connection was reset (code 499), or the
-// resume server did not take its connection or dropped it before its handler ran (503, written here,
-// plain, with Retry-After). Its hold's outcome is given back, its body released, its connection closed.
+// abandon ends a parked request that no handler answers: the client hung up (code 499), or the resume
+// server did not take its connection or dropped it before its handler ran (503, written here, plain,
+// with Retry-After). Its hold's outcome is given back, its body released, its connection closed.
 func (p *parkedReq) abandon(code int) {
-	if p.resumed != nil {
-		defer p.resumed.answering.Done()
-	}
 	if p.release != nil {
 		p.release() // the wake succeeded just as the client left
 	}
@@ -257,13 +241,11 @@ func standIn(r *http.Request) []byte {
 }
 
 // serveParked answers parked request p on the resume server, where w belongs to the stand-in
-// request r: p's request with its own values and r's end (the client's connection reset, or a write to
-// it failing; not its FIN, which resumedConn.Read keeps from net/http until this returns), written as
-// the edge would have written it.
+// request r: p's request with its own values and r's end (the client leaving now), written as the edge
+// would have written it.
 func (s *Server) serveParked(w http.ResponseWriter, r *http.Request, p *parkedReq) {
 	// In a handler now, which the resume server's Shutdown waits for like any other.
 	s.parking.done()
-	defer p.resumed.answering.Done()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(p.req.Context()))
 	stop := context.AfterFunc(r.Context(), cancel)
 	defer func() {
@@ -289,10 +271,6 @@ type resumedConn struct {
 	net.Conn
 	prefix []byte                    // read by one goroutine at a time (net/http's)
 	p      atomic.Pointer[parkedReq] // taken by the connection's first request (resumedRequest)
-	// answering counts the parked request until its answer is written or it is abandoned: Read keeps
-	// the client's FIN from net/http meanwhile. Embedded, not a channel: a herd's answers allocate
-	// nothing more for it.
-	answering sync.WaitGroup
 }
 
 // NetConn returns the parked connection c serves again, as *tls.Conn's does (see framingConn's).
@@ -309,22 +287,9 @@ func (c *resumedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// Read reads the stand-in and what came with it, then the connection. The client's FIN (io.EOF) is
-// kept from net/http until the parked request has been answered. net/http's background read, which runs
-// while the handler does, takes any read error, EOF included, for the client gone and cancels the
-// request's context: the answer would be given up (statusWriter.fail: 499, nothing written) and
-// net/http would write its own empty 200 for a handler that wrote nothing. That is what a half-closing
-// client gets when its request is held in net/http rather than parked, or proxied without a hold. A
-// reset reaches net/http at once and ends the answer, as it would have ended the hold. Once the answer
-// is written the FIN goes through, and net/http closes the connection, as it does whenever the next
-// request's read is EOF.
 func (c *resumedConn) Read(b []byte) (int, error) {
 	if len(c.prefix) == 0 {
-		n, err := c.Conn.Read(b)
-		if errors.Is(err, io.EOF) {
-			c.answering.Wait() // net/http's finishRequest waits for this read: answering is done by then
-		}
-		return n, err
+		return c.Conn.Read(b)
 	}
 	n := copy(b, c.prefix)
 	c.prefix = c.prefix[n:]

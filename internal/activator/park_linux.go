@@ -10,15 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// hangups notices parked clients' connections reset with one epoll instance and one goroutine for all
-// of them, where a watch goroutine each would cost a stack each (2–4 KiB, a herd of 100,000 times).
-// Each parked connection's socket is registered with EPOLLONESHOT for EPOLLERR and EPOLLHUP, which a
-// reset raises. Neither EPOLLRDHUP nor EPOLLIN is asked for: the client's FIN is not its leaving (it
-// may have half-closed and be reading: see park.go), and bytes it sends meanwhile stay in the socket
-// for the resume server to read. So a FIN wakes nothing here (not even run) and leaves the one-shot
-// armed for a reset that follows it: nothing to re-arm. The epoll descriptor itself is read through
-// the netpoller (os.File's RawConn), so the goroutine is parked, holding no thread, until some parked
-// client's connection is reset.
+// hangups notices parked clients hanging up with one epoll instance and one goroutine for all of
+// them, where a watch goroutine each would cost a stack each (2–4 KiB, a herd of 100,000 times). Each
+// parked connection's socket is registered for EPOLLRDHUP (the client's FIN) with EPOLLONESHOT;
+// EPOLLHUP and EPOLLERR (a reset) come without asking. EPOLLIN is not asked for: bytes the client
+// sends meanwhile stay in the socket for the resume server to read. The epoll descriptor itself
+// is read through the netpoller (os.File's RawConn), so the goroutine is parked, holding no thread,
+// until some parked client hangs up.
 //
 // Each registration carries an id of its own, not the descriptor's number: a descriptor closed and
 // reused by a later parked connection cannot be mistaken for the one an event was queued for.
@@ -91,7 +89,7 @@ func (h *hangups) add(p *parkedReq) bool {
 	h.by[id] = p
 	h.peak = max(h.peak, len(h.by))
 	h.mu.Unlock()
-	ev := unix.EpollEvent{Events: unix.EPOLLERR | unix.EPOLLHUP | unix.EPOLLONESHOT, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
+	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
 	var err error
 	cerr := rc.Control(func(fd uintptr) {
 		err = unix.EpollCtl(h.fd, unix.EPOLL_CTL_ADD, int(fd), &ev)
@@ -111,9 +109,9 @@ func (h *hangups) add(p *parkedReq) bool {
 	return true
 }
 
-// remove ends the watch of p's connection and reports whether it was reset meanwhile. The socket
-// stays registered (EPOLL_CTL_DEL would be one more syscall on every parked request's answer): its
-// one-shot event, should the connection be reset later, finds its id gone and is passed over, and the
+// remove ends the watch of p's connection and reports whether the client hung up meanwhile. The
+// socket stays registered (EPOLL_CTL_DEL would be one more syscall on every parked request's answer):
+// its one-shot event, should the client hang up later, finds its id gone and is passed over, and the
 // kernel drops the registration when the socket is closed.
 func (h *hangups) remove(p *parkedReq) (gone bool) {
 	h.mu.Lock()
@@ -125,7 +123,7 @@ func (h *hangups) remove(p *parkedReq) (gone bool) {
 	return p.gone
 }
 
-// run gives up the hold of each parked request whose connection was reset, until close.
+// run gives up the hold of each parked request whose client hung up, until close.
 func (h *hangups) run() {
 	defer close(h.done)
 	evs := make([]unix.EpollEvent, 128)
