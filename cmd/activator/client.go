@@ -379,7 +379,7 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time, noteMax int
 		if s.CheckError != "" {
 			s.CheckError = "host check failed: " + s.CheckError
 		}
-		for _, n := range []string{s.RunningOutside, s.CheckError, s.LastError, s.LastSleepError} {
+		for _, n := range []string{s.Warning, s.RunningOutside, s.CheckError, s.LastError, s.LastSleepError} {
 			if n != "" {
 				notes = append(notes, n)
 			}

@@ -149,4 +149,11 @@ func TestStatusRunningOutside(t *testing.T) {
 		!strings.Contains(lines[1], "unit app.service is active, started outside the activator; an old failure") {
 		t.Errorf("the table does not say the tenant runs outside:\n%s", out.String())
 	}
+	// The backing's warning (tenant.Warner) leads the note, awake or not.
+	out.Reset()
+	printStatus(&out, []activator.Status{{Route: "node", Backing: "redfish", State: "awake", Since: now,
+		Warning: "the BMC rejected the credentials"}}, now, 0)
+	if !strings.Contains(out.String(), "the BMC rejected the credentials") {
+		t.Errorf("the table does not show the backing's warning:\n%s", out.String())
+	}
 }

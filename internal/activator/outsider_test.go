@@ -75,3 +75,45 @@ func TestStatusShowsATenantRunningOutside(t *testing.T) {
 		t.Errorf("asleep, nothing running: state %s, running_outside %q; want asleep and none", st.State, st.RunningOutside)
 	}
 }
+
+// warnerBackend is a fakeBackend with a warning to show (tenant.Warner), as the redfish backing has
+// while its BMC rejects the credentials and the awake node goes unwatched.
+type warnerBackend struct {
+	*fakeBackend
+	says string
+}
+
+func (w *warnerBackend) Warning() string { return w.says }
+
+// TestStatusShowsTheBackendsWarning: the backing's warning is in the route's status in any state, the
+// awake one included, where nothing else would show it. Found by an operator trial: a BMC whose
+// password was changed on its side left the awake route plainly awake while its watch stopped.
+func TestStatusShowsTheBackendsWarning(t *testing.T) {
+	const says = "the BMC rejected the credentials: the power-state watch sends nothing until ..."
+	b := &warnerBackend{fakeBackend: &fakeBackend{}, says: says}
+	s := New(Options{
+		Opener:  fakeProviderOf(b),
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+	})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	if err := s.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	st := s.instance("app").status()
+	if st.State != Awake.String() || st.Warning != says {
+		t.Fatalf("state %s, warning %q; want awake with %q", st.State, st.Warning, says)
+	}
+	if j, _ := json.Marshal(st); !strings.Contains(string(j), `"warning":"`) {
+		t.Errorf("the admin API's status %s does not carry the warning", j)
+	}
+}
+
+type backendProvider struct{ b tenant.Backend }
+
+func (p backendProvider) Open(*registry.Route) (tenant.Backend, error) { return p.b, nil }
+
+func fakeProviderOf(b tenant.Backend) backendProvider { return backendProvider{b} }

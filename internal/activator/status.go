@@ -34,6 +34,9 @@ type Status struct {
 	// RunningOutside is the backing's word, while the route is asleep or failed, that its tenant runs
 	// all the same, started without the activator (tenant.Outsider): a unit an operator started by hand.
 	RunningOutside string `json:"running_outside,omitempty"`
+	// Warning is the backing's word of a condition to put right that the state does not show
+	// (tenant.Warner): a BMC that rejected the credentials, so that the awake node is not watched.
+	Warning string `json:"warning,omitempty"`
 	// Filtered counts the requests the route's ignore: matched since it started (filter.go); none
 	// without ignore:. InFlight includes the ignored requests being served.
 	Filtered *FilterCounts `json:"filtered,omitempty"`
@@ -81,6 +84,9 @@ func (in *instance) status() Status {
 	}
 	if o, ok := in.backend.(tenant.Outsider); ok && (in.state == Asleep || in.state == Failed) {
 		s.RunningOutside = o.RunningOutside()
+	}
+	if w, ok := in.backend.(tenant.Warner); ok {
+		s.Warning = w.Warning()
 	}
 	in.scheduleStatus(&s)
 	s.Filtered = in.filter.snapshot()

@@ -129,6 +129,14 @@ type Outsider interface {
 	RunningOutside() string
 }
 
+// Warner is implemented by backends that can tell of a condition the operator must put right which
+// the route's state does not show: a BMC that rejected the credentials, whose awake node is no longer
+// watched for it. Warning says so in one line, or returns "" when there is none. Like RunningOutside
+// it must not do I/O; the activator shows it in the route's status, in any state.
+type Warner interface {
+	Warning() string
+}
+
 // Preparer is implemented by backends that can get ready for a first Wake ahead of it, off its path
 // (the exec and kvm backings' standbys). The activator calls Prepare once per backend it opens (at
 // start-up, and for a route a reload adds or changes, once the route's old backend has been closed),

@@ -138,13 +138,21 @@ func (b *bmc) loginAgain(sess *session) string {
 // heldAttrs are the log attributes of a background loop that stopped logging in: the BMC, the user,
 // where the password comes from, and what makes the loop log in again.
 func (b *bmc) heldAttrs() []any {
-	key, src := b.s.passwordSource()
 	if b.s.Username == "" {
-		return []any{"endpoint", b.s.Endpoint, "retry_when", "a call to the BMC succeeds (a wake or sleep of a route on it)"}
+		return []any{"endpoint", b.s.Endpoint, "retry_when", b.retryWhen()}
 	}
-	when := fmt.Sprintf("the content of %s changes, or a call with these credentials succeeds (a wake or sleep of a route on this BMC)", key)
+	key, src := b.s.passwordSource()
+	return []any{"endpoint", b.s.Endpoint, "user", b.s.Username, key, src, "retry_when", b.retryWhen()}
+}
+
+// retryWhen says what makes a loop held back by rejected credentials log in again.
+func (b *bmc) retryWhen() string {
+	if b.s.Username == "" {
+		return "a call to the BMC succeeds (a wake or sleep of a route on it)"
+	}
+	key, src := b.s.passwordSource()
 	if key == "password_env" {
-		when = fmt.Sprintf("a call with these credentials succeeds (a wake or sleep of a route on this BMC), or a restart with a new %s", key)
+		return fmt.Sprintf("a call with these credentials succeeds (a wake or sleep of a route on this BMC), or a restart with a new %s", key)
 	}
-	return []any{"endpoint", b.s.Endpoint, "user", b.s.Username, key, src, "retry_when", when}
+	return fmt.Sprintf("the content of %s %s changes, or a call with these credentials succeeds (a wake or sleep of a route on this BMC)", key, src)
 }

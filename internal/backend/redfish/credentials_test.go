@@ -129,6 +129,10 @@ func TestWatchStopsOnRejectedCredentials(t *testing.T) {
 			if err := life.Err(); err != nil {
 				t.Fatalf("the rejected credentials ended the Life: %v", err)
 			}
+			// The route's status says so too (tenant.Warner), naming what makes the watch go on.
+			if w := e.b.Warning(); !strings.Contains(w, "rejected the credentials") || !strings.Contains(w, e.s.PasswordFile) {
+				t.Errorf("Warning() = %q while the watch is held back, want the rejection and the password file", w)
+			}
 			logs := e.logs.String()
 			if n := lines(logs, "level=WARN", "stops logging in", e.sim.URL, testUser, e.s.PasswordFile); n != 1 {
 				t.Fatalf("the stop was logged %d times at WARN (with the BMC, the user and the password file), want once:\n%s", n, logs)
@@ -160,6 +164,9 @@ func TestWatchStopsOnRejectedCredentials(t *testing.T) {
 			}
 			if !strings.Contains(e.logs.String(), "watch resumes") {
 				t.Errorf("the resumption was not logged:\n%s", e.logs)
+			}
+			if w := e.b.Warning(); w != "" {
+				t.Errorf("Warning() = %q once the watch resumed, want none", w)
 			}
 
 			if err := e.sim.SetPowerState("node-1", redfishtest.Off); err != nil {

@@ -40,6 +40,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -77,7 +78,17 @@ var (
 	_ tenant.Backend = (*Backend)(nil)
 	_ tenant.Adopter = (*Backend)(nil)
 	_ tenant.Closer  = (*Backend)(nil)
+	_ tenant.Warner  = (*Backend)(nil)
 )
+
+// Warning says, while a background loop (the watch of the awake node, the undo of a failed wake)
+// sends nothing because the BMC rejected the credentials, what it waits for; "" otherwise.
+func (b *Backend) Warning() string {
+	if w := b.held.Load(); w != nil {
+		return *w
+	}
+	return ""
+}
 
 // Provider opens redfish backends. The backends it opens on one BMC endpoint share that BMC's throttle
 // gate (see throttleGate) and the credentials it rejected (see rejections); nothing else.
@@ -143,6 +154,9 @@ type Backend struct {
 	// pause waits d or until ctx is done between the rounds of the background loops (the watch, the
 	// undo): the package's pause; tests hold it on events, to count rounds without the clock.
 	pause func(ctx context.Context, d time.Duration) error
+	// held is what a background loop held back by rejected credentials says of it (roundRead), for
+	// the route's status (Warning); nil while none is.
+	held atomic.Pointer[string]
 
 	mu    sync.Mutex   // guards the fields below
 	life  *tenant.Life // the current Life while awake, nil while asleep

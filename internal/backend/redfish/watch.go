@@ -88,12 +88,15 @@ func (b *Backend) roundRead(ctx context.Context, name string, held *bool) (*syst
 			if was {
 				b.log.Info("the credentials changed, or a call with them succeeded: the " + name + " resumes")
 			}
+			b.held.Store(nil) // also for a new loop: a wake or sleep that succeeded may have put it right
 			return st, err
 		}
 	}
 	if !*held {
 		b.log.Warn("BMC rejected the credentials: the "+name+" stops logging in until they change", append(b.bmc.heldAttrs(), "err", err)...)
 		*held = true
+		w := fmt.Sprintf("the BMC rejected the credentials: the %s sends nothing until %s", name, b.bmc.retryWhen())
+		b.held.Store(&w)
 	}
 	return nil, err
 }
