@@ -16,16 +16,17 @@ package main
 //   - Every activator_* metric name a panel or rule references must have series in Prometheus
 //     (/api/v1/series), and be in docs/metrics.md; every metric in docs/metrics.md must be on the
 //     dashboard.
-//   - Prometheus loads docs/alerts.yml itself: every rule must evaluate with health "ok", and the two
-//     three alerts this scenario provokes (ActivatorWakeFailed for route broken, ActivatorSleepFailed
-//     for route metal, ActivatorSleepForced for route stubborn) must be active, with the route in
-//     their summary.
+//   - Prometheus loads docs/alerts.yml itself: every rule must evaluate with health "ok", and the four
+//     alerts this scenario provokes (ActivatorWakeFailed for route broken, ActivatorSleepFailed for
+//     route metal, ActivatorSleepForced for route stubborn, ActivatorFleetDegraded for route pool,
+//     pending) must be active, with the route in their summary.
 //
 // The scenario: route web (exec, a healthy demo app) is woken by a held request and put to sleep
 // through the admin API; route broken (exec, a demo app that exits 3 before listening) fails its wakes;
 // route metal (redfish, on the simulated BMC of package redfishtest, whose node ignores
 // GracefulShutdown) wakes and then fails to sleep; route stubborn (exec, a demo app that ignores
-// SIGTERM) wakes and is killed at its sleep after stop_grace. The edge also serves TLS, from a
+// SIGTERM) wakes and is killed at its sleep after stop_grace; route pool (exec, a fleet of two demo
+// apps, min_ready 1, m2's executable gone) comes up without m2. The edge also serves TLS, from a
 // certificate file and from ACME on a CA that nothing answers for, whose orders fail. Each of these happens twice, once on each side of a
 // scrape, and web is woken a last time so that an instance is awake when the queries run.
 
@@ -366,7 +367,13 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	ca := tlstest.NewCA(t)
 	certs := ca.Write(t, t.TempDir(), "edge", tlstest.Leaf{Label: "edge", Names: []string{"files.test"}})
 	deadCA := fmt.Sprintf("  acme: {ca: %q, storage: %q}\n", "https://"+freeLoopbackAddr(t)+"/directory", filepath.Join(t.TempDir(), "acme"))
-	s := startServed(t, tlsTop(freeLoopbackAddr(t), []registry.CertFile{certs}, deadCA)+configYAML(t, web, broken, stubborn)+metal)
+	// The fleet of route pool (activator_fleet_*): up on m1, without m2, whose executable is gone.
+	gone := goneCommand(t)
+	pool := fleetRoute(t, "pool", fleetOpts{members: 2, minReady: 1, tag: uniqueTag(t), gone: gone})
+	s := startServed(t, tlsTop(freeLoopbackAddr(t), []registry.CertFile{certs}, deadCA)+configYAML(t, web, broken, stubborn)+metal+pool)
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
 
 	prom := startPrometheus(t, promBin, s.admin, alertsAbs)
 	// A second Prometheus with native histograms on asks for protobuf first: the route series
@@ -384,9 +391,16 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		exerciseRoutes(ctx, t, s, hc, web, broken, stubborn)
 		prom.waitScrape(time.Now())
 	}
-	// web awake again, so that "instances awake" has one.
+	// web awake again, so that "instances awake" has one; pool up without m2, so that the fleet
+	// panels and ActivatorFleetDegraded have a member that is down.
 	if a := getFresh(ctx, s.edge, web.host(), "/"); a.err != nil || a.code != http.StatusOK {
 		t.Fatalf("GET web: %d %v, want 200", a.code, a.err)
+	}
+	if a := getFresh(ctx, s.edge, "pool.test", "/"); a.err != nil || a.code != http.StatusOK {
+		t.Fatalf("GET pool: %d %v, want 200 from m1", a.code, a.err)
+	}
+	if rec := settledWake(t, s, "pool"); rollup(rec) != "up, error" {
+		t.Fatalf("pool: rollup %q, want up, error", rollup(rec))
 	}
 	// Two scrapes after the last event: the first of them is surely stored once the second has begun.
 	last := time.Now()
@@ -481,8 +495,9 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		}
 	}
 
-	// Prometheus's own evaluation of the rules: all healthy, and the two provoked alerts active.
-	prom.waitRules(time.Now(), alertNames, map[string]string{"ActivatorWakeFailed": "broken", "ActivatorSleepFailed": "metal", "ActivatorSleepForced": "stubborn"})
+	// Prometheus's own evaluation of the rules: all healthy, and the provoked alerts active.
+	prom.waitRules(time.Now(), alertNames, map[string]string{"ActivatorWakeFailed": "broken", "ActivatorSleepFailed": "metal",
+		"ActivatorSleepForced": "stubborn", "ActivatorFleetDegraded": "pool"})
 }
 
 // exerciseRoutes wakes web with a held request and puts it to sleep, fails a wake of broken, wakes

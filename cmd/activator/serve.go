@@ -698,7 +698,8 @@ func liveCheck(ctx context.Context, log *slog.Logger, p *split.Provider, routes 
 }
 
 // checkTenant runs r's live checks: its own, or each fleet member's (a member has settings of its own),
-// all within ctx.
+// all within ctx. A member's finding names it (activator.MemberCheckError): it holds until that member
+// comes up, whatever the others do.
 func checkTenant(ctx context.Context, p *split.Provider, r *registry.Route) error {
 	if r.Fleet == nil {
 		return p.Check(ctx, r)
@@ -706,7 +707,7 @@ func checkTenant(ctx context.Context, p *split.Provider, r *registry.Route) erro
 	var errs []error
 	for _, m := range r.Fleet.Members {
 		if err := p.Check(ctx, r.MemberRoute(m)); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, &activator.MemberCheckError{Member: m.Name, Err: err})
 		}
 	}
 	return errors.Join(errs...)

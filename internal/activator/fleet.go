@@ -58,6 +58,10 @@ type fleetMember struct {
 	// op serialises the member's backend calls: a straggler's Wake, a Sleep, a Stop and a Close never
 	// overlap, as the Backend contract asks.
 	op sync.Mutex
+	// cameUp, guarded by op: the member passed its gate in its last wake and has not been put down
+	// since. One that did not was left with nothing running (a failed Wake leaves nothing, a failed
+	// gate is stopped), and is not asked to stop again when the fleet falls below min_ready.
+	cameUp bool
 }
 
 // fleetBackend is a fleet route's tenant.Backend.
@@ -117,7 +121,10 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 	if rec == nil || rec.snapshot().Trigger != string(triggerSleepFailed) {
 		only = nil
 	}
+	fb.in.series.fleetWoke(fb) // its series: from its first wake, read at each scrape
+
 	mctx, cancel := detachWithDeadline(ctx) // stragglers outlive this call, not the wake budget
+	deadline, _ := mctx.Deadline()
 	trackers := make([]*tracker, len(fb.members))
 	var (
 		ms  []fleet.Member
@@ -129,13 +136,15 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 			continue // it went down in the sleep this wake takes back, and stays down
 		}
 		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, fb.in.now)
-		tr.rec.Started = t0
+		tr.rec.Started, tr.deadline = t0, deadline
 		trackers[i] = tr
 		idx = append(idx, i)
 		ms = append(ms, fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }})
 	}
-	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial})
-	w := &fleetWake{fb: fb, run: run, idx: idx, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
+	w := &fleetWake{fb: fb, idx: idx, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
+	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial,
+		OnSettled: func(k int, res fleet.Result) { fb.memberSettled(w, fb.members[idx[k]], res) }})
+	w.run = run // before w is shared: memberSettled does not read it
 	settled := make(chan struct{})
 	fb.mu.Lock()
 	fb.run, fb.wake, fb.settled = run, w, settled
@@ -177,17 +186,6 @@ func (fb *fleetBackend) settle(run *fleet.Run, failed bool, cancel context.Cance
 	defer close(settled)
 	defer cancel()
 	<-run.Done()
-	if !failed {
-		// Up without them: the route's log said only that the fleet woke (found by an operator
-		// trial: a member that failed its gate showed nowhere but the status's note).
-		for _, res := range run.Results() {
-			if res.Status == fleet.Timeout || res.Status == fleet.Error {
-				fb.in.logger().Warn("fleet member did not come up: the fleet runs without it", "member", res.Name,
-					"status", string(res.Status), "phase", res.Phase, "class", string(res.Class), "err", res.Err,
-					"ready", fb.ready(), "min_ready", fb.minReady(), "members", len(fb.members))
-			}
-		}
-	}
 	if failed {
 		fb.mu.Lock()
 		fb.gen++ // the members that came up are stopped by us, not gone on their own
@@ -198,6 +196,85 @@ func (fb *fleetBackend) settle(run *fleet.Run, failed bool, cancel context.Cance
 			fb.in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
 		}
 	}
+}
+
+// memberSettled is told by wake w's run that member m has settled, with res. A member that came up
+// takes its finding at start-up out of the route's host check. One that failed is logged at once,
+// saying what the fleet does without it as it stands now: a member's failure waited in the log for the
+// slowest member to settle, and the line said "the fleet runs without it" as the fleet was being
+// stopped below min_ready (found by an operator trial). Up without it, the route's log would otherwise
+// say only that the fleet woke.
+func (fb *fleetBackend) memberSettled(w *fleetWake, m *fleetMember, res fleet.Result) {
+	switch res.Status {
+	case fleet.Up:
+		fb.clearCheck(m.name)
+		return
+	case fleet.Timeout, fleet.Error:
+	default:
+		return // cancelled: the wake, or the fleet, was called off
+	}
+	fb.mu.Lock()
+	up := fb.wake == w && fb.life != nil
+	fb.mu.Unlock()
+	msg := "fleet member did not come up"
+	if up {
+		msg += ": the fleet runs without it"
+	}
+	fb.in.logger().Warn(msg, "member", res.Name, "status", string(res.Status), "phase", res.Phase, "class", string(res.Class),
+		"err", res.Err, "ready", fb.ready(), "min_ready", fb.minReady(), "members", len(fb.members))
+}
+
+// MemberCheckError is one fleet member's finding in its route's host check at start-up: the check of
+// a fleet passes Server.SetCheckError one for each member that failed it, joined (errors.Join). A
+// member's finding goes once that member comes up, and stays while it does not: a fleet up on the
+// others says nothing of a member whose BMC rejects the credentials (found by an operator trial: the
+// fleet's quorum cleared that member's finding, while it failed with the same 401). A finding that
+// names no member goes when the fleet comes up, as a single tenant's does.
+type MemberCheckError struct {
+	Member string
+	Err    error
+}
+
+func (e *MemberCheckError) Error() string { return e.Err.Error() }
+func (e *MemberCheckError) Unwrap() error { return e.Err }
+
+// checkLeft splits a fleet's host check finding err into what still holds and what no longer does:
+// a member's finding no longer holds when cleared(member), one that names no member when fleetUp.
+// Either is nil when empty.
+func checkLeft(err error, cleared func(member string) bool, fleetUp bool) (left, gone error) {
+	parts := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		parts = j.Unwrap()
+	}
+	var keep, drop []error
+	for _, p := range parts {
+		me, isMember := p.(*MemberCheckError)
+		if (isMember && cleared(me.Member)) || (!isMember && fleetUp) {
+			drop = append(drop, p)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	if len(drop) == 0 {
+		return err, nil
+	}
+	return errors.Join(keep...), errors.Join(drop...)
+}
+
+// clearCheck takes member's finding out of the route's host check, now that it came up.
+func (fb *fleetBackend) clearCheck(member string) {
+	in := fb.in
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.checkErr == nil {
+		return
+	}
+	left, gone := checkLeft(in.checkErr, func(n string) bool { return n == member }, false)
+	if gone == nil {
+		return
+	}
+	in.checkErr = left
+	in.logger().Info("fleet member came up: the host check's finding at start-up no longer holds for it", "member", member, "was", gone)
 }
 
 // waitSettled waits until the last wake's members have settled and been cleaned up.
@@ -221,6 +298,7 @@ func (fb *fleetBackend) waitSettled(ctx context.Context) error {
 func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *tracker) (err error) {
 	m.op.Lock()
 	defer m.op.Unlock()
+	m.cameUp = false
 	defer func() { t.finish(wakeResult(triggerRequest, true, err), err) }() // closes the last phase
 	t.begin(tenant.PhaseStart)
 	life, err := m.backend.Wake(ctx, t)
@@ -278,11 +356,12 @@ func (fb *fleetBackend) gateMember(ctx context.Context, m *fleetMember, t *track
 }
 
 // memberUp makes m ready and watches its life: a member that stops on its own leaves the pool, and
-// when too few are left for min_ready, the fleet stops (see belowQuorum).
+// when too few are left for min_ready, the fleet stops (see memberGone). m.op is held.
 func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life) {
 	fb.mu.Lock()
 	gen, w := fb.gen, fb.wake
 	fb.mu.Unlock()
+	m.cameUp = true
 	m.ready.Store(true)
 	go func() {
 		select {
@@ -326,11 +405,15 @@ func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why
 	w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf(": the fleet fell below min_ready %d and was stopped", fb.minReady()))
 	// Below the quorum the fleet is down: the members still waking are called off and the survivors
 	// stopped before its Life ends, so that the route is asleep for real and its next wake starts them
-	// all.
+	// all. A member that never came up is not asked (see fleetMember.cameUp): asked again, a node whose
+	// BMC rejects the credentials logged one more rejected login, and failed the stop.
 	run.Cancel(errBelowQuorum)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
 	defer cancel()
 	err := fb.each(ctx, func(ctx context.Context, o *fleetMember, wasReady bool) error {
+		if !o.cameUp {
+			return nil // a cancelled member stopped itself (wakeMember), a failed one has nothing running
+		}
 		err := stopBackend(ctx, o.backend)
 		switch {
 		case !wasReady:
@@ -341,7 +424,7 @@ func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why
 		}
 		return err
 	})
-	life.End(errors.Join(fmt.Errorf("fleet below min_ready %d: member %q stopped: %w", fb.minReady(), m.name, why), err))
+	life.End(joinLine(fmt.Errorf("fleet below min_ready %d: member %q stopped: %w", fb.minReady(), m.name, why), err))
 }
 
 func (fb *fleetBackend) minReady() int {
@@ -349,6 +432,13 @@ func (fb *fleetBackend) minReady() int {
 		return n
 	}
 	return len(fb.members)
+}
+
+// eachReady calls fn with each member and whether it is ready (fleetGauges).
+func (fb *fleetBackend) eachReady(fn func(member string, ready bool)) {
+	for _, m := range fb.members {
+		fn(m.name, m.ready.Load())
+	}
 }
 
 func (fb *fleetBackend) ready() int {
@@ -522,11 +612,43 @@ func takesBack(err error) bool {
 }
 
 // each runs op on every member's backend at once, each under its member's op lock, and joins their
-// errors, each naming its member.
+// errors, each naming its member, on one line (joinLine).
 func (fb *fleetBackend) each(ctx context.Context, op memberOp) error {
 	errs, _ := fb.eachMember(ctx, op)
-	return errors.Join(errs...)
+	return joinLine(errs...)
 }
+
+// joinLine is errors.Join on one line: the errors "; " apart. A fleet's errors name a member each, and
+// end up in one line of the log, a sleep's record and the status (errors.Join's newline put a
+// member's failure on a line of its own, found by an operator trial). nil when every err is.
+func joinLine(errs ...error) error {
+	var l lineErrors
+	for _, err := range errs {
+		if err != nil {
+			l = append(l, err)
+		}
+	}
+	if len(l) == 0 {
+		return nil
+	}
+	return l
+}
+
+// lineErrors is joinLine's error.
+type lineErrors []error
+
+func (l lineErrors) Error() string {
+	var b strings.Builder
+	for i, err := range l {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (l lineErrors) Unwrap() []error { return l }
 
 // eachMember is each, returning each member's error and whether it had come up.
 func (fb *fleetBackend) eachMember(ctx context.Context, op memberOp) (errs []error, wasReady []bool) {
@@ -539,6 +661,8 @@ func (fb *fleetBackend) eachMember(ctx context.Context, op memberOp) (errs []err
 			wasReady[i] = m.ready.Swap(false) // no request goes to it from here on
 			if err := op(ctx, m, wasReady[i]); err != nil {
 				errs[i] = fmt.Errorf("member %q: %w", m.name, err)
+			} else {
+				m.cameUp = false // down: a take-back that does not wake it must not stop it again
 			}
 			if up := m.up.Load(); up != nil {
 				up.CloseIdle()

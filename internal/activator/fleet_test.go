@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/activator/activator/internal/fleet"
 	"github.com/activator/activator/internal/registry"
@@ -513,9 +516,334 @@ func TestFleetDegradedIsLogged(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if l := logs.String(); !strings.Contains(l, `"msg":"fleet member did not come up: the fleet runs without it"`) ||
+		// c fails at once, before or after a and b make the quorum: the message says which (see
+		// TestFleetMemberFailureLoggedAsItSettles).
+		if l := logs.String(); !strings.Contains(l, `"msg":"fleet member did not come up`) ||
 			!strings.Contains(l, `"member":"c"`) || !strings.Contains(l, "exited with code 3") {
 			t.Errorf("log %s: want a line naming member c and its error", l)
+		}
+	})
+}
+
+// fleetServer is a server with routes on p's backends and real metrics, logging as JSON to logs. The
+// members named in block never pass their health gates (blockGate); the others pass at once.
+func fleetServer(t *testing.T, p byName, logs io.Writer, block []string, routes ...*registry.Route) (*Server, prometheus.Gatherer) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	m := NewMetrics(reg)
+	s := New(Options{Opener: p, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Metrics: m,
+		NewGate: func(r *registry.Route) Gate {
+			if slices.Contains(block, r.Name) {
+				return blockGate{}
+			}
+			return passGate{}
+		}})
+	if err := s.Apply(&registry.Config{Routes: routes}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s, m.Gatherer(reg)
+}
+
+// logLines returns the lines of logs with message msg (a prefix).
+func logLines(logs *testenv.SyncBuffer, msg string) []string {
+	var out []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `"msg":"`+msg) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestFleetHostCheckStaysForMembersThatFail: the host check at start-up found a's BMC unreachable and
+// c's credentials rejected. The fleet comes up on a and b (min_ready 2) while c fails again: a's
+// finding goes, c's stays in the status, and no log line says c's no longer holds. Once c comes up
+// too, its finding goes. Found by an operator trial: the quorum cleared the whole finding, and the log
+// said c's no longer held, while c failed with the same 401 in the same wake.
+func TestFleetHostCheckStaysForMembersThatFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		c := &fakeBackend{wakeErr: tenant.Terminal(errors.New("redfish: 401 Unauthorized: credentials rejected"))}
+		s, _ := fleetServer(t, byName{"pool.a": &fakeBackend{}, "pool.b": &fakeBackend{}, "pool.c": c}, &logs, nil, fleetRoute(2, false, "a", "b", "c"))
+		s.SetCheckError("pool", errors.Join(
+			&MemberCheckError{Member: "a", Err: errors.New(`route "pool.a": redfish: the BMC is unreachable`)},
+			&MemberCheckError{Member: "c", Err: errors.New(`route "pool.c": redfish: credentials rejected`)}))
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // c has failed
+		st := s.instance("pool").status()
+		if want := `route "pool.c": redfish: credentials rejected`; st.CheckError != want {
+			t.Errorf("check_error %q with a and b up and c failed, want %q", st.CheckError, want)
+		}
+		for _, l := range logLines(&logs, "") {
+			if strings.Contains(l, "no longer holds") && strings.Contains(l, "pool.c") {
+				t.Errorf("log line %s: c's finding still holds", l)
+			}
+		}
+		if l := logLines(&logs, "fleet member came up: the host check's finding at start-up no longer holds for it"); len(l) != 1 || !strings.Contains(l[0], "pool.a") {
+			t.Errorf("log lines %q, want one saying a's finding no longer holds", l)
+		}
+
+		c.set(func(f *fakeBackend) { f.wakeErr = nil }) // the password corrected
+		if err := s.Sleep(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if st := s.instance("pool").status(); st.CheckError != "" {
+			t.Errorf("check_error %q once c came up, want none", st.CheckError)
+		}
+	})
+}
+
+// TestFleetMemberFailureLoggedAsItSettles: c fails once the fleet is up on a (min_ready 1), while d
+// still waits for its health gate. c's failure is logged then, saying that the fleet runs without it,
+// not once d has settled. Found by an operator trial: the line came 14 s late, when the slowest member
+// had settled.
+func TestFleetMemberFailureLoggedAsItSettles(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		c := &fakeBackend{wakeGate: make(chan struct{}), wakeErr: tenant.Terminal(errors.New("credentials rejected"))}
+		s, _ := fleetServer(t, byName{"pool.a": &fakeBackend{}, "pool.c": c, "pool.d": &fakeBackend{}}, &logs, []string{"pool.d"},
+			fleetRoute(1, false, "a", "c", "d"))
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		close(c.wakeGate)
+		synctest.Wait() // c has failed; d waits for its gate
+		if got := memberStatuses(s.instance("pool").status().LastWake.Members); !slices.Equal(got, []string{"up", "error", "waking"}) {
+			t.Fatalf("rows %v, want up, error, waking", got)
+		}
+		l := logLines(&logs, "fleet member did not come up")
+		if len(l) != 1 || !strings.Contains(l[0], `"msg":"fleet member did not come up: the fleet runs without it"`) ||
+			!strings.Contains(l[0], `"member":"c"`) || !strings.Contains(l[0], "credentials rejected") {
+			t.Errorf("log lines %q while d still waits, want one for c, which the fleet runs without", l)
+		}
+	})
+}
+
+// TestFleetQuorumLostLogsTheTruth: c fails while the fleet is up on a and b (min_ready 2) and d still
+// waits for its gate; then a dies and the fleet falls below min_ready. Nothing logged from then on
+// says the fleet runs without a member. Found by an operator trial: the line for c came only once d
+// had settled, cancelled as the fleet was being stopped, and said the fleet ran without c.
+func TestFleetQuorumLostLogsTheTruth(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		a := &fakeBackend{}
+		c := &fakeBackend{wakeGate: make(chan struct{}), wakeErr: errors.New("exited with code 3")}
+		s, _ := fleetServer(t, byName{"pool.a": a, "pool.b": &fakeBackend{}, "pool.c": c, "pool.d": &fakeBackend{}}, &logs, []string{"pool.d"},
+			fleetRoute(2, false, "a", "b", "c", "d"))
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		close(c.wakeGate)
+		synctest.Wait()
+		before := len(logs.String())
+		killMember(a, "powered off through its BMC")
+		if st := s.instance("pool").status(); st.State != Asleep.String() {
+			t.Fatalf("below min_ready: %s", st.State)
+		}
+		if after := logs.String()[before:]; strings.Contains(after, "the fleet runs without it") {
+			t.Errorf("logged as the fleet was stopped below min_ready:\n%s", after)
+		}
+		if l := logLines(&logs, "fleet member did not come up"); len(l) != 1 || !strings.Contains(l[0], `"member":"c"`) {
+			t.Errorf("log lines %q, want one for c", l)
+		}
+	})
+}
+
+// TestFleetBelowQuorumAsksOnlyMembersThatCameUp: a, b and e came up, c never did (min_ready 3). When a
+// dies, the fleet falls below min_ready and the others are stopped, but not c: it was left with
+// nothing running, and asking again a BMC that rejects its credentials logs one more rejected login.
+// e refuses its stop: the sleep's error says so on one line. Found by an operator trial: c was asked
+// again, and its failure was joined to the error on a line of its own.
+func TestFleetBelowQuorumAsksOnlyMembersThatCameUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := &fakeBackend{}
+		c := &fakeBackend{wakeErr: tenant.Terminal(errors.New("credentials rejected")), sleepErr: errors.New("credentials rejected, again")}
+		e := &fakeBackend{sleepErr: errors.New("the BMC refused ForceOff")}
+		s := newChainServer(t, byName{"pool.a": a, "pool.b": &fakeBackend{}, "pool.c": c, "pool.e": e},
+			&registry.Config{Routes: []*registry.Route{fleetRoute(3, false, "a", "b", "c", "e")}})
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		killMember(a, "PowerState Off")
+		in := s.instance("pool")
+		if st := in.status(); st.State != Asleep.String() {
+			t.Fatalf("below min_ready: %s", st.State)
+		}
+		if n := c.sleeps.Load(); n != 0 {
+			t.Errorf("c, which never came up, was asked to stop %d times", n)
+		}
+		var slept *SleepRecord
+		for _, ev := range in.hist.last(0) {
+			if ev.Sleep != nil {
+				slept = ev.Sleep
+			}
+		}
+		if slept == nil || slept.Reason != ReasonExited {
+			t.Fatalf("the last sleep %+v, want one with reason exited", slept)
+		}
+		if strings.Contains(slept.Error, "\n") || !strings.Contains(slept.Error, `member "a" stopped: PowerState Off; member "e": the BMC refused ForceOff`) ||
+			strings.Contains(slept.Error, `member "c"`) {
+			t.Errorf("the sleep's error %q, want one line naming a and e, not c", slept.Error)
+		}
+	})
+}
+
+// TestFleetQuorumLostOnATerminalMember: min_ready 4 of 5, serial. c fails terminally, then d's health
+// gate times out and the quorum is lost. The wake is terminal and its culprit c: it fails every wake
+// until someone fixes it, whichever failed last; the error names d too. Found by an operator trial:
+// the 503 said retryable and the culprit was d, pointing the operator at the wrong fix.
+func TestFleetQuorumLostOnATerminalMember(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := byName{"pool.c": &fakeBackend{wakeErr: exec.ErrNotFound}}
+		for _, n := range []string{"a", "b", "d", "e"} {
+			p["pool."+n] = &fakeBackend{}
+		}
+		s, _ := fleetServer(t, p, io.Discard, []string{"pool.d"}, fleetRoute(4, true, "a", "b", "c", "d", "e"))
+		err := s.Wake(t.Context(), "pool")
+		var we *WakeError
+		if !errors.As(err, &we) || we.Class != tenant.ClassTerminal {
+			t.Fatalf("Wake = %v, want a terminal *WakeError", err)
+		}
+		rec := s.instance("pool").status().LastWake
+		want := Culprit{Instance: "pool", Member: "c", Phase: "spawn", Class: "terminal"}
+		if rec.Class != "terminal" || rec.Culprit == nil || *rec.Culprit != want {
+			t.Errorf("fault_class %q, culprit %+v; want terminal, %+v", rec.Class, rec.Culprit, want)
+		}
+		if !strings.Contains(rec.Error, `member "d" failed too, in phase health (retryable)`) {
+			t.Errorf("error %q, want it to name d too", rec.Error)
+		}
+	})
+}
+
+// TestFleetSeries: a fleet has activator_fleet_member_ready for each member and
+// activator_fleet_min_ready from its first wake; a single tenant has neither. They follow the members
+// (c failed, a dies), and go with the route.
+func TestFleetSeries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := &fakeBackend{}
+		p := byName{"pool.a": a, "pool.b": &fakeBackend{}, "pool.c": &fakeBackend{wakeErr: exec.ErrNotFound}, "app": &fakeBackend{}}
+		s, g := fleetServer(t, p, io.Discard, nil, fleetRoute(1, false, "a", "b", "c"), testRoute("app"))
+		fleetSeries := func(route string) map[string]float64 {
+			out := map[string]float64{}
+			for k, v := range routeSeries(t, g, route) {
+				if strings.HasPrefix(k, "activator_fleet_") {
+					out[k] = v
+				}
+			}
+			return out
+		}
+		if got := fleetSeries("pool"); len(got) != 0 {
+			t.Errorf("fleet series before the first wake: %v", got)
+		}
+		for _, r := range []string{"pool", "app"} {
+			if err := s.Wake(t.Context(), r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		want := map[string]float64{
+			`activator_fleet_member_ready{member="a"}`: 1,
+			`activator_fleet_member_ready{member="b"}`: 1,
+			`activator_fleet_member_ready{member="c"}`: 0,
+			`activator_fleet_min_ready{}`:              1,
+		}
+		if got := fleetSeries("pool"); !maps.Equal(got, want) {
+			t.Errorf("up without c: %v, want %v", got, want)
+		}
+		if got := fleetSeries("app"); len(got) != 0 {
+			t.Errorf("a single tenant's fleet series: %v", got)
+		}
+		killMember(a, "killed")
+		want[`activator_fleet_member_ready{member="a"}`] = 0
+		if got := fleetSeries("pool"); !maps.Equal(got, want) {
+			t.Errorf("after a died: %v, want %v", got, want)
+		}
+		if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got := fleetSeries("pool"); len(got) != 0 {
+			t.Errorf("after the route was removed: %v", got)
+		}
+	})
+}
+
+// poweringBackend is a fakeBackend whose wake begins with a phase power_on, with a budget of its own of
+// 30 s, that takes d.
+type poweringBackend struct {
+	*fakeBackend
+	d time.Duration
+}
+
+func (b poweringBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
+	tenant.PhaseWithin(t, "power_on", 30*time.Second)
+	select {
+	case <-time.After(b.d):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return b.fakeBackend.Wake(ctx, t)
+}
+
+// TestFleetSerialBudgetsAreWhatIsLeft: serial, with a wake budget of 30 s; a's power_on takes 12 s.
+// b's power_on and health phases show what was left of the wake budget when each began (18 s and
+// 6 s), not their own budgets (30 s, and health.budget's 10 s), which they could not have had. Found
+// by an operator trial: power_on (budget 30s) with about 12 s left.
+func TestFleetSerialBudgetsAreWhatIsLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := byName{"pool.a": poweringBackend{&fakeBackend{}, 12 * time.Second}, "pool.b": poweringBackend{&fakeBackend{}, 12 * time.Second}}
+		s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, true, "a", "b")}})
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		budgets := func(m MemberRecord) map[string]time.Duration {
+			out := map[string]time.Duration{}
+			for _, ph := range m.Phases {
+				out[ph.Name] = ph.Budget
+			}
+			return out
+		}
+		rows := s.instance("pool").status().LastWake.Members
+		if got, want := budgets(rows[0]), map[string]time.Duration{"power_on": 30 * time.Second, "spawn": 0, "health": 10 * time.Second}; !maps.Equal(got, want) {
+			t.Errorf("a's budgets %v, want %v", got, want)
+		}
+		if got, want := budgets(rows[1]), map[string]time.Duration{"power_on": 18 * time.Second, "spawn": 0, "health": 6 * time.Second}; !maps.Equal(got, want) {
+			t.Errorf("b's budgets %v, want %v (what was left of the wake budget)", got, want)
+		}
+	})
+}
+
+// TestFleetTakeBackLossAsksOnlyItsMembers: min_ready 1; c refuses the fleet's sleep, a and b go down,
+// and the fleet is taken back on c alone. When c then dies, a and b, down since the sleep, are not
+// asked to stop again.
+func TestFleetTakeBackLossAsksOnlyItsMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := &fakeBackend{}, &fakeBackend{}
+		c := &fakeBackend{sleepErr: errors.New("the BMC refused GracefulShutdown")}
+		s := newChainServer(t, byName{"pool.a": a, "pool.b": b, "pool.c": c}, &registry.Config{Routes: []*registry.Route{fleetRoute(1, false, "a", "b", "c")}})
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if err := s.Sleep(t.Context(), "pool"); err == nil {
+			t.Fatal("the sleep c refused succeeded")
+		}
+		synctest.Wait() // the take-back, on c alone
+		if st := s.instance("pool").status(); st.State != Awake.String() {
+			t.Fatalf("after the take-back: %s", st.State)
+		}
+		c.set(func(f *fakeBackend) { f.sleepErr = nil })
+		killMember(c, "powered off")
+		if n, m := a.sleeps.Load(), b.sleeps.Load(); n != 1 || m != 1 {
+			t.Errorf("a asked to sleep or stop %d times, b %d; want once each, by the fleet's sleep", n, m)
 		}
 	})
 }

@@ -17,7 +17,7 @@ import (
 // deletes them. The series whose labels are fixed (the route's alone, or with a state, reason or
 // result) exist from the start, at 0. The wake and hold histograms appear when a route's first wake
 // begins; the phase histogram, the failures by class and activator_requests_total at their first
-// observation.
+// observation; a fleet's series (routeseries.go's fleetCollector) at its first wake.
 type Metrics struct {
 	wakeDuration  *prometheus.HistogramVec
 	phaseDuration *prometheus.HistogramVec
@@ -76,7 +76,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.reloadOK.Set(1)
 	m.unknown = newRouteMetrics(m, unknownRoute).countFn
-	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures, m.reloadOK, m.reloadAt)
+	reg.MustRegister(m.wakeDuration, m.phaseDuration, m.holdDuration, m.requests, m.filtered, m.wakeFailures, m.reloadOK, m.reloadAt,
+		newFleetCollector(m.routes))
 	m.routeReg.MustRegister(m.routes)
 	return m
 }

@@ -120,6 +120,7 @@ func (m *Metrics) release(im *instanceMetrics) {
 	if i := slices.Index(rm.holders, im); i >= 0 {
 		rm.holders = slices.Delete(rm.holders, i, i+1)
 	}
+	delete(s.fleets, im)
 	if len(rm.holders) > 0 {
 		return
 	}
@@ -146,8 +147,11 @@ func (m *Metrics) release(im *instanceMetrics) {
 type routeSet struct {
 	descs []*prometheus.Desc // routeFamilies', in their order, for the Collector
 
-	mu     sync.Mutex // guards byName and every routeMetrics' holders
+	mu     sync.Mutex // guards byName, every routeMetrics' holders, and fleets
 	byName map[string]*routeMetrics
+	// fleets are the instances of fleets that have woken (fleetWoke), until they let go of their
+	// route's series: fleetCollector's. Only fleets are in it, so single tenants pay nothing for it.
+	fleets map[*instanceMetrics]fleetGauges
 
 	rowBufs sync.Pool // *[]routeRow: a text scrape's rows, for the next one
 }
@@ -436,4 +440,83 @@ func appendLabel(buf []byte, name, value string) []byte {
 		}
 	}
 	return append(buf, '"')
+}
+
+// fleetGauges is what the fleets' series read of a fleet at a scrape (fleet.go's fleetBackend).
+type fleetGauges interface {
+	minReady() int
+	// eachReady calls fn with each member, in member order, and whether it is ready.
+	eachReady(fn func(member string, ready bool))
+}
+
+// fleetWoke makes the fleet series of im's route, a fleet's, read from f from now on; the fleet calls
+// it as each wake begins (the first, when they first say something, makes them; the others change
+// nothing). They go with im's hold on the route's series (Metrics.release), and are the route's while
+// im is its newest instance.
+func (im *instanceMetrics) fleetWoke(f fleetGauges) {
+	if im == nil {
+		return
+	}
+	s := im.rm.m.routes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(im.rm.holders, im) {
+		return // released already: the route's series are gone
+	}
+	if s.fleets == nil {
+		s.fleets = map[*instanceMetrics]fleetGauges{}
+	}
+	s.fleets[im] = f
+}
+
+// fleetCollector is the Collector of the fleets' series, read at each scrape from the fleet of each
+// route's newest instance, if that is a fleet that has woken: activator_fleet_member_ready (by
+// member) and activator_fleet_min_ready. Read, not kept: no count to keep in step with members that
+// come and go, and nothing left of a member that a reload removed.
+type fleetCollector struct {
+	s               *routeSet
+	ready, minReady *prometheus.Desc
+}
+
+func newFleetCollector(s *routeSet) fleetCollector {
+	return fleetCollector{s: s,
+		ready: prometheus.NewDesc("activator_fleet_member_ready",
+			"1 while the fleet member is ready (it passed its health gate and has not left the fleet since), else 0. Fleets only, from their first wake.",
+			[]string{"route", "member"}, nil),
+		minReady: prometheus.NewDesc("activator_fleet_min_ready",
+			"The fleet's quorum (fleet.min_ready): it is up while this many members are ready. Fleets only, from their first wake.",
+			[]string{"route"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.ready
+	ch <- c.minReady
+}
+
+// Collect implements prometheus.Collector.
+func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	type fleetRow struct {
+		route string
+		f     fleetGauges
+	}
+	var rows []fleetRow
+	c.s.mu.Lock()
+	for im, f := range c.s.fleets {
+		if h := im.rm.holders; h[len(h)-1] == im {
+			rows = append(rows, fleetRow{im.rm.route, f})
+		}
+	}
+	c.s.mu.Unlock()
+	for _, r := range rows {
+		ch <- prometheus.MustNewConstMetric(c.minReady, prometheus.GaugeValue, float64(r.f.minReady()), r.route)
+		r.f.eachReady(func(member string, ready bool) {
+			v := 0.0
+			if ready {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, v, r.route, member)
+		})
+	}
 }

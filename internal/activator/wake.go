@@ -409,10 +409,7 @@ func wakeResult(trig trigger, awake bool, err error) string {
 // or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
 func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 	if out.err == nil && out.awake && in.checkErr != nil {
-		// The tenant woke: whatever the host check found at start-up (a BMC's password since corrected,
-		// a port since freed) no longer stands in its way, and the status must stop saying it does.
-		in.logger().Info("the route woke: the host check's finding at start-up no longer holds", "was", in.checkErr)
-		in.checkErr = nil
+		in.checkWokeLocked()
 	}
 	if out.err != nil && in.checkErr != nil {
 		// What the host check found at start-up (a port held by another process) is likely the cause.
@@ -445,6 +442,22 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		}
 	}
 	in.endProgressLocked(att, out) // after the state: a page that reloads on ready finds the route awake
+}
+
+// checkWokeLocked clears what the host check found at start-up, now that the tenant woke: it (a BMC's
+// password since corrected, a port since freed) no longer stands in its way, and the status must stop
+// saying it does. A fleet's members' findings are not the fleet's: each goes when its member comes up
+// (fleetBackend.clearCheck), and stays for a member that does not, though the fleet is up without it.
+func (in *instance) checkWokeLocked() {
+	left, gone := error(nil), in.checkErr
+	if in.fleet != nil {
+		left, gone = checkLeft(in.checkErr, func(string) bool { return false }, true)
+		if gone == nil {
+			return
+		}
+	}
+	in.logger().Info("the route woke: the host check's finding at start-up no longer holds", "was", gone)
+	in.checkErr = left
 }
 
 // failLocked moves to Failed after a failed wake and sets the backoff, doubled on each consecutive

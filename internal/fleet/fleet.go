@@ -2,7 +2,8 @@
 // succeeds once a quorum of members is up (min_ready), and fails at once, cancelling the members still
 // waking, when enough have failed that the quorum can no longer be reached. It classifies each member's
 // outcome as up, timeout (a retry may help) or error (a terminal fault), the same rollup whether the
-// members were awaited in parallel or in turn.
+// members were awaited in parallel or in turn. A lost quorum is put on a member that failed terminally
+// if one did (see QuorumError).
 //
 // It knows nothing of HTTP or backings: a Member is a function that brings one member up and through
 // its health gate. internal/activator builds them.
@@ -12,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/activator/activator/internal/tenant"
@@ -62,18 +64,31 @@ type Options struct {
 	// OnUp is called, from the member's goroutine, when member i is up; before Decided closes if it
 	// completes the quorum.
 	OnUp func(i int)
+	// OnSettled is called, from the member's goroutine, once member i has settled, with its result:
+	// after its result is recorded and, when it decides the wake, after Decided has closed. A member
+	// cancelled before it started (serial) settles too.
+	OnSettled func(i int, res Result)
 }
 
 // QuorumError is a fleet wake that failed: the quorum can no longer be reached. Its class is the
-// culprit's.
+// culprit's. The culprit is the first member that failed terminally, if any did: it fails every wake
+// until someone fixes it, whichever member's failure came last (a retryable timeout named instead
+// pointed the operator at the wrong fix; found by an operator trial). Else it is the member whose
+// failure made the quorum unreachable. Others are the members that had failed besides it.
 type QuorumError struct {
 	Up, Members, MinReady int
 	Culprit               Result
+	Others                []Result // in the order they failed
 }
 
 func (e *QuorumError) Error() string {
-	return fmt.Sprintf("fleet: min_ready %d of %d can no longer be reached (%d up): member %q failed in phase %s (%s): %v",
+	var b strings.Builder
+	fmt.Fprintf(&b, "fleet: min_ready %d of %d can no longer be reached (%d up): member %q failed in phase %s (%s): %v",
 		e.MinReady, e.Members, e.Up, e.Culprit.Name, orNone(e.Culprit.Phase), e.Culprit.Class, e.Culprit.Err)
+	for _, o := range e.Others {
+		fmt.Fprintf(&b, "; member %q failed too, in phase %s (%s): %v", o.Name, orNone(o.Phase), o.Class, o.Err)
+	}
+	return b.String()
 }
 
 func (e *QuorumError) Unwrap() error            { return e.Culprit.Err }
@@ -91,10 +106,11 @@ var errFastFail = errors.New("fleet fast-fail")
 
 // Run is one fleet wake in progress.
 type Run struct {
-	members []Member
-	min     int
-	onUp    func(int)
-	cancel  context.CancelCauseFunc
+	members   []Member
+	min       int
+	onUp      func(int)
+	onSettled func(int, Result)
+	cancel    context.CancelCauseFunc
 
 	decided chan struct{} // closed once the quorum is up, or lost
 	done    chan struct{} // closed once every member has settled
@@ -102,7 +118,7 @@ type Run struct {
 	mu        sync.Mutex
 	results   []Result
 	up        int
-	failed    int
+	failed    []int        // the members that failed (timeout or error), in the order they did
 	err       *QuorumError // set when the quorum was lost
 	cancelled bool         // set when every member settled with neither quorum nor its loss
 }
@@ -112,7 +128,7 @@ type Run struct {
 // passed: that is a Timeout).
 func Start(ctx context.Context, members []Member, opts Options) *Run {
 	ctx, cancel := context.WithCancelCause(ctx)
-	r := &Run{members: members, min: opts.MinReady, onUp: opts.OnUp, cancel: cancel,
+	r := &Run{members: members, min: opts.MinReady, onUp: opts.OnUp, onSettled: opts.OnSettled, cancel: cancel,
 		decided: make(chan struct{}), done: make(chan struct{}), results: make([]Result, len(members))}
 	if r.min <= 0 || r.min > len(members) {
 		r.min = len(members)
@@ -166,7 +182,8 @@ func (r *Run) undecided() {
 // ErrCancelled is Err of a wake whose members were cancelled before the quorum was up or lost.
 var ErrCancelled = errors.New("fleet wake cancelled")
 
-// settle records member i's outcome and decides the wake when it completes or loses the quorum.
+// settle records member i's outcome, decides the wake when it completes or loses the quorum, and then
+// tells OnSettled.
 func (r *Run) settle(ctx context.Context, i int, err error, started bool) {
 	m := r.members[i]
 	phase := ""
@@ -176,6 +193,14 @@ func (r *Run) settle(ctx context.Context, i int, err error, started bool) {
 	if err == nil && r.onUp != nil {
 		r.onUp(i)
 	}
+	res := r.record(ctx, i, phase, err)
+	if r.onSettled != nil {
+		r.onSettled(i, res)
+	}
+}
+
+// record is settle's part under the lock: it returns member i's result.
+func (r *Run) record(ctx context.Context, i int, phase string, err error) Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res := &r.results[i]
@@ -187,25 +212,45 @@ func (r *Run) settle(ctx context.Context, i int, err error, started bool) {
 		if r.up == r.min && r.err == nil {
 			close(r.decided)
 		}
-		return
+		return *res
 	case errors.Is(context.Cause(ctx), errFastFail):
 		res.Status, res.CancelledBy = Cancelled, r.err.Culprit.Name
-		return
+		return *res
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		res.Status = Cancelled
-		return
+		return *res
 	}
 	res.Class = tenant.ClassOf(err)
 	res.Status = Timeout
 	if res.Class == tenant.ClassTerminal {
 		res.Status = Error
 	}
-	r.failed++
-	if r.up < r.min && r.err == nil && r.failed > len(r.members)-r.min {
-		r.err = &QuorumError{Up: r.up, Members: len(r.members), MinReady: r.min, Culprit: *res}
+	r.failed = append(r.failed, i)
+	if r.up < r.min && r.err == nil && len(r.failed) > len(r.members)-r.min {
+		r.err = r.lostLocked(i)
 		close(r.decided)
 		r.cancel(errFastFail)
 	}
+	return *res
+}
+
+// lostLocked is the QuorumError of a quorum that member last's failure made unreachable: its culprit
+// is the first member that failed terminally, else last.
+func (r *Run) lostLocked(last int) *QuorumError {
+	culprit := last
+	for _, i := range r.failed {
+		if r.results[i].Status == Error {
+			culprit = i
+			break
+		}
+	}
+	qe := &QuorumError{Up: r.up, Members: len(r.members), MinReady: r.min, Culprit: r.results[culprit]}
+	for _, i := range r.failed {
+		if i != culprit {
+			qe.Others = append(qe.Others, r.results[i])
+		}
+	}
+	return qe
 }
 
 // Decided is closed once the quorum is up or lost (see Err).
