@@ -847,3 +847,13 @@ func TestFleetTakeBackLossAsksOnlyItsMembers(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetStatusHasNoUpstream: GET /routes/pool shows no upstream for a fleet (the registry's
+// Route.Upstream is its first member's); each member's is in members.
+func TestFleetStatusHasNoUpstream(t *testing.T) {
+	s := newChainServer(t, byName{"pool.a": &fakeBackend{}, "pool.b": &fakeBackend{}}, &registry.Config{Routes: []*registry.Route{fleetRoute(1, false, "a", "b")}})
+	st := s.instance("pool").status()
+	if st.Upstream != "" || st.Members[0].Upstream == "" {
+		t.Errorf("upstream %q, members %+v: want none for the fleet, each member's in its row", st.Upstream, st.Members)
+	}
+}

@@ -16,7 +16,7 @@ type Status struct {
 	Backing     string      `json:"backing"`
 	Hosts       []string    `json:"hosts"`
 	PathPrefix  string      `json:"path_prefix,omitempty"`
-	Upstream    string      `json:"upstream"`
+	Upstream    string      `json:"upstream,omitempty"` // none for a fleet: Members has each member's
 	State       string      `json:"state"`
 	Since       time.Time   `json:"since"`
 	InFlight    int         `json:"in_flight"`
@@ -96,6 +96,7 @@ func (in *instance) status() Status {
 	}
 	s.Requires, s.RequiredBy = in.route.Requires, in.requiredByLocked()
 	if in.fleet != nil {
+		s.Upstream = "" // a fleet has none of its own (the registry's Route.Upstream is its first member's)
 		s.Members, s.MinReady = in.fleet.status(), in.fleet.minReady()
 	}
 	return s
