@@ -46,6 +46,8 @@ func awakeWithARequest(t *testing.T) (s *Server, old *instance, b *closingBacken
 func TestReloadHandsTheTenantOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, old, b, long := awakeWithARequest(t) // long: in flight across the reload
+		awakeSince := old.status().Since
+		time.Sleep(time.Minute)
 		if err := s.Apply(edgeChange(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
@@ -57,6 +59,9 @@ func TestReloadHandsTheTenantOver(t *testing.T) {
 		st := heir.status()
 		if st.State != Awake.String() || st.InFlight != 1 {
 			t.Errorf("the new instance is %s with %d in flight while the old one serves a request, want awake with that one", st.State, st.InFlight)
+		}
+		if !st.Since.Equal(awakeSince) {
+			t.Errorf("the new instance is awake since %v, want the tenant's %v: the same tenant runs on (status FOR)", st.Since, awakeSince)
 		}
 		if err := <-request(heir); err != nil {
 			t.Fatalf("a request to the new instance during the old one's request: %v", err)

@@ -282,7 +282,7 @@ func (in *instance) maybeRetireLocked() {
 //
 // The old instance hands the tenant over as soon as it is awake, with its requests in flight going on
 // (a proxied request needs the tenant's upstream, not the backend): the heir counts them in flight as
-// its own (carry), so that its idle clock does not start under them, and the old instance, which
+// its own (receive), so that its idle clock does not start under them, and the old instance, which
 // counts them too, forwards each one's end to it (releaseLocked). The old instance retires once they
 // are done (closeHandedLocked). Lock order: an instance may take its heir's mu under its own, never
 // the reverse.
@@ -294,6 +294,7 @@ type handover struct {
 	arrived    chan struct{} // the heir's: closed once inherit has run; its first wake waits for it (instance.after)
 	passed     bool          // the old instance's: the tenant (or its absence) was handed over
 	carried    int           // the old instance's: its requests in flight the heir also counts, not yet ended
+	since      time.Time     // the heir's: since when the tenant handed over has been awake, for its status
 }
 
 func (h *handover) waiting() bool     { return h != nil && h.inheriting }
@@ -331,7 +332,7 @@ func (in *instance) awaitsHandover() bool {
 // backend, at once; its requests in flight go on, counted by the heir too (see handover), and it
 // closes once they are done. The route's state series is the heir's to set: it is left as it is.
 func (in *instance) handOverLocked() {
-	life, heir := in.wake.life, in.ho.heir
+	life, heir, since := in.wake.life, in.ho.heir, in.since
 	in.ho.lent, in.ho.passed = true, true
 	if in.cut != nil {
 		in.cut.Stop() // nothing waits for it to retire any more
@@ -342,7 +343,7 @@ func (in *instance) handOverLocked() {
 	in.state, in.since = Asleep, in.now()
 	in.awake.Store(false)
 	in.letGoLocked()
-	if in.inflight > 0 && heir.carry(in.inflight) {
+	if heir.receive(in.inflight, since) {
 		in.ho.carried = in.inflight
 	}
 	in.wg.Add(1)
@@ -353,15 +354,18 @@ func (in *instance) handOverLocked() {
 	in.closeHandedLocked()
 }
 
-// carry counts n requests in flight on the predecessor as the instance's own, until the predecessor
-// forwards their ends (release), and reports whether it did: a closed instance counts nothing.
-func (in *instance) carry(n int) bool {
+// receive counts n requests in flight on the predecessor as the instance's own, until the predecessor
+// forwards their ends (release), and notes since when the tenant it hands over has been awake (the
+// status's since goes on from there, not from the handover); it reports whether it did: a closed
+// instance takes nothing.
+func (in *instance) receive(n int, since time.Time) bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.closed {
 		return false
 	}
 	in.inflight += n
+	in.ho.since = since
 	return true
 }
 

@@ -436,6 +436,9 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 				"joined", out.rec.Joined, "notes", out.rec.Notes)
 			in.series.wakeDone(out.rec)
 		} else if out.rec.Trigger == string(triggerReload) || out.handedOver {
+			if in.ho != nil && !in.ho.since.IsZero() {
+				in.since, in.ho.since = in.ho.since, time.Time{} // the same tenant, awake since then
+			}
 			in.logger().Info("took over the running tenant from the replaced instance", "wake_id", out.rec.ID, "duration", out.rec.Duration)
 		} else {
 			in.logger().Info("adopted a running tenant")
