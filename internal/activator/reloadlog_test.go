@@ -17,12 +17,7 @@ import (
 // of 100,000 edited routes wrote 100,000 lines, and journald's rate limit then drops what follows).
 func TestApplyNamesFewChanges(t *testing.T) {
 	var logs bytes.Buffer
-	s := New(Options{
-		Opener:  fakeProvider{&fakeBackend{}},
-		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
-		NewGate: func(*registry.Route) Gate { return passGate{} },
-	})
-	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	s := loggedServer(t, &logs)
 	const n = 3 * namedChanges
 	routes := make([]*registry.Route, n)
 	for i := range routes {
@@ -79,12 +74,7 @@ func TestApplyNamesFewChanges(t *testing.T) {
 // a route added by a reload left only "config reloaded ... decoded=1" in the log.
 func TestApplyNamesAddedRoutes(t *testing.T) {
 	var logs bytes.Buffer
-	s := New(Options{
-		Opener:  fakeProvider{&fakeBackend{}},
-		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
-		NewGate: func(*registry.Route) Gate { return passGate{} },
-	})
-	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	s := loggedServer(t, &logs)
 	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("a")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -98,4 +88,15 @@ func TestApplyNamesAddedRoutes(t *testing.T) {
 	if !strings.Contains(logs.String(), `msg="route added" route=b`) || strings.Contains(logs.String(), "route=a") {
 		t.Errorf("a reload adding b logged:\n%s", logs.String())
 	}
+}
+
+// loggedServer is a Server of fake backends whose log goes to logs, shut down at the test's end.
+func loggedServer(t *testing.T, logs *bytes.Buffer) *Server {
+	s := New(Options{
+		Opener:  fakeProvider{&fakeBackend{}},
+		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} },
+	})
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s
 }

@@ -172,16 +172,26 @@ func (l *checkLog) fill(unit string, st UnitState) UnitState {
 	return st
 }
 
+// unitChanges returns the properties that a PropertiesChanged signal of a unit (interface
+// org.freedesktop.systemd1.Unit) says changed, and false for any other signal.
+func unitChanges(sig *godbus.Signal) (map[string]godbus.Variant, bool) {
+	if sig.Name != "org.freedesktop.DBus.Properties.PropertiesChanged" || len(sig.Body) < 2 {
+		return nil, false
+	}
+	if iface, _ := sig.Body[0].(string); iface != "org.freedesktop.systemd1.Unit" {
+		return nil, false
+	}
+	changed, _ := sig.Body[1].(map[string]godbus.Variant)
+	return changed, true
+}
+
 // observe records a unit PropertiesChanged signal that carries the condition check of an expected unit.
 // It runs on the connection's reading goroutine, so it only looks and records.
 func (l *checkLog) observe(sig *godbus.Signal) {
-	if sig.Name != "org.freedesktop.DBus.Properties.PropertiesChanged" || len(sig.Body) < 2 {
+	changed, isUnit := unitChanges(sig)
+	if !isUnit {
 		return
 	}
-	if iface, _ := sig.Body[0].(string); iface != "org.freedesktop.systemd1.Unit" {
-		return
-	}
-	changed, _ := sig.Body[1].(map[string]godbus.Variant)
 	ok, ok1 := changed["ConditionResult"].Value().(bool)
 	at, ok2 := changed["ConditionTimestamp"].Value().(uint64)
 	if !ok1 || !ok2 || at == 0 {

@@ -140,13 +140,10 @@ func (l *seenLog) toReread() []string {
 // observe records a unit PropertiesChanged signal of a unit in the log. It runs on the connection's
 // reading goroutine, so it only looks and records.
 func (l *seenLog) observe(sig *godbus.Signal) {
-	if sig.Name != "org.freedesktop.DBus.Properties.PropertiesChanged" || len(sig.Body) < 2 {
+	changed, isUnit := unitChanges(sig)
+	if !isUnit {
 		return
 	}
-	if iface, _ := sig.Body[0].(string); iface != "org.freedesktop.systemd1.Unit" {
-		return
-	}
-	changed, _ := sig.Body[1].(map[string]godbus.Variant)
 	active, ok := changed["ActiveState"].Value().(string)
 	if !ok {
 		return
