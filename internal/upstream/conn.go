@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -54,6 +55,13 @@ type Conn struct {
 	peekFn func(fd uintptr) // c.peekFD, bound once
 	peeked idleState        // peekFD's finding
 	peek   [1]byte          // peekFD's buffer
+
+	// The send of a request's last bytes that also waits for the answer (sendAwaiting), bound once like
+	// peekFn.
+	sendFn   func(fd uintptr) bool
+	deferred bool   // the buffer's next flush is kept in pending, not written
+	pending  []byte // what sendFD has still to write: the flushed buffer, bufio's own
+	sendErr  error  // sendFD's failure to write
 }
 
 // NewConn wraps c with 4 KiB buffers: they carry request and response heads; bodies larger than the
@@ -64,7 +72,7 @@ func NewConn(c net.Conn) *Conn {
 	uc.br, uc.bw = bufio.NewReaderSize(connIO{uc}, 4<<10), bufio.NewWriterSize(connIO{uc}, 4<<10)
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
-			uc.raw, uc.peekFn = rc, uc.peekFD
+			uc.raw, uc.peekFn, uc.sendFn = rc, uc.peekFD, uc.sendFD
 		}
 	}
 	return uc
@@ -169,6 +177,10 @@ func (x connIO) Read(b []byte) (int, error) {
 }
 
 func (x connIO) Write(b []byte) (int, error) {
+	if x.c.deferred && x.c.pending == nil {
+		x.c.pending = b // sendAwaiting writes it
+		return len(b), nil
+	}
 	written := 0
 	for {
 		n, err := x.c.Conn.Write(b[written:])
@@ -231,6 +243,69 @@ func (c *Conn) peekFD(fd uintptr) {
 	}
 }
 
+// sendAwaiting flushes the request buffered in c.bw and starts the wait for the answer in one pass
+// through the netpoller. A plain Flush and then a read makes a read that finds nothing: the tenant has
+// not answered yet (on a CPU shared with it, it has not even run), and Go's netpoller waits for a socket
+// to be readable only after a read returned EAGAIN, since it forgets readiness noted before the read
+// began. Here the request's last bytes are written from inside the socket's RawConn.Read, after that
+// forgetting: readiness can come only from the answer, and the wait that follows does not miss it. One
+// system call less per request, about a tenth of those the edge makes for one. What does not go out
+// whole at once (a socket buffer full) is written by the blocking path, and so is everything on a
+// connection that is not a socket.
+func (c *Conn) sendAwaiting() error {
+	if c.raw == nil {
+		return c.bw.Flush()
+	}
+	c.deferred, c.pending, c.sendErr = true, nil, nil
+	err := c.bw.Flush()
+	c.deferred = false
+	if err != nil || c.pending == nil {
+		return err
+	}
+	err = c.raw.Read(c.sendFn)
+	rest := c.pending
+	c.pending = nil
+	switch {
+	case c.sendErr != nil:
+		return c.sendErr
+	case err != nil && !c.graceOver(err):
+		return err
+	case len(rest) > 0:
+		_, err = connIO{c}.Write(rest)
+		return err
+	}
+	return nil
+}
+
+// sendFD is sendAwaiting's turn on the socket fd: it writes what is pending and asks for the wait
+// (false) once all of it is out, and ends the wait (true) once the socket is readable, on a failure, or
+// when the socket buffer takes only part.
+func (c *Conn) sendFD(fd uintptr) bool {
+	for len(c.pending) > 0 {
+		n, err := syscall.Write(int(fd), c.pending)
+		if n > 0 {
+			c.pending = c.pending[n:]
+		}
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return true
+		case err != nil:
+			c.sendErr = err
+			return true
+		case n <= 0:
+			c.sendErr = io.ErrShortWrite
+			return true
+		}
+		if len(c.pending) > 0 {
+			return true
+		}
+		return false
+	}
+	return true
+}
+
 // maxInformational is how many informational answers may precede the answer to one request.
 const maxInformational = 10
 
@@ -244,7 +319,7 @@ const maxInformational = 10
 // body are the connection's own, valid until it carries another request.
 func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx func(int, http.Header) error, dst http.Header) (resp *http.Response, beforeAnswer bool, err error) {
 	write(c.bw)
-	if err := c.bw.Flush(); err != nil {
+	if err := c.sendAwaiting(); err != nil {
 		return nil, true, err
 	}
 	// Bytes the reader already holds are not counted: a connection carries a request only with none
