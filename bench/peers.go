@@ -136,6 +136,20 @@ func startBenchApp(ctx context.Context, e *env, cpus string) (*proc, int, error)
 	return app, port, nil
 }
 
+// startLoopEdge starts bench/loopedge, the Go event-loop yardstick (see its package doc), in front of
+// app with workers loops, building it into the scratch directory on first use.
+func startLoopEdge(ctx context.Context, e *env, listen, app int, cpus string, workers int) (*proc, error) {
+	bin := filepath.Join(e.tmp, "loopedge")
+	if _, err := os.Stat(bin); err != nil {
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./bench/loopedge")
+		if out, err := build.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build ./bench/loopedge (run from the repository root): %w: %s", err, out)
+		}
+	}
+	return startProc(procSpec{name: "loopedge", cpus: cpus, argv: []string{bin, "-listen", fmt.Sprintf("127.0.0.1:%d", listen),
+		"-upstream", fmt.Sprintf("127.0.0.1:%d", app), "-loops", strconv.Itoa(workers)}})
+}
+
 func startHAProxy(e *env, dir string, listen, app int, cpus string, workers int) (*proc, error) {
 	return startHAProxyConf(e, dir, "", fmt.Sprintf("127.0.0.1:%d", listen), app, cpus, workers)
 }

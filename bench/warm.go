@@ -105,6 +105,22 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 		targets = append(targets, warmTarget{name: pd.name, addr: addr, proc: p})
 	}
 
+	// The yardstick (bench/loopedge): a Go edge of HAProxy's shape doing the fast path's work. A row
+	// without a target, read against the activator's: what the same language reaches in that shape.
+	if port, err := freePort(); err != nil {
+		return err
+	} else if p, err := startLoopEdge(ctx, e, port, appPort, mode.srv, mode.workers); err != nil {
+		e.report.skip("loopedge ("+mode.name+")", "cannot start: %v", err)
+	} else {
+		procs = append(procs, p)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if err := waitHTTP(ctx, p, addr, "/", 30*time.Second); err != nil {
+			e.report.skip("loopedge ("+mode.name+")", "did not come up: %v", err)
+		} else {
+			targets = append(targets, warmTarget{name: "loopedge", addr: addr, proc: p})
+		}
+	}
+
 	smp, err := measureRounds(ctx, e, "wrk", mode, targets, e.opts.conns, 64, wrkMeasure(wrk, mode))
 	if err != nil {
 		return err
@@ -134,6 +150,13 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 			if have[pd.name] {
 				add(pd.name+" p99 ÷ direct p99 (reference)", ratios(p99[roundKey{pd.name, c}], p99[roundKey{"direct", c}]))
 			}
+		}
+		if have["loopedge"] {
+			add("activator ÷ loopedge (Go event loop), req/s", ratios(rps[a], rps[roundKey{"loopedge", c}]))
+			if have["haproxy"] {
+				add("loopedge ÷ haproxy, req/s (reference)", ratios(rps[roundKey{"loopedge", c}], rps[roundKey{"haproxy", c}]))
+			}
+			add("loopedge p99 ÷ direct p99 (reference)", ratios(p99[roundKey{"loopedge", c}], p99[roundKey{"direct", c}]))
 		}
 		// The pinned targets' row: unpinned stands in when this machine cannot pin.
 		standIn := mode.name == "pinned" || !e.opts.pinned

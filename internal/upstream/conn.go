@@ -298,10 +298,7 @@ func (c *Conn) sendFD(fd uintptr) bool {
 			c.sendErr = io.ErrShortWrite
 			return true
 		}
-		if len(c.pending) > 0 {
-			return true
-		}
-		return false
+		return len(c.pending) > 0 // sent whole: wait for the answer (false)
 	}
 	return true
 }
