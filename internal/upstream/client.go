@@ -42,8 +42,9 @@
 //
 // A request that asks to switch protocols (Upgrade: a WebSocket) takes the ReverseProxy; on a 101 it
 // copies bytes both ways until either side closes, and Options.TunnelTimeout closes both sides of one
-// that passes no byte for that long (tunnel.go). The fast path takes no such request, and a 101 there
-// is an error.
+// that passes no byte for that long (tunnel.go). A 101 to another protocol than the one asked for
+// fails, and its connection is closed. The fast path takes no such request, and a 101 there is an
+// error.
 //
 // The package writes no error answers: every failure, on either path, goes to Options.ErrorHandler.
 package upstream
@@ -93,7 +94,7 @@ type Options struct {
 	// client asked to switch to) how long the connection may then pass no byte, either way, before it
 	// is closed on both sides and the request ends; 0 is no bound. Asked once per switch, it may follow
 	// reloads (a tunnel keeps the bound it began with); it must be fast and safe for concurrent use. Nil
-	// bounds no tunnel, and leaves every answer as the ReverseProxy has it.
+	// bounds no tunnel.
 	TunnelTimeout func() time.Duration
 	// OnIdleTunnel, which may be nil, is called for each connection closed so, with how long it was open
 	// since the switch and the bound it had. It runs in a timer's goroutine and must not block.
@@ -154,11 +155,8 @@ func New(opts Options) *Client {
 		ReadBufferSize:         32 << 10,
 	}
 	c := &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
-		trusted: opts.TrustedProxy, log: opts.Logger}
-	if opts.TunnelTimeout != nil {
-		c.tunnelTimeout, c.onIdleTunnel = opts.TunnelTimeout, opts.OnIdleTunnel
-		c.proxy.ModifyResponse = c.boundTunnel
-	}
+		trusted: opts.TrustedProxy, log: opts.Logger, tunnelTimeout: opts.TunnelTimeout, onIdleTunnel: opts.OnIdleTunnel}
+	c.proxy.ModifyResponse = c.boundTunnel
 	if opts.Logger != nil {
 		c.proxy.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
 	}

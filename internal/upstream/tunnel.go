@@ -1,11 +1,16 @@
 package upstream
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // tunnel is the tenant's side of a connection that has switched protocols (a 101: a WebSocket), as the
@@ -91,16 +96,63 @@ func (t *tunnel) expire() {
 	}
 }
 
-// boundTunnel is the ReverseProxy's ModifyResponse when Options.TunnelTimeout is set: it wraps the
-// body of a 101 answer in a tunnel, if the timeout asked now is above 0. It leaves every other answer
-// as it is, and costs them one comparison.
+// boundTunnel is the ReverseProxy's ModifyResponse. It leaves every answer but a 101 as it is, for one
+// comparison. A 101 it checks as the ReverseProxy will (switchedAsAsked), then wraps its body in a
+// tunnel if the timeout asked now is above 0.
 func (c *Client) boundTunnel(res *http.Response) error {
 	if res.StatusCode != http.StatusSwitchingProtocols {
 		return nil
 	}
-	rwc, ok := res.Body.(io.ReadWriteCloser)
-	if bound := c.tunnelTimeout(); ok && bound > 0 {
+	rwc, err := switchedAsAsked(res)
+	if err != nil {
+		return err
+	}
+	if c.tunnelTimeout == nil {
+		return nil
+	}
+	if bound := c.tunnelTimeout(); bound > 0 {
 		res.Body = newTunnel(rwc, bound, c.onIdleTunnel)
 	}
 	return nil
+}
+
+// switchedAsAsked returns the connection of a 101 answer, or the error the ReverseProxy would fail it
+// with: a switch to another protocol than the one asked for (or to one not named in printable ASCII),
+// or a 101 that is no switch (no Upgrade, no connection to write to). Refused here, the answer's body
+// is closed (the ReverseProxy closes it when ModifyResponse fails); refused by the ReverseProxy itself
+// (handleUpgradeResponse), it was left open, and with it the connection to the tenant.
+func switchedAsAsked(res *http.Response) (io.ReadWriteCloser, error) {
+	var asked string
+	if res.Request != nil {
+		asked = upgradeType(res.Request.Header)
+	}
+	got := upgradeType(res.Header)
+	// asked is printable ASCII (the ReverseProxy refuses a request whose isn't), so with got printable
+	// too, strings.EqualFold is the ReverseProxy's ASCII comparison.
+	if !printableASCII(got) || !strings.EqualFold(asked, got) {
+		return nil, fmt.Errorf("the tenant switched to protocol %q when %q was asked for", got, asked)
+	}
+	rwc, ok := res.Body.(io.ReadWriteCloser)
+	if !ok {
+		return nil, errors.New("the tenant answered 101 Switching Protocols without switching the connection")
+	}
+	return rwc, nil
+}
+
+// upgradeType is the protocol a header switches to (Upgrade, when Connection names it), as the
+// ReverseProxy reads it; "" for none.
+func upgradeType(h http.Header) string {
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
+		return ""
+	}
+	return h.Get("Upgrade")
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

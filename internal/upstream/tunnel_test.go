@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -140,6 +141,87 @@ func TestTunnelTimeout(t *testing.T) {
 				} else if !tc.idle && len(told) > 0 {
 					t.Errorf("OnIdleTunnel told %v for a tunnel not closed for silence", told)
 				}
+			})
+		})
+	}
+}
+
+// TestTunnelWrongProtocol: a tenant that answers an upgrade with a 101 to another protocol than the one
+// asked for (or with none) gets its connection closed at once, and the request fails; with a tunnel
+// bound or without. The ReverseProxy fails the request but leaves that connection, the 101's body,
+// open: the tenant's side stayed open until the tunnel's bound closed it, and for ever without one.
+// Found while counting tunnels: one counted open there would have stayed open for ever. It is no
+// tunnel, and OnIdleTunnel hears nothing of it.
+func TestTunnelWrongProtocol(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		bound   time.Duration // -1: no Options.TunnelTimeout at all
+		upgrade string        // the 101's Upgrade; "": no Upgrade and no Connection
+	}{
+		{name: "no option", bound: -1, upgrade: "h2c"},
+		{name: "a bound", bound: time.Minute, upgrade: "h2c"},
+		{name: "no upgrade named", bound: time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				failures := make(chan error, 2)
+				var told atomic.Int32
+				opts := Options{Network: "tcp", Address: "127.0.0.1:1", MaxConns: 4,
+					ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) { failures <- err },
+					OnIdleTunnel: func(time.Duration, time.Duration) { told.Add(1) }}
+				if tc.bound >= 0 {
+					opts.TunnelTimeout = func() time.Duration { return tc.bound }
+				}
+				c := New(opts)
+				tenantEnd, upEnd := net.Pipe()
+				c.transport.DialContext = func(context.Context, string, string) (net.Conn, error) { return upEnd, nil }
+				clientEnd, edgeEnd := net.Pipe()
+				start := time.Now()
+
+				tenantClosed := make(chan time.Duration, 1)
+				go func() {
+					br := bufio.NewReader(tenantEnd)
+					if _, err := http.ReadRequest(br); err != nil {
+						t.Errorf("the tenant got %v", err)
+					}
+					head := "HTTP/1.1 101 Switching Protocols\r\n\r\n"
+					if tc.upgrade != "" {
+						head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + tc.upgrade + "\r\nConnection: Upgrade\r\n\r\n"
+					}
+					io.WriteString(tenantEnd, head)
+					_, _ = io.Copy(io.Discard, br)
+					tenantClosed <- time.Since(start)
+				}()
+				go func() { _, _ = io.Copy(io.Discard, clientEnd) }()
+
+				r := httptest.NewRequest(http.MethodGet, "http://app.test/ws", nil)
+				r.Header.Set("Connection", "Upgrade")
+				r.Header.Set("Upgrade", "websocket")
+				c.Serve(&hijackable{h: http.Header{}, conn: edgeEnd}, r)
+				synctest.Wait()
+				select {
+				case err := <-failures:
+					t.Logf("the request failed: %v", err)
+				default:
+					t.Error("the request did not fail")
+				}
+				select {
+				case at := <-tenantClosed:
+					if at != 0 {
+						t.Errorf("the tenant's side was closed %v after the answer, want at once", at)
+					}
+				default:
+					t.Error("the tenant's side is still open once the request has ended")
+					tenantEnd.Close()
+				}
+				time.Sleep(10 * time.Minute) // a timer left behind fires meanwhile
+				synctest.Wait()
+				if n := told.Load(); n > 0 {
+					t.Errorf("OnIdleTunnel told %d times of a switch that failed, want none", n)
+				}
+				edgeEnd.Close()
+				clientEnd.Close()
+				c.CloseIdle()
 			})
 		})
 	}
