@@ -54,7 +54,7 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 		ErrorHandler:  f.answer,
 		OnUnasked:     u.note,
 		TunnelTimeout: in.tunnel,
-		OnIdleTunnel:  tl.note,
+		OnTunnelEnd:   tl.ended,
 		Logger:        in.logger(),
 		// The route's, not r's: a fleet member's route carries its upstream alone.
 		ResponseTimeout: in.route.ResponseTimeout,
@@ -112,21 +112,25 @@ func (u *unaskedLog) note() {
 // sockets by the thousand and leave them silent.
 const tunnelEvery = time.Minute
 
-// tunnelLog reports the upgraded connections (WebSockets) one upstream client closed for silence
-// (upstream.Options.OnIdleTunnel), at INFO: it is the bound doing its job, not a fault. The first at
-// once, then at most one line per tunnelEvery, each with the count since the line before.
+// tunnelLog hears how each upgraded connection (WebSocket) of one upstream client ended
+// (upstream.Options.OnTunnelEnd), and reports those the edge closed for silence at INFO: it is the
+// bound doing its job, not a fault. The first at once, then at most one line per tunnelEvery, each
+// with the count since the line before.
 type tunnelLog struct {
 	in *instance
 	throttle
 }
 
-func (l *tunnelLog) note(open, bound time.Duration) {
+func (l *tunnelLog) ended(e upstream.TunnelEnd) {
+	if e.Why != upstream.TunnelIdle {
+		return
+	}
 	n, write := l.throttle.note(l.in.now(), tunnelEvery)
 	if !write {
 		return
 	}
 	l.in.logger().Info("closed an upgraded connection (a WebSocket) that passed no byte either way for edge.tunnel_timeout",
-		"tunnel_timeout", bound, "open", open, "connections", n)
+		"tunnel_timeout", e.Bound, "open", e.Open, "connections", n)
 }
 
 // outOfFilesMsg is logged for a request answered 503 because its upstream connection could not be

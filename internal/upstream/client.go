@@ -42,9 +42,9 @@
 //
 // A request that asks to switch protocols (Upgrade: a WebSocket) takes the ReverseProxy; on a 101 it
 // copies bytes both ways until either side closes, and Options.TunnelTimeout closes both sides of one
-// that passes no byte for that long (tunnel.go). A 101 to another protocol than the one asked for
-// fails, and its connection is closed. The fast path takes no such request, and a 101 there is an
-// error.
+// that passes no byte for that long (tunnel.go); Options.OnTunnelOpen and OnTunnelEnd hear of each, and
+// of why it ended. A 101 to another protocol than the one asked for fails, and its connection is
+// closed. The fast path takes no such request, and a 101 there is an error.
 //
 // The package writes no error answers: every failure, on either path, goes to Options.ErrorHandler.
 package upstream
@@ -96,9 +96,14 @@ type Options struct {
 	// reloads (a tunnel keeps the bound it began with); it must be fast and safe for concurrent use. Nil
 	// bounds no tunnel.
 	TunnelTimeout func() time.Duration
-	// OnIdleTunnel, which may be nil, is called for each connection closed so, with how long it was open
-	// since the switch and the bound it had. It runs in a timer's goroutine and must not block.
-	OnIdleTunnel func(open, bound time.Duration)
+	// OnTunnelOpen and OnTunnelEnd, which may be nil, hear of every tunnel (a connection switched by a
+	// 101), bound or not: OnTunnelOpen as its 101 is passed on, in the request's goroutine, and
+	// OnTunnelEnd once when it ends, with why (TunnelReason), how long it was open and its bound, in
+	// the goroutine that ended it (the ReverseProxy's, or the bound's timer), before its connection to
+	// the tenant is closed. A tunnel OnTunnelOpen heard of is always told to OnTunnelEnd. Neither may
+	// block.
+	OnTunnelOpen func()
+	OnTunnelEnd  func(TunnelEnd)
 	// Logger, which may be nil, is told of an answer that broke off after its head was passed on (the
 	// tenant closed the connection or died mid-body): the client's connection is then closed, which
 	// is all the client learns. The ReverseProxy's own lines go to it too, at WARN.
@@ -114,9 +119,11 @@ type Client struct {
 	onError   func(http.ResponseWriter, *http.Request, error)
 	trusted   func(netip.Addr) bool
 	log       *slog.Logger // nil: none
-	// tunnelTimeout and onIdleTunnel are Options.TunnelTimeout and OnIdleTunnel (boundTunnel).
+	// tunnelTimeout, onTunnelOpen and onTunnelEnd are Options.TunnelTimeout, OnTunnelOpen and
+	// OnTunnelEnd (boundTunnel).
 	tunnelTimeout func() time.Duration
-	onIdleTunnel  func(open, bound time.Duration)
+	onTunnelOpen  func()
+	onTunnelEnd   func(TunnelEnd)
 }
 
 // New returns a Client for the upstream; it dials nothing until the first request.
@@ -155,7 +162,8 @@ func New(opts Options) *Client {
 		ReadBufferSize:         32 << 10,
 	}
 	c := &Client{pool: p, transport: tr, proxy: newReverseProxy(p.host, tr, opts.TrustedProxy, onError), onError: onError,
-		trusted: opts.TrustedProxy, log: opts.Logger, tunnelTimeout: opts.TunnelTimeout, onIdleTunnel: opts.OnIdleTunnel}
+		trusted: opts.TrustedProxy, log: opts.Logger,
+		tunnelTimeout: opts.TunnelTimeout, onTunnelOpen: opts.OnTunnelOpen, onTunnelEnd: opts.OnTunnelEnd}
 	c.proxy.ModifyResponse = c.boundTunnel
 	if opts.Logger != nil {
 		c.proxy.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
