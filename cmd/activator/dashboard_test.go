@@ -21,8 +21,8 @@ package main
 //     route metal, ActivatorSleepForced for route stubborn, ActivatorFleetDegraded for route pool,
 //     pending) must be active, with the route in their summary.
 //
-// The scenario: route web (exec, a healthy demo app) is woken by a held request and put to sleep
-// through the admin API; route broken (exec, a demo app that exits 3 before listening) fails its wakes;
+// The scenario: route web (exec, a healthy demo app) is woken by a held request, passes a WebSocket that
+// its client closes, and is put to sleep through the admin API; route broken (exec, a demo app that exits 3 before listening) fails its wakes;
 // route metal (redfish, on the simulated BMC of package redfishtest, whose node ignores
 // GracefulShutdown) wakes and then fails to sleep; route stubborn (exec, a demo app that ignores
 // SIGTERM) wakes and is killed at its sleep after stop_grace; route pool (exec, a fleet of two demo
@@ -50,6 +50,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/activator/activator/internal/activator"
@@ -407,7 +408,8 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	prom.waitScrape(prom.waitScrape(last))
 	promPB.waitScrape(promPB.waitScrape(last))
 	for _, name := range []string{"activator_instance_state", "activator_held_requests", "activator_wake_joined_requests_total",
-		"activator_sleep_failures_total", "activator_sleep_failing", "activator_sleeps_total", "activator_wakes_total"} {
+		"activator_sleep_failures_total", "activator_sleep_failing", "activator_sleeps_total", "activator_wakes_total",
+		"activator_tunnels_open", "activator_tunnels_closed_total"} {
 		text, pb := promValues(prom.query(name)), promValues(promPB.query(name))
 		if len(text) == 0 || !maps.Equal(text, pb) {
 			t.Errorf("%s: scraped as text %v, as protobuf %v; want the same, and some", name, text, pb)
@@ -500,13 +502,29 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		"ActivatorSleepForced": "stubborn", "ActivatorFleetDegraded": "pool"})
 }
 
-// exerciseRoutes wakes web with a held request and puts it to sleep, fails a wake of broken, wakes
-// metal and fails its sleep, after a monitor's request to metal that its ignore: filters, and wakes
-// stubborn and forces its sleep. Each step waits for its own result.
+// exerciseRoutes wakes web with a held request, opens a WebSocket to it and closes it, and puts web to
+// sleep, fails a wake of broken, wakes metal and fails its sleep, after a monitor's request to metal
+// that its ignore: filters, and wakes stubborn and forces its sleep. Each step waits for its own
+// result.
 func exerciseRoutes(ctx context.Context, t *testing.T, s *served, hc *http.Client, web, broken, stubborn appRoute) {
 	t.Helper()
 	if a := getFresh(ctx, s.edge, web.host(), "/"); a.err != nil || a.code != http.StatusOK {
 		t.Fatalf("GET web: %d %v %q, want 200", a.code, a.err, a.body)
+	}
+	// A WebSocket through the edge to web's echo, which the client closes (activator_tunnels_*).
+	ws, _, err := websocket.Dial(ctx, "ws://"+s.edge+"/ws", &websocket.DialOptions{Host: web.host()})
+	if err != nil {
+		t.Fatalf("WebSocket to web: %v", err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatalf("WebSocket to web: %v", err)
+	}
+	if _, msg, err := ws.Read(ctx); err != nil || string(msg) != "hi" {
+		t.Fatalf("WebSocket to web: echo %q, %v", msg, err)
+	}
+	if err := ws.Close(websocket.StatusNormalClosure, ""); err != nil {
+		t.Fatalf("WebSocket to web: closing: %v", err)
 	}
 	if code, b := adminPost(t, hc, s.admin, "/routes/web/sleep"); code != http.StatusOK {
 		t.Fatalf("admin sleep web: %d %s, want 200", code, b)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/activator/activator/internal/upstream"
 )
 
 // Metrics is the activator's narrow recorder. Every label value comes from configured route names,
@@ -16,8 +18,10 @@ import (
 // creates them, an instance that replaces it on a reload shares them, and the last of them to retire
 // deletes them. The series whose labels are fixed (the route's alone, or with a state, reason or
 // result) exist from the start, at 0. The wake and hold histograms appear when a route's first wake
-// begins; the phase histogram, the failures by class and activator_requests_total at their first
-// observation; a fleet's series (routeseries.go's fleetCollector) at its first wake.
+// begins; the tunnel series (activator_tunnels_open, activator_tunnels_closed_total) at its first
+// tunnel, which few routes have; the phase histogram, the failures by class and
+// activator_requests_total at their first observation; a fleet's series (routeseries.go's
+// fleetCollector) at its first wake.
 type Metrics struct {
 	wakeDuration  *prometheus.HistogramVec
 	phaseDuration *prometheus.HistogramVec
@@ -166,15 +170,20 @@ func (rm *routeMetrics) holdObserver() *prometheus.Observer {
 // first wake, slow or not, was lost to ActivatorWakeSlow and the dashboard's quantiles (found by an
 // operator trial: two first wakes of 100 s each, holding 8,100 requests, fired nothing). A wake that
 // lasts a scrape interval or more, as a slow one does, now rises from a scraped zero. Idle routes that
-// never wake make none, which keeps a config of 100,000 routes as small as before.
+// never wake make none, which keeps a config of 100,000 routes as small as before. Each wake takes
+// lazyMu to read primed, once: an atomic flag beside it, with the tunnel series' pointer, grew
+// routeMetrics into the next size class, 16 bytes more for every route.
 func (im *instanceMetrics) wakeBegun(backing string) {
-	if im == nil || im.rm.primed.Load() {
+	if im == nil {
 		return
 	}
 	rm := im.rm
-	rm.primed.Store(true)
 	rm.holdObserver()
 	rm.lazily(func() {
+		if rm.primed {
+			return
+		}
+		rm.primed = true
 		for _, result := range wakeResults() {
 			rm.m.wakeDuration.WithLabelValues(rm.route, backing, result)
 		}
@@ -226,6 +235,28 @@ func (im *instanceMetrics) sleepFailed(failed bool) {
 		im.rm.sleepFailures.Add(1)
 	}
 	im.sleepFailing.Store(failed)
+}
+
+// tunnelOpened counts a tunnel (a WebSocket) opened to the route's tenant (upstream.Options.OnTunnelOpen);
+// the route's first makes its tunnel series, every reason at 0. Nothing per plain request: only a 101
+// comes here.
+func (im *instanceMetrics) tunnelOpened() {
+	if im != nil {
+		im.rm.tunnelCounts().open.Add(1)
+	}
+}
+
+// tunnelEnded counts a tunnel tunnelOpened counted as ended, for why (upstream.Options.OnTunnelEnd).
+func (im *instanceMetrics) tunnelEnded(why upstream.TunnelReason) {
+	if im == nil {
+		return
+	}
+	tc := im.rm.tunnelCounts()
+	tc.open.Add(-1)
+	reasons := tunnelReasons()
+	if i := slices.Index(reasons[:], why); i >= 0 {
+		tc.closed[i].Add(1)
+	}
 }
 
 // ConfigLoaded records a load of the config file at at: applied (ok), or rejected or failed, which

@@ -15,13 +15,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/activator/activator/internal/upstream"
 )
 
 // The label values a route has a counter for from the start: activator_sleeps_total by reason and
-// activator_wakes_total by result.
+// activator_wakes_total by result; and from its first tunnel, activator_tunnels_closed_total by reason.
 const (
-	numSleepReasons = 4
-	numWakeResults  = 2
+	numSleepReasons  = 4
+	numWakeResults   = 2
+	numTunnelReasons = 3
 )
 
 func sleepReasons() [numSleepReasons]string {
@@ -30,13 +33,16 @@ func sleepReasons() [numSleepReasons]string {
 
 func wakeResults() [numWakeResults]string { return [...]string{ResultOK, ResultFailed} }
 
+func tunnelReasons() [numTunnelReasons]upstream.TunnelReason {
+	return [...]upstream.TunnelReason{upstream.TunnelIdle, upstream.TunnelClient, upstream.TunnelTenant}
+}
+
 // routeMetrics are one route's series, shared by the route's instances (see Metrics.open).
 type routeMetrics struct {
 	m       *Metrics
 	route   string
 	countFn func(code int) // count, bound once
 
-	held          atomic.Int64
 	joined        atomic.Uint64
 	sleepFailures atomic.Uint64
 	sleepsForced  atomic.Uint64
@@ -45,17 +51,35 @@ type routeMetrics struct {
 
 	codes   sync.Map                            // int -> prometheus.Counter: activator_requests_total by code
 	holdDur atomic.Pointer[prometheus.Observer] // activator_hold_duration_seconds, resolved at the first hold
+	tunnels atomic.Pointer[tunnelCounts]        // made at the route's first tunnel (a WebSocket): few routes have one
 
 	holders []*instanceMetrics // guarded by routeSet.mu; in the order opened, the newest last
 
-	lazyMu sync.Mutex // guards the fields below; held while the route's series in the vectors are made or deleted
+	lazyMu sync.Mutex // guards lazy, gone and primed; held while the route's series in the vectors are made or deleted
 	lazy   bool       // the route has series in the vectors: deleting its series looks for them
 	gone   bool       // the route's series were deleted: make no more
+	primed bool       // wakeBegun has made the route's wake series (metrics.go)
 
-	// primed, atomic and not guarded by lazyMu: wakeBegun has made the route's wake series
-	// (metrics.go). Beside lazy and gone, in what would be their padding: at 100,000 routes a struct
-	// that grows into the next size class costs 1.6 MB.
-	primed atomic.Bool
+	// held, atomic: the requests held now. Beside the bools, in what would be their padding: at
+	// 100,000 routes a struct that grows into the next size class costs 1.6 MB (TestRouteMetricsSize).
+	// 32 bits hold any number of held requests: 2^31 of them would take terabytes of goroutine stacks.
+	held atomic.Int32
+}
+
+// tunnelCounts are a route's tunnel series: the tunnels open now, and those closed by reason (indexed
+// as tunnelReasons).
+type tunnelCounts struct {
+	open   atomic.Int64
+	closed [numTunnelReasons]atomic.Uint64
+}
+
+// tunnelCounts returns the route's tunnel series, making them, at zero, on first use.
+func (rm *routeMetrics) tunnelCounts() *tunnelCounts {
+	if tc := rm.tunnels.Load(); tc != nil {
+		return tc
+	}
+	rm.tunnels.CompareAndSwap(nil, new(tunnelCounts))
+	return rm.tunnels.Load()
 }
 
 func newRouteMetrics(m *Metrics, route string) *routeMetrics {
@@ -170,7 +194,7 @@ var (
 	famState = routeFamily{"activator_instance_state", "1 for the state each route's instance is in; the other states have no series.", true, "state",
 		func(r *routeRow, series func(string, int64)) { series(r.state.String(), 1) }}
 	famHeld = routeFamily{"activator_held_requests", "Requests currently held while their route wakes.", true, "",
-		func(r *routeRow, series func(string, int64)) { series("", r.rm.held.Load()) }}
+		func(r *routeRow, series func(string, int64)) { series("", int64(r.rm.held.Load())) }}
 	famJoined = routeFamily{"activator_wake_joined_requests_total", "Requests that joined a wake already in progress instead of starting one.", false, "",
 		func(r *routeRow, series func(string, int64)) { series("", int64(r.rm.joined.Load())) }}
 	famSleepFailures = routeFamily{"activator_sleep_failures_total", "Sleeps whose backing failed: the tenant may still run.", false, "",
@@ -197,7 +221,24 @@ var (
 				series(result, int64(r.rm.wakes[i].Load()))
 			}
 		}}
-	routeFamilies = [...]*routeFamily{&famState, &famHeld, &famJoined, &famSleepFailures, &famSleepFailing, &famSleeps, &famSleepsForced, &famWakes}
+	// The tunnel families have series only for the routes that have had a tunnel.
+	famTunnelsOpen = routeFamily{"activator_tunnels_open", "Upgraded connections (WebSockets) open now through the edge to the route's tenant.", true, "",
+		func(r *routeRow, series func(string, int64)) {
+			if r.tunneled {
+				series("", r.rm.tunnels.Load().open.Load())
+			}
+		}}
+	famTunnelsClosed = routeFamily{"activator_tunnels_closed_total", "Upgraded connections (WebSockets) that ended, by what ended them first: idle (the edge, after edge.tunnel_timeout without a byte), client, tenant.", false, "reason",
+		func(r *routeRow, series func(string, int64)) {
+			if r.tunneled {
+				tc := r.rm.tunnels.Load()
+				for i, why := range tunnelReasons() {
+					series(why.String(), int64(tc.closed[i].Load()))
+				}
+			}
+		}}
+	routeFamilies = [...]*routeFamily{&famState, &famHeld, &famJoined, &famSleepFailures, &famSleepFailing, &famSleeps, &famSleepsForced, &famWakes,
+		&famTunnelsOpen, &famTunnelsClosed}
 )
 
 func (f routeFamily) desc() *prometheus.Desc {
@@ -223,11 +264,14 @@ func (s *routeSet) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// routeRow is one route in one scrape: its series and the state of its newest instance.
+// routeRow is one route in one scrape: its series and the state of its newest instance, and whether
+// it has had a tunnel (rm.tunnels is set: it stays set), read once, so that writeProto's two passes see
+// the same series.
 type routeRow struct {
-	rm      *routeMetrics
-	state   State
-	failing bool
+	rm       *routeMetrics
+	state    State
+	failing  bool
+	tunneled bool
 }
 
 // rows returns every route's row, sorted by route name, in buf (which it grows as needed).
@@ -236,7 +280,7 @@ func (s *routeSet) rows(buf []routeRow) []routeRow {
 	rows := slices.Grow(buf[:0], len(s.byName))
 	for _, rm := range s.byName {
 		newest := rm.holders[len(rm.holders)-1]
-		rows = append(rows, routeRow{rm, State(newest.st.Load()), newest.sleepFailing.Load()})
+		rows = append(rows, routeRow{rm, State(newest.st.Load()), newest.sleepFailing.Load(), rm.tunnels.Load() != nil})
 	}
 	s.mu.Unlock()
 	slices.SortFunc(rows, func(a, b routeRow) int { return strings.Compare(a.rm.route, b.rm.route) })
@@ -295,11 +339,25 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 				_, err = w.Write(buf)
 			}
 		}
-		// series writes one series of family f, route's. Made once: a closure made per row would be
-		// an allocation per row (each's argument escapes).
+		// series writes one series of family f, route's, after f's HELP and TYPE if it is f's first:
+		// a family with no series (the tunnels', where no route has had one) is left out, as the
+		// registry leaves it out. Made once: a closure made per row would be an allocation per row
+		// (each's argument escapes).
 		var f *routeFamily
 		var route string
+		var begun bool // f's HELP and TYPE are written
 		series := func(other string, v int64) {
+			if !begun {
+				begun = true
+				typ := "counter"
+				if f.gauge {
+					typ = "gauge"
+				}
+				buf = append(buf[:0], "# HELP "...)
+				buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
+				buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
+				write()
+			}
 			// f's other label goes before or after route, as their names sort.
 			buf = append(append(buf[:0], f.name...), '{')
 			if f.label != "" && f.label < "route" {
@@ -313,14 +371,7 @@ func (s *routeSet) writeText(w *bufio.Writer) error {
 			write()
 		}
 		for _, f = range routeFamilies {
-			typ := "counter"
-			if f.gauge {
-				typ = "gauge"
-			}
-			buf = append(buf[:0], "# HELP "...)
-			buf = append(append(append(buf, f.name...), ' '), f.help...) // no help text holds a backslash or a newline
-			buf = append(append(append(append(append(buf, "\n# TYPE "...), f.name...), ' '), typ...), '\n')
-			write()
+			begun = false
 			familySeries(rows, f, &route, &err, series)
 		}
 		return flushUnless(w, err)
@@ -391,13 +442,15 @@ func (s *routeSet) writeProto(w *bufio.Writer) error {
 			b = protowire.AppendTag(b, pbValue, protowire.Fixed64Type)
 			return protowire.AppendFixed64(b, math.Float64bits(float64(v)))
 		}
-		// measure adds one series' size to size, series writes it; both made once, as in writeText.
+		// measure adds one series' size to size and counts it in n, series writes it; both made
+		// once, as in writeText.
 		var f *routeFamily
 		var route string
-		var size int
+		var size, n int
 		measure := func(other string, v int64) {
 			metric = appendMetric(f, route, other, v)
 			size += protowire.SizeTag(pbFamilyMetric) + protowire.SizeBytes(len(metric))
+			n++
 		}
 		series := func(other string, v int64) {
 			metric = appendMetric(f, route, other, v)
@@ -413,9 +466,12 @@ func (s *routeSet) writeProto(w *bufio.Writer) error {
 			head := protowire.AppendString(protowire.AppendTag(buf[:0], pbFamilyName, protowire.BytesType), f.name)
 			head = protowire.AppendString(protowire.AppendTag(head, pbFamilyHelp, protowire.BytesType), f.help)
 			head = protowire.AppendVarint(protowire.AppendTag(head, pbFamilyType, protowire.VarintType), typ)
-			size = len(head)
+			size, n = len(head), 0
 			var none error
 			familySeries(rows, f, &route, &none, measure)
+			if n == 0 {
+				continue // a family with no series is left out, as in writeText
+			}
 			buf = append(protowire.AppendVarint(nil, uint64(size)), head...)
 			write(buf)
 			familySeries(rows, f, &route, &err, series)

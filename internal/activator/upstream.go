@@ -54,6 +54,7 @@ func (in *instance) lazyClient(slot *atomic.Pointer[upstream.Client], r *registr
 		ErrorHandler:  f.answer,
 		OnUnasked:     u.note,
 		TunnelTimeout: in.tunnel,
+		OnTunnelOpen:  in.series.tunnelOpened,
 		OnTunnelEnd:   tl.ended,
 		Logger:        in.logger(),
 		// The route's, not r's: a fleet member's route carries its upstream alone.
@@ -113,15 +114,16 @@ func (u *unaskedLog) note() {
 const tunnelEvery = time.Minute
 
 // tunnelLog hears how each upgraded connection (WebSocket) of one upstream client ended
-// (upstream.Options.OnTunnelEnd), and reports those the edge closed for silence at INFO: it is the
-// bound doing its job, not a fault. The first at once, then at most one line per tunnelEvery, each
-// with the count since the line before.
+// (upstream.Options.OnTunnelEnd): it counts each in activator_tunnels_closed_total by reason, and
+// reports those the edge closed for silence at INFO: it is the bound doing its job, not a fault. The
+// first at once, then at most one line per tunnelEvery, each with the count since the line before.
 type tunnelLog struct {
 	in *instance
 	throttle
 }
 
 func (l *tunnelLog) ended(e upstream.TunnelEnd) {
+	l.in.series.tunnelEnded(e.Why)
 	if e.Why != upstream.TunnelIdle {
 		return
 	}
