@@ -53,6 +53,9 @@ type bmc struct {
 	sysURI  string     // the ComputerSystem's @odata.id, once found
 	node    string     // how messages name the node: the system's Id once known
 	secrets []string
+	// rejectedID is the fingerprint of this route's credentials that the BMC rejected, or that a login
+	// was held back for, until a call succeeds (see warning); nil when none.
+	rejectedID *credsID
 }
 
 // session is a logged-in client and what it logged in with.
@@ -301,13 +304,19 @@ func redfishMessage(re *schemas.Error) string {
 }
 
 // client returns the logged-in client, logging in first if needed. Logins are serialized, so one
-// backend holds at most one session.
+// backend holds at most one session. A basic-auth client whose credentials the BMC has rejected since
+// (with another route's request, say) is dropped rather than used: each of its requests would carry
+// them, a failed login each; the login that replaces it goes through the gate (see login).
 func (b *bmc) client(ctx context.Context) (*session, error) {
 	b.loginMu.Lock()
 	defer b.loginMu.Unlock()
 	b.mu.Lock()
 	sess := b.sess
 	b.mu.Unlock()
+	if sess != nil && sess.basic && b.creds.isRejected(sess.creds) {
+		b.forget(sess)
+		sess = nil
+	}
 	if sess != nil {
 		return sess, nil
 	}
@@ -324,13 +333,25 @@ func (b *bmc) client(ctx context.Context) (*session, error) {
 // login reads the credentials, connects and authenticates once: no retry, so rejected credentials cost
 // exactly one attempt, which creds notes. It ends with an authenticated call (creating the session, or
 // with basic auth a read of the Systems collection), so wrong credentials fail here and are never kept.
-func (b *bmc) login(ctx context.Context) (*session, error) {
+// Credentials the BMC has rejected are not sent again (see admit) until they change, a call with them
+// succeeds or the timed retry is due: the login fails at once with ErrCredentials, saying why, whoever
+// asked (a wake, a sleep, a check). Without a username there is no account whose lockout a login could
+// count towards, so nothing is held back.
+func (b *bmc) login(ctx context.Context) (sess *session, err error) {
 	pass, err := b.s.password()
 	if err != nil {
 		return nil, &BMCError{Op: fmt.Sprintf("log in to BMC %s (route %q)", b.s.Endpoint, b.route), Class: ErrConfig, Detail: err.Error()}
 	}
 	b.addSecret(pass)
 	id := b.creds.fingerprint(b.s.Username, pass)
+	if b.s.Username != "" {
+		landed, err := b.admit(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		// Run after the outcome is noted (rejectedIf, accepted) and the results are set.
+		defer func() { landed(sess != nil) }()
+	}
 	cctx, cancel := context.WithTimeout(ctx, b.s.Timeout.D())
 	defer cancel()
 	basic := b.s.Auth == AuthBasic
@@ -384,6 +405,10 @@ func (b *bmc) login(ctx context.Context) (*session, error) {
 		resp.Body.Close()
 	}
 	b.log.Debug("logged in to BMC", "auth", mode)
+	if b.s.Username != "" {
+		// The BMC took the credentials: whatever the call that follows meets, they are not rejected.
+		b.accepted(id)
+	}
 	return &session{api: api, creds: id, basic: basic}, nil
 }
 
@@ -391,8 +416,16 @@ func (b *bmc) login(ctx context.Context) (*session, error) {
 func (b *bmc) rejectedIf(id credsID, err error) error {
 	if errors.Is(err, ErrCredentials) {
 		b.creds.reject(id)
+		b.setRejected(id)
 	}
 	return err
+}
+
+// accepted notes that a call with id succeeded: the BMC's rejection of id, if any, is forgotten, for
+// every route on it.
+func (b *bmc) accepted(id credsID) {
+	b.creds.accept(id)
+	b.clearRejected()
 }
 
 // systemsURI is the Systems collection, at the URI Redfish mandates for it.
@@ -448,7 +481,10 @@ func (b *bmc) forget(sess *session) {
 // the BMC rejects (401 or 403) is dropped. When it was a reused one (the BMC forgot or expired the
 // session, or the password was rotated), call reads the credentials afresh and, unless that cannot
 // help (loginAgain), logs in once more and repeats fn; a rejected fresh login is final. Credentials
-// rejected in the end are noted in creds, and credentials that worked are cleared there.
+// rejected in the end are noted in creds, and credentials that worked are cleared there. A rejected
+// request notes its credentials only when it carried them, that is with basic auth, and only for a 401:
+// a 403 to credentials the BMC took (an account without the privilege to Reset, say) or a 401 to a
+// session token says nothing against the password, and noting it would hold back logins that work.
 func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) error) error {
 	for try := 0; ; try++ {
 		if err := b.gate.wait(ctx, op); err != nil {
@@ -465,7 +501,7 @@ func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) 
 		err = b.classify(ctx, op, fn(sess.api.WithContext(cctx)))
 		cancel()
 		if err == nil {
-			b.creds.accept(sess.creds)
+			b.accepted(sess.creds)
 			return nil
 		}
 		if errors.Is(err, ErrCredentials) {
@@ -479,7 +515,11 @@ func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) 
 				b.log.Info("BMC rejected the credentials in use; not logging in again: "+why, "op", op, "err", err)
 			}
 		}
-		return b.rejectedIf(sess.creds, err)
+		var be *BMCError
+		if sess.basic && errors.As(err, &be) && be.Status == http.StatusUnauthorized {
+			return b.rejectedIf(sess.creds, err)
+		}
+		return err
 	}
 }
 

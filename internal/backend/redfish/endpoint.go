@@ -21,6 +21,9 @@ type endpointState struct {
 type endpoints struct {
 	// pause is given to each new throttle gate (nil: the package's pause).
 	pause func(ctx context.Context, d time.Duration) error
+	// now is the clock of each new record of rejected credentials (nil: time.Now); tests step it to
+	// bring the timed retry (retryRejected) without waiting an hour.
+	now func() time.Time
 
 	mu sync.Mutex // guards m
 	m  map[string]*endpointRef
@@ -41,7 +44,7 @@ func (es *endpoints) acquire(endpoint string) (*endpointState, func()) {
 	}
 	ref := es.m[key]
 	if ref == nil {
-		ref = &endpointRef{state: &endpointState{gate: newThrottleGate(es.pause), creds: newRejections()}}
+		ref = &endpointRef{state: &endpointState{gate: newThrottleGate(es.pause), creds: newRejections(es.now)}}
 		es.m[key] = ref
 	}
 	ref.users++

@@ -46,6 +46,8 @@ type envConfig struct {
 	noService  bool
 	untrusted  bool // with tls: leave tls.ca_file out, so the simulator's self-signed certificate is not trusted
 	httpsPlain bool // without tls: an https:// endpoint for the simulator's plain HTTP
+	// now, when set, is the clock of the BMC's record of rejected credentials (see testClock).
+	now func() time.Time
 }
 
 func newEnv(t testing.TB, c envConfig) *env {
@@ -101,7 +103,9 @@ func newEnv(t testing.TB, c envConfig) *env {
 	e.s = decode(t, e.route, y.String())
 	e.route.Settings = e.s
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	be, err := NewProvider(Options{Logger: log}).Open(e.route)
+	p := NewProvider(Options{Logger: log})
+	p.endpoints.now = c.now
+	be, err := p.Open(e.route)
 	if err != nil {
 		t.Fatal(err)
 	}

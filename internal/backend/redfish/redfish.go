@@ -28,9 +28,11 @@
 //
 // Credentials are read from a file or the environment at each login, and again after the BMC rejects
 // a reused client; they never appear in logs, errors or metrics. Credentials the BMC rejected are
-// remembered by fingerprint, for all the routes a Provider opened on that BMC: the background loops
-// (the watch, the undo) do not log in with them again until they change or a call with them succeeds,
-// so that they cannot add up to the account's lockout.
+// remembered by fingerprint, for all the routes a Provider opened on that BMC: no login with them goes
+// to the BMC again, from a wake, a sleep, a check or a background loop (the watch, the undo), until they
+// change, a call with them succeeds, or the timed retry, one login per BMC an hour; a wake or sleep
+// held back fails at once with ErrCredentials, saying so. Failed logins, which a BMC counts towards the
+// account's lockout, so stay a few an hour whatever the request rate.
 package redfish
 
 import (
@@ -81,13 +83,15 @@ var (
 	_ tenant.Warner  = (*Backend)(nil)
 )
 
-// Warning says, while a background loop (the watch of the awake node, the undo of a failed wake)
-// sends nothing because the BMC rejected the credentials, what it waits for; "" otherwise.
+// Warning says, while the BMC holds the route's credentials rejected, so that its wakes and sleeps
+// fail without logging in and its background loop (the watch of the awake node, the undo of a failed
+// wake) sends nothing, what ends that; "" otherwise. It does no I/O (see bmc.warning).
 func (b *Backend) Warning() string {
-	if w := b.held.Load(); w != nil {
-		return *w
+	loop := ""
+	if l := b.held.Load(); l != nil {
+		loop = *l
 	}
-	return ""
+	return b.bmc.warning(loop)
 }
 
 // Provider opens redfish backends. The backends it opens on one BMC endpoint share that BMC's throttle
@@ -154,8 +158,8 @@ type Backend struct {
 	// pause waits d or until ctx is done between the rounds of the background loops (the watch, the
 	// undo): the package's pause; tests hold it on events, to count rounds without the clock.
 	pause func(ctx context.Context, d time.Duration) error
-	// held is what a background loop held back by rejected credentials says of it (roundRead), for
-	// the route's status (Warning); nil while none is.
+	// held is the name of the background loop held back by rejected credentials (roundRead), for the
+	// route's status (Warning); nil while none is.
 	held atomic.Pointer[string]
 
 	mu    sync.Mutex   // guards the fields below

@@ -37,7 +37,7 @@ func (b *Backend) startWatch(life *tenant.Life) {
 
 func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 	every := b.s.WatchInterval.D()
-	failing, held := false, false
+	failing, held := false, loopHold{}
 	for {
 		// Only the watch ends a Life while it runs (Sleep stops the watch first), but a Life that has
 		// ended needs no watch.
@@ -48,7 +48,7 @@ func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 		switch {
 		case ctx.Err() != nil:
 			return
-		case held:
+		case held.on:
 			continue // roundRead said so
 		case err != nil:
 			if !failing {
@@ -68,35 +68,41 @@ func (b *Backend) watchLoop(ctx context.Context, life *tenant.Life) {
 	}
 }
 
+// loopHold is a background loop's state of being held back by rejected credentials (see roundRead).
+type loopHold struct {
+	on bool    // the loop is held back
+	id credsID // on the credentials with this fingerprint
+}
+
 // roundRead is one round's read of PowerState by a background loop (name: "power-state watch", "undo
 // of the failed wake"). When the BMC has rejected the credentials it would log in with (bmc.heldBack),
 // it sends nothing and returns that ErrCredentials error: each failed login counts towards the
 // account's lockout, and a loop that logged in at each round locked it within the hour. *held is the
-// loop's state, true while it is held back, in which case the loop need not log the error: roundRead
-// logs at WARN when the loop stops logging in (the BMC, the user, the password source, and what makes
-// it try again), once per rejected password, and at INFO when it goes on.
-func (b *Backend) roundRead(ctx context.Context, name string, held *bool) (*systemState, error) {
+// loop's state; while held.on the loop need not log the error: roundRead logs at WARN when the loop
+// stops logging in (the BMC, the user, the password source, and what makes it try again), once per
+// rejected password, and at INFO when it goes on. A round let through by the timed retry whose login
+// is rejected again, or does not get through, leaves the loop held back, without a word.
+func (b *Backend) roundRead(ctx context.Context, name string, held *loopHold) (*systemState, error) {
 	err := b.bmc.heldBack()
 	if err == nil {
-		was := *held
-		*held = false
 		var st *systemState
 		st, err = b.bmc.readOnce(ctx)
 		// A rejection of the credentials is noted (unless none were sent: a service root that wants
 		// them), so that the next round is held back.
-		if !errors.Is(err, ErrCredentials) || b.bmc.heldBack() == nil {
-			if was {
+		if err == nil || b.bmc.heldBack() == nil {
+			if held.on {
 				b.log.Info("the credentials changed, or a call with them succeeded: the " + name + " resumes")
 			}
+			*held = loopHold{}
 			b.held.Store(nil) // also for a new loop: a wake or sleep that succeeded may have put it right
 			return st, err
 		}
 	}
-	if !*held {
+	id, _ := b.bmc.rejectedCreds()
+	if !held.on || held.id != id {
 		b.log.Warn("BMC rejected the credentials: the "+name+" stops logging in until they change", append(b.bmc.heldAttrs(), "err", err)...)
-		*held = true
-		w := fmt.Sprintf("the BMC rejected the credentials: the %s sends nothing until %s", name, b.bmc.retryWhen())
-		b.held.Store(&w)
+		*held = loopHold{on: true, id: id}
+		b.held.Store(&name)
 	}
 	return nil, err
 }
@@ -146,12 +152,12 @@ func (b *Backend) undoLoop(ctx context.Context) {
 	defer cancel()
 	every := b.s.PollInterval.D()
 	polls := int(window/max(every, time.Millisecond)) + 2
-	failing, held := false, false
+	failing, held := false, loopHold{}
 	for range polls {
 		st, err := b.roundRead(wctx, "undo of the failed wake", &held)
 		switch {
 		case wctx.Err() != nil:
-		case held:
+		case held.on:
 			// roundRead said so; the next round may find other credentials.
 		case tenant.ClassOf(err) == tenant.ClassTerminal:
 			// Retrying cannot help: a certificate, the configuration.
@@ -182,7 +188,7 @@ func (b *Backend) undoLoop(ctx context.Context) {
 	}
 	switch {
 	case ctx.Err() != nil:
-	case held:
+	case held.on:
 		b.log.Error("undo of the failed wake gave up: the BMC rejected the credentials, and they did not change in time: the node may be on", "window", window)
 	default:
 		b.log.Info("undo of the failed wake: the node did not come on", "window", window)
