@@ -128,3 +128,31 @@ func TestSleepRecordNotes(t *testing.T) {
 		t.Errorf("failed sleep record %+v, want result failed with the notes %q", got, tried)
 	}
 }
+
+// TestOperatorCallsMarked: the wakes and sleeps the admin API asks for by name reach the backend
+// marked tenant.ByOperator (a backend may then try what it holds back from automatic ones: a BMC's
+// rejected credentials); a request's wake does not.
+func TestOperatorCallsMarked(t *testing.T) {
+	b := &fakeBackend{}
+	s, in := newTestServer(t, b, passGate{})
+	if err := s.Wake(context.Background(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sleep(context.Background(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.byOperator.Load(); n != 2 {
+		t.Fatalf("%d calls marked ByOperator after the admin API's wake and sleep, want 2", n)
+	}
+	release, err := in.acquire(context.Background(), triggerRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := s.Sleep(context.Background(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	if n, w := b.byOperator.Load(), b.wakes.Load(); n != 3 || w != 2 {
+		t.Fatalf("%d marked of %d wakes (a request's wake must not be marked), want 3 of 2", n, w)
+	}
+}

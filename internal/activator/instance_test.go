@@ -25,6 +25,7 @@ type fakeBackend struct {
 	wakes      atomic.Int32
 	sleeps     atomic.Int32
 	lastSleeps atomic.Int32 // the sleeps marked tenant.LastSleep
+	byOperator atomic.Int32 // the wakes and sleeps marked tenant.ByOperator
 
 	mu       sync.Mutex // guards the fields below
 	life     *tenant.Life
@@ -38,6 +39,9 @@ type fakeBackend struct {
 
 func (f *fakeBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	f.wakes.Add(1)
+	if tenant.IsByOperator(ctx) {
+		f.byOperator.Add(1)
+	}
 	t.Phase("spawn")
 	f.mu.Lock()
 	gate, err := f.wakeGate, f.wakeErr
@@ -64,6 +68,9 @@ func (f *fakeBackend) Sleep(ctx context.Context) error {
 	f.sleeps.Add(1)
 	if tenant.IsLastSleep(ctx) {
 		f.lastSleeps.Add(1)
+	}
+	if tenant.IsByOperator(ctx) {
+		f.byOperator.Add(1)
 	}
 	f.mu.Lock()
 	gate := f.sleepGte

@@ -91,6 +91,9 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	defer in.wg.Done()
 	start := in.now()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
+	if reason == ReasonAdmin {
+		ctx = tenant.ByOperator(ctx)
+	}
 	if reason == ReasonReload { // a retiring instance's sleep: its teardown closes the backend next
 		ctx = tenant.LastSleep(ctx)
 	}

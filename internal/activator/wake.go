@@ -249,6 +249,9 @@ func pending(chs []<-chan struct{}) bool {
 func (in *instance) wakeAndGate(rec *tracker, trig trigger) wakeOutcome {
 	ctx, cancel := context.WithTimeout(in.root, in.route.WakeBudget)
 	defer cancel()
+	if trig == triggerAdmin {
+		ctx = tenant.ByOperator(ctx)
+	}
 	rec.budgets(in.route.WakeBudget, 0)
 	if pending(in.after) {
 		// The instance a reload replaced is still putting its tenant to sleep (its requests in flight

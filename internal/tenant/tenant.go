@@ -45,6 +45,24 @@ type Backend interface {
 	Sleep(ctx context.Context) error
 }
 
+// operatorKey marks a Wake's or Sleep's ctx (ByOperator).
+type operatorKey struct{}
+
+// ByOperator marks ctx for a Wake or Sleep that an operator asked for by the route's name (the admin
+// API's wake and sleep: `activator wake`, `activator sleep`), as against one a request, a schedule, an
+// idle window or a reload began. A backend may then try, once, what it holds back from the automatic
+// ones: a person asked, now, and is there to read the answer (a BMC's rejected credentials, in the
+// redfish backing).
+func ByOperator(ctx context.Context) context.Context {
+	return context.WithValue(ctx, operatorKey{}, true)
+}
+
+// IsByOperator reports whether ctx was marked by ByOperator.
+func IsByOperator(ctx context.Context) bool {
+	by, _ := ctx.Value(operatorKey{}).(bool)
+	return by
+}
+
 // lastSleepKey marks a Sleep's ctx (LastSleep).
 type lastSleepKey struct{}
 

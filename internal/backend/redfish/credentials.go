@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/activator/activator/internal/tenant"
 )
 
 // credsID is the fingerprint of a user name and password (rejections.fingerprint).
@@ -136,12 +138,20 @@ type hold struct {
 // retryRejected from now, so that of the logins asking at once only this one goes (the caller logs in
 // at once).
 func (r *rejections) heldLocked(id credsID, claim bool) (h *hold, retry bool) {
+	return r.heldLockedBy(id, claim, false)
+}
+
+// heldLockedBy is heldLocked, where operator (a wake or sleep an operator asked for by name:
+// tenant.IsByOperator) takes the retry whether or not it is due, and claims it: the person who fixed the
+// account on the BMC side, with the password file unchanged, need not wait up to retryRejected, and
+// the retry they take is the hour's one.
+func (r *rejections) heldLockedBy(id credsID, claim, operator bool) (h *hold, retry bool) {
 	rj, ok := r.m[id]
 	if !ok {
 		return nil, false
 	}
 	now := r.now()
-	if now.Before(r.retryAt) {
+	if now.Before(r.retryAt) && !(operator && claim) {
 		return &hold{at: rj.at, retryAt: r.retryAt}, false
 	}
 	if claim {
@@ -178,7 +188,7 @@ type admission struct {
 func (r *rejections) admit(ctx context.Context, id credsID) (*admission, *hold, error) {
 	for range maxAttempts {
 		r.mu.Lock()
-		h, retry := r.heldLocked(id, true)
+		h, retry := r.heldLockedBy(id, true, tenant.IsByOperator(ctx))
 		if h != nil {
 			r.mu.Unlock()
 			return nil, h, nil
@@ -263,6 +273,9 @@ func (b *bmc) admit(ctx context.Context, id credsID) (landed func(ok bool), err 
 		return nil, &BMCError{Op: op, Class: ErrAmbiguous, Detail: err.Error()}
 	case err != nil:
 		return nil, ended(op+": waiting for another login with the same credentials", err)
+	case a.retry && tenant.IsByOperator(ctx):
+		b.log.Info("trying credentials the BMC rejected once more: an operator asked for this wake or sleep by name; it takes the place of the timed retry",
+			"endpoint", b.s.Endpoint, "user", b.s.Username)
 	case a.retry:
 		b.log.Info("trying credentials the BMC rejected once more: the timed retry, one login per BMC each "+retryRejected.String(),
 			"endpoint", b.s.Endpoint, "user", b.s.Username)
@@ -294,7 +307,7 @@ func (b *bmc) remedy(retryAt time.Time) string {
 	if key == "password_env" {
 		return fmt.Sprintf("Put the right password in %s %s and restart, or put the account right on the BMC: %s", key, src, retry)
 	}
-	return fmt.Sprintf("Put the right password in %s %s (it is read again at each wake, sleep and watch round), or put the account right on the BMC: %s", key, src, retry)
+	return fmt.Sprintf("Put the right password in %s %s (it is read again at each wake, sleep and watch round), or put the account right on the BMC and try at once with `activator wake %s`: %s", key, src, b.route, retry)
 }
 
 // setRejected notes id as the credentials of this route the BMC rejected (see warning).

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
+	"github.com/activator/activator/internal/tenant"
 )
 
 // wrongPassword is what the password file holds in the tests where the BMC rejects it.
@@ -384,5 +385,56 @@ func TestBasicClientsShareTheRejection(t *testing.T) {
 	}
 	if n := sim.FailedLogins(); n != 1 {
 		t.Fatalf("%d failed logins after two routes' basic clients slept, want 1", n)
+	}
+}
+
+// TestOperatorWakeTriesRejectedCredentials: the account is put right on the BMC with the password file
+// untouched, as in TestTimedRetryNoticesTheBMCPutRight, but an operator asks for the wake by name
+// (`activator wake`: tenant.ByOperator) long before the timed retry. That wake logs in at once and
+// wakes the node; a request's wake meanwhile stays held back. The operator's attempt takes the place
+// of the timed retry: rejected again, the next automatic retry is an hour after it.
+func TestOperatorWakeTriesRejectedCredentials(t *testing.T) {
+	clk := newTestClock()
+	e := newEnv(t, envConfig{password: wrongPassword, now: clk.now})
+	if _, err := e.wake(t); !errors.Is(err, ErrCredentials) {
+		t.Fatalf("Wake = %v, want ErrCredentials", err)
+	}
+	clk.advance(time.Minute)
+	reqs := len(e.sim.Requests())
+	if _, err := e.wake(t); !errors.Is(err, ErrCredentials) {
+		t.Fatalf("a request's Wake = %v, want ErrCredentials (held back)", err)
+	}
+	if sent := e.sim.Requests()[reqs:]; len(sent) != 0 {
+		t.Fatalf("a request's wake sent %+v", sent)
+	}
+
+	// An operator tries while the password is still wrong on the BMC: one more failed login, and the
+	// timed retry moves to an hour after it.
+	ctx, cancel := context.WithTimeout(tenant.ByOperator(context.Background()), budget)
+	defer cancel()
+	if _, err := e.b.Wake(ctx, tenant.Discard); !errors.Is(err, ErrCredentials) || !strings.Contains(err.Error(), "(HTTP 401)") {
+		t.Fatalf("the operator's Wake = %v, want the BMC's 401", err)
+	}
+	if n := e.sim.FailedLogins(); n != 2 {
+		t.Fatalf("%d failed logins, want 2 (the first, the operator's)", n)
+	}
+	clk.advance(retryRejected - time.Second)
+	if _, err := e.wake(t); !errors.Is(err, ErrCredentials) || strings.Contains(err.Error(), "(HTTP 401)") {
+		t.Fatalf("a request's Wake an hour after the first rejection = %v, want held back (the operator took the retry)", err)
+	}
+
+	// Put right on the BMC; the operator's next wake logs in at once.
+	e.sim.SetPassword(wrongPassword)
+	if _, err := e.b.Wake(ctx, tenant.Discard); err != nil {
+		t.Fatalf("the operator's Wake after the BMC was put right = %v", err)
+	}
+	if got := e.sim.PowerState("node-1"); got != redfishtest.On {
+		t.Fatalf("PowerState = %s, want On", got)
+	}
+	if n := e.sim.FailedLogins(); n != 2 {
+		t.Fatalf("%d failed logins, want 2", n)
+	}
+	if !strings.Contains(e.logs.String(), "an operator asked for this wake or sleep by name") {
+		t.Errorf("the operator's retry was not logged:\n%s", e.logs)
 	}
 }
