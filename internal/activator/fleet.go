@@ -62,6 +62,13 @@ type fleetMember struct {
 	// since. One that did not was left with nothing running (a failed Wake leaves nothing, a failed
 	// gate is stopped), and is not asked to stop again when the fleet falls below min_ready.
 	cameUp bool
+	// mayRun, guarded by op: a Wake of the member returned a Life (its wake started it, or found it
+	// running), and since then neither a stop of it (wakeMember's, after a failed gate) nor a sleep,
+	// stop or close of the fleet (each) has succeeded on it. A failed fleet wake stops only such
+	// members (settle): one whose Wake failed was left with nothing running, and one the wake never
+	// started was not running; sent a stop, a node whose BMC rejects the credentials logged one more
+	// rejected login, and a powered-off node got a power-off.
+	mayRun bool
 }
 
 // fleetBackend is a fleet route's tenant.Backend.
@@ -107,7 +114,7 @@ func openFleet(o tenant.Opener, r *registry.Route, newGate func(*registry.Route)
 // fleetSleepError) and returns once the quorum is up, with the fleet's Life, or lost, with the
 // *fleet.QuorumError that names the culprit. Members still waking at that point go on within the wake
 // budget: at a quorum they join as they pass, after a fast-fail they are cancelled, and then every
-// member is stopped (a failed wake leaves nothing running).
+// member that may run is stopped (a failed wake leaves nothing running: see settle).
 func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Life, error) {
 	if err := fb.waitSettled(ctx); err != nil {
 		return nil, err
@@ -165,7 +172,7 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 			run.Cancel(errBelowQuorum)
 		}
 	}
-	go fb.settle(run, err != nil, cancel, settled)
+	go fb.settle(w, err != nil, cancel, settled)
 	if err != nil {
 		return nil, err
 	}
@@ -180,21 +187,37 @@ func detachWithDeadline(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithCancel(context.WithoutCancel(ctx))
 }
 
-// settle waits for every member of run to settle and, after a failed wake, stops every member. (The
-// wake's record reads the members' outcomes from its fleetWake as they settle.)
-func (fb *fleetBackend) settle(run *fleet.Run, failed bool, cancel context.CancelFunc, settled chan struct{}) {
+// settle waits for every member of wake w to settle and, when the wake failed, stops the members that
+// may run (fleetMember.mayRun): those that came up, and those it started whose own stop failed. A
+// member whose Wake failed, or that the wake never started, is not sent a stop (a power-off, on bare
+// metal): it was left with nothing running. The rows of w's record say which members were stopped.
+// (The wake's record reads the members' outcomes from its fleetWake as they settle.)
+func (fb *fleetBackend) settle(w *fleetWake, failed bool, cancel context.CancelFunc, settled chan struct{}) {
 	defer close(settled)
 	defer cancel()
-	<-run.Done()
-	if failed {
-		fb.mu.Lock()
-		fb.gen++ // the members that came up are stopped by us, not gone on their own
-		fb.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
-		defer cancel()
-		if err := fb.each(ctx, stopMember); err != nil {
-			fb.in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
+	<-w.run.Done()
+	if !failed {
+		return
+	}
+	fb.mu.Lock()
+	fb.gen++ // the members that came up are stopped by us, not gone on their own
+	fb.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
+	defer cancel()
+	err := fb.each(ctx, func(ctx context.Context, m *fleetMember, _ bool) error {
+		if !m.mayRun {
+			return nil
 		}
+		err := stopBackend(ctx, m.backend)
+		if err != nil {
+			w.mark(m, "", nil, "stopping it", ", as the wake failed, failed (it may still run): "+err.Error())
+		} else {
+			w.mark(m, memberStopped, nil, "stopped", ": the wake failed")
+		}
+		return err
+	})
+	if err != nil {
+		fb.in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
 	}
 }
 
@@ -308,6 +331,7 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 	if err != nil {
 		return err
 	}
+	m.mayRun = true
 	if err = ctx.Err(); err == nil {
 		// The gate's faults are the activator's to classify (a health path that can never pass is
 		// terminal), before internal/fleet rolls the member up.
@@ -322,6 +346,8 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 		defer cancel()
 		if serr := stopBackend(sctx, m.backend); serr != nil {
 			t.Note("stopping the unhealthy member failed: " + serr.Error())
+		} else {
+			m.mayRun = false
 		}
 		return err
 	}
@@ -662,7 +688,7 @@ func (fb *fleetBackend) eachMember(ctx context.Context, op memberOp) (errs []err
 			if err := op(ctx, m, wasReady[i]); err != nil {
 				errs[i] = fmt.Errorf("member %q: %w", m.name, err)
 			} else {
-				m.cameUp = false // down: a take-back that does not wake it must not stop it again
+				m.cameUp, m.mayRun = false, false // down: a take-back that does not wake it must not stop it again
 			}
 			if up := m.up.Load(); up != nil {
 				up.CloseIdle()

@@ -65,7 +65,8 @@ func fleetRoute(min int, serial bool, names ...string) *registry.Route {
 
 // TestFleetRollup: five members, one that never turns healthy (c) and one misconfigured (e). The
 // rollup is up, up, timeout, up, error in both modes; with min_ready 3 the wake succeeds, with 4 it
-// fails; the parallel wake has all five starting at once, the serial one never two.
+// fails, and the members that came up then read stopped (settle); the parallel wake has all five
+// starting at once, the serial one never two.
 func TestFleetRollup(t *testing.T) {
 	for _, tc := range []struct {
 		serial bool
@@ -111,7 +112,11 @@ func TestFleetRollup(t *testing.T) {
 			for _, m := range rec.Members {
 				got = append(got, m.Status)
 			}
-			if want := []string{"up", "up", "timeout", "up", "error"}; !slices.Equal(got, want) {
+			want := []string{"up", "up", "timeout", "up", "error"}
+			if tc.min == 4 {
+				want = []string{memberStopped, memberStopped, "timeout", memberStopped, "error"}
+			}
+			if !slices.Equal(got, want) {
 				t.Fatalf("serial=%v min_ready=%d: rollup %v, want %v", tc.serial, tc.min, got, want)
 			}
 			if rec.Members[2].Phase != "health" || rec.Members[4].Class != "terminal" || rec.Members[2].Class != "retryable" {
@@ -129,7 +134,9 @@ func TestFleetRollup(t *testing.T) {
 
 // TestFleetFastFail: all three members needed, and b is misconfigured. The wake fails at once, naming
 // b, its phase and class; a and c, still starting, are cancelled because of b, each with the phase
-// it had reached; and no member is left running.
+// it had reached. No member is left running, and none is sent a stop: a and c were cancelled in their
+// Wake, which leaves nothing running when it fails, and b never started
+// (TestFleetFailedWakeStopsOnlyWhatItStarted has one that came up).
 func TestFleetFastFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var active, most atomic.Int32
@@ -160,9 +167,47 @@ func TestFleetFastFail(t *testing.T) {
 			}
 		}
 		for n, fb := range members {
-			if n != "b" && fb.sleeps.Load() == 0 {
-				t.Fatalf("member %s was not stopped after the failed wake", n)
+			if k := fb.sleeps.Load(); k != 0 {
+				t.Errorf("member %s, which the failed wake never started, was sent %d stops", n, k)
 			}
+		}
+	})
+}
+
+// TestFleetFailedWakeStopsOnlyWhatItStarted: all three members are needed. a comes up; b's wake fails
+// before it starts anything (the BMC rejects the credentials); c, still starting, is cancelled by
+// that, and its backing undoes what it began (a failed Wake leaves nothing running). Only a is
+// stopped: b and c, which this wake never started and which were not running, are sent no stop (a
+// power-off, on bare metal), and a's row says it was stopped. Found by an operator trial: every
+// member was stopped, and b's stop was one more rejected login, logged as a failure of the fleet's stop.
+func TestFleetFailedWakeStopsOnlyWhatItStarted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		rejected := tenant.Terminal(errors.New("redfish: 401 Unauthorized: credentials rejected"))
+		a := &fakeBackend{}
+		b := &fakeBackend{wakeGate: make(chan struct{}), wakeErr: rejected, sleepErr: rejected}
+		c := &fakeBackend{wakeGate: make(chan struct{})} // never opened: cancelled in its start
+		s, _ := fleetServer(t, byName{"pool.a": a, "pool.b": b, "pool.c": c}, &logs, nil, fleetRoute(3, false, "a", "b", "c"))
+		errc := make(chan error, 1)
+		go func() { errc <- s.Wake(t.Context(), "pool") }()
+		synctest.Wait() // a is up; b and c are in their Wake
+		close(b.wakeGate)
+		if err := <-errc; err == nil {
+			t.Fatal("the wake succeeded without b")
+		}
+		synctest.Wait() // the failed wake's members settled and were stopped
+		if n, m, k := a.sleeps.Load(), b.sleeps.Load(), c.sleeps.Load(); n != 1 || m != 0 || k != 0 {
+			t.Errorf("stops: a %d, b %d, c %d; want a stopped once, b and c (never started) not at all", n, m, k)
+		}
+		rows := s.instance("pool").status().LastWake.Members
+		if got, want := memberStatuses(rows), []string{memberStopped, "error", "cancelled"}; !slices.Equal(got, want) {
+			t.Errorf("rows %v, want %v", got, want)
+		}
+		if !slices.ContainsFunc(rows[0].Notes, func(n string) bool { return strings.Contains(n, "the wake failed") }) {
+			t.Errorf("a's notes %q, want one saying it was stopped as the wake failed", rows[0].Notes)
+		}
+		if l := logLines(&logs, "stopping the fleet after a failed wake failed"); len(l) != 0 {
+			t.Errorf("log lines %q: no stop failed", l)
 		}
 	})
 }
