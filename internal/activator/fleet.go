@@ -138,6 +138,10 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		idx []int
 	)
 	t0 := fb.in.now() // every member's phases count from the same instant, so they can be compared
+	// w goes to each member's wake (memberUp watches the member for it) before any starts: read from
+	// fb.wake, set only once Start had returned, a member up at once took the wake before (nil at the
+	// first) for its own, and its exit marked that record's rows, or panicked (found with -race).
+	w := &fleetWake{fb: fb, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
 	for i, m := range fb.members {
 		if only != nil && !only[i] {
 			continue // it went down in the sleep this wake takes back, and stays down
@@ -146,9 +150,9 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		tr.rec.Started, tr.deadline = t0, deadline
 		trackers[i] = tr
 		idx = append(idx, i)
-		ms = append(ms, fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr) }})
+		ms = append(ms, fleet.Member{Name: m.name, Phase: tr.current, Wake: func(ctx context.Context) error { return fb.wakeMember(ctx, m, tr, w) }})
 	}
-	w := &fleetWake{fb: fb, idx: idx, trackers: trackers, t0: t0, after: make([]memberAfter, len(fb.members))}
+	w.idx = idx
 	run := fleet.Start(mctx, ms, fleet.Options{MinReady: fb.spec.MinReady, Serial: fb.spec.Serial,
 		OnSettled: func(k int, res fleet.Result) { fb.memberSettled(w, fb.members[idx[k]], res) }})
 	w.run = run // before w is shared: memberSettled does not read it
@@ -318,7 +322,7 @@ func (fb *fleetBackend) waitSettled(ctx context.Context) error {
 
 // wakeMember brings one member up through its backend and its own health gate. A member that started
 // and never passed is stopped.
-func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *tracker) (err error) {
+func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *tracker, w *fleetWake) (err error) {
 	m.op.Lock()
 	defer m.op.Unlock()
 	m.cameUp = false
@@ -351,7 +355,7 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 		}
 		return err
 	}
-	fb.memberUp(m, life)
+	fb.memberUp(m, life, w)
 	return nil
 }
 
@@ -381,11 +385,11 @@ func (fb *fleetBackend) gateMember(ctx context.Context, m *fleetMember, t *track
 	return err
 }
 
-// memberUp makes m ready and watches its life: a member that stops on its own leaves the pool, and
-// when too few are left for min_ready, the fleet stops (see memberGone). m.op is held.
-func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life) {
+// memberUp makes m, up in wake w, ready and watches its life: a member that stops on its own leaves
+// the pool, and when too few are left for min_ready, the fleet stops (see memberGone). m.op is held.
+func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life, w *fleetWake) {
 	fb.mu.Lock()
-	gen, w := fb.gen, fb.wake
+	gen := fb.gen
 	fb.mu.Unlock()
 	m.cameUp = true
 	m.ready.Store(true)
