@@ -32,11 +32,14 @@ const fleetTagEnv = "FLEET_TEST_TAG"
 // The rollup every fleet of fleetRoute has: m3 never turns healthy, m5's command is gone.
 const wantRollup = "up, up, timeout, up, error"
 
+// wantFailedRollup is wantRollup once a failed wake has stopped the members that came up.
+const wantFailedRollup = "stopped, stopped, timeout, stopped, error"
+
 // TestFleetRollupAndQuorum: three routes with the same five members (m3 answers its health path with
 // 503 for ever, m5's executable is gone since the config was loaded), awaited in parallel with
 // min_ready 3, one by one (serial: true) with min_ready 3, and in parallel with min_ready 4.
 //   - The rollup is up, up, timeout, up, error, the same serial and parallel, with each failure's
-//     class and phase.
+//     class and phase; with min_ready 4, whose wake fails, the members that came up read stopped.
 //   - With min_ready 3 requests are served, spread over the ready members: six slow requests sent one
 //     at a time go two to each of m1, m2 and m4 (least in flight). With min_ready 4 they get 503 with
 //     Retry-After once m3 times out, the failure is put on m5 (terminal), and no member process is
@@ -79,17 +82,18 @@ func TestFleetRollupAndQuorum(t *testing.T) {
 	}
 
 	// The rollups, once every member has settled: the same in parallel and one by one.
-	parRec, serRec, q4Rec := settledWake(t, s, "par"), settledWake(t, s, "ser"), settledWake(t, s, "q4")
+	parRec, serRec, q4Rec := settledWake(t, s, "par"), settledWake(t, s, "ser"), rolledUp(t, s, "q4", wantFailedRollup)
 	logRecord(t, "par", parRec)
 	for name, rec := range map[string]*activator.WakeRecord{"par": parRec, "ser": serRec, "q4": q4Rec} {
-		if got := rollup(rec); got != wantRollup {
-			t.Errorf("%s: rollup %q, want %q", name, got, wantRollup)
+		if want := map[bool]string{false: wantRollup, true: wantFailedRollup}[name == "q4"]; rollup(rec) != want {
+			t.Errorf("%s: rollup %q, want %q", name, rollup(rec), want)
 		}
 		for _, m := range rec.Members {
+			cameUp := m.Status == "up" || m.Status == "stopped"
 			switch want := map[string][2]string{"m3": {"retryable", "health"}, "m5": {"terminal", "spawn"}}[m.Name]; {
-			case m.Status == "up" && (m.Class != "" || m.Error != ""):
-				t.Errorf("%s member %s: up with class %q error %q", name, m.Name, m.Class, m.Error)
-			case m.Status != "up" && (m.Class != want[0] || m.Phase != want[1] || m.Error == ""):
+			case cameUp && (m.Class != "" || m.Error != ""):
+				t.Errorf("%s member %s: %s with class %q error %q", name, m.Name, m.Status, m.Class, m.Error)
+			case !cameUp && (m.Class != want[0] || m.Phase != want[1] || m.Error == ""):
 				t.Errorf("%s member %s: %s, class %q in phase %q (error %q), want class %s in phase %s with the error",
 					name, m.Name, m.Status, m.Class, m.Phase, m.Error, want[0], want[1])
 			}
@@ -367,6 +371,27 @@ func settledWake(t *testing.T, s *served, route string) *activator.WakeRecord {
 }
 
 // rollup is the record's members' statuses, in member order: "up, up, timeout, up, error".
+// rolledUp waits, within patience, until route's last wake has the rollup want (a failed wake's
+// members that came up read stopped once they have been), and returns it.
+func rolledUp(t *testing.T, s *served, route, want string) *activator.WakeRecord {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		rec := settledWake(t, s, route)
+		if rollup(rec) == want {
+			return rec
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: rollup %q after %v, want %q", route, rollup(rec), patience, want)
+		}
+	}
+}
+
 func rollup(rec *activator.WakeRecord) string {
 	var st []string
 	for _, m := range rec.Members {
