@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
 	"github.com/activator/activator/internal/fleet"
@@ -539,4 +541,178 @@ func (l *jsonLog) lines() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.raw)
+}
+
+// TestFleetReloadHandsTheFleetOver: with the real binary and two exec members, a reload (the config
+// file rewritten) that changes only the route's idle hands the awake fleet to the route's new instance:
+// no member process is stopped or spawned again, a WebSocket open across the reload goes on echoing
+// through the old instance, and the route is served by the new one. Found by an operator trial: an
+// edit of idle on a fleet restarted every member (on bare metal, a power cycle).
+func TestFleetReloadHandsTheFleetOver(t *testing.T) {
+	tag := uniqueTag(t)
+	routes := "routes:\n" + fleetRoute(t, "ho", fleetOpts{members: 2, tag: tag})
+	s := startServed(t, routes)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if a := getFresh(ctx, s.edge, "ho.test", "/"); a.err != nil || a.code != http.StatusOK {
+		t.Fatalf("GET ho.test: %d %q %v, want 200", a.code, a.body, a.err)
+	}
+	s.waitStatus("ho", "both members ready", func(st activator.Status) bool {
+		return len(st.Members) == 2 && st.Members[0].Ready && st.Members[1].Ready
+	})
+	waitTagged(t, tag+"-ho", 2, "ho's members")
+	pids := testenv.PidsWithEnv(fleetTagEnv, tag+"-ho")
+	slices.Sort(pids)
+
+	c, _, err := websocket.Dial(ctx, "ws://"+s.edge+"/ws", &websocket.DialOptions{Host: "ho.test"})
+	if err != nil {
+		t.Fatalf("websocket dial through the edge: %v", err)
+	}
+	defer c.CloseNow()
+	echo := func(msg string) {
+		t.Helper()
+		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatalf("write %q: %v", msg, err)
+		}
+		if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+			t.Fatalf("echo of %q: %q, %v", msg, got, err)
+		}
+	}
+	echo("before the reload")
+
+	changed := strings.Replace(routes, "idle: 10m", "idle: 20m", 1)
+	if changed == routes {
+		t.Fatal("the route has no idle: 10m to change")
+	}
+	s.rewrite(changed, 1)
+	s.waitStatus("ho", "taken over by the new instance", func(st activator.Status) bool {
+		return st.State == "awake" && st.LastWake != nil && st.LastWake.Trigger == "reload"
+	})
+	echo("after the reload") // the old instance's request in flight, on the fleet that runs on
+	if a := getFresh(ctx, s.edge, "ho.test", "/"); a.err != nil || a.code != http.StatusOK || (a.body != "m1\n" && a.body != "m2\n") {
+		t.Errorf("GET ho.test after the reload: %d %q %v, want 200 from m1 or m2", a.code, a.body, a.err)
+	}
+	now := testenv.PidsWithEnv(fleetTagEnv, tag+"-ho")
+	slices.Sort(now)
+	if !slices.Equal(now, pids) {
+		t.Errorf("member processes %v after the reload, want the same %v", now, pids)
+	}
+	for _, m := range []string{"ho.m1", "ho.m2"} {
+		if n := len(s.logs.spawns(m)); n != 1 {
+			t.Errorf("%s spawned %d times, want once", m, n)
+		}
+	}
+	for _, r := range s.logs.matching("slept") {
+		if r["route"] == "ho" {
+			t.Errorf("the fleet slept across the reload: %v", r)
+		}
+	}
+	if got := len(s.logs.matching("took over the running tenant from the replaced instance")); got != 1 {
+		t.Errorf("%d log lines of a takeover, want 1", got)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	stopServed(t, s)
+}
+
+// TestFleetOfNodesReloadAndFailedWake: fleets of nodes on one simulated BMC, through the real binary.
+//   - pool (a, b, c in turn, all needed; c's password_file holds a wrong password): a and b power on
+//     and come up, c is refused at login, and the wake fails. a and b are powered off again and read
+//     stopped in the record; c, which the wake never powered on, is sent no Reset at all, and no stop
+//     of the fleet's fails on it (found by an operator trial: every member was sent a stop).
+//   - ho (d and e), awake: a reload that changes only its idle hands it to the route's new instance
+//     with no Reset sent to either node: no power cycle for an edit of a timer (found by an operator
+//     trial).
+func TestFleetOfNodesReloadAndFailedWake(t *testing.T) {
+	ids := []string{"n1", "n2", "n3", "n4", "n5"}
+	var systems []redfishtest.System
+	for _, id := range ids {
+		systems = append(systems, redfishtest.System{ID: id, ServiceAddr: "127.0.0.1:0"})
+	}
+	bmc, err := redfishtest.New(redfishtest.Options{Username: "admin", Password: "right", Systems: systems})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bmc.Close)
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.pw"), filepath.Join(dir, "bad.pw")
+	for p, pw := range map[string]string{good: "right\n", bad: "wrong\n"} {
+		if err := os.WriteFile(p, []byte(pw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := func(hoIdle string) string {
+		return fmt.Sprintf(`routes:
+  - name: pool
+    hosts: [pool.test]
+    backing: redfish
+    idle: 10m
+    wake_budget: 1m
+    sleep_budget: 10s
+    health: {path: /, interval: 20ms}
+    redfish: {endpoint: %[1]q, username: admin, password_file: %[2]q, poll_interval: 20ms, watch_interval: 50ms, force_off: true}
+    fleet:
+      serial: true
+      members:
+        - {name: a, upstream: %[3]q, redfish: {system: n1}}
+        - {name: b, upstream: %[4]q, redfish: {system: n2}}
+        - {name: c, upstream: %[5]q, redfish: {system: n3, password_file: %[6]q}}
+  - name: ho
+    hosts: [ho.test]
+    backing: redfish
+    idle: %[9]s
+    wake_budget: 1m
+    sleep_budget: 10s
+    health: {path: /, interval: 20ms}
+    redfish: {endpoint: %[1]q, username: admin, password_file: %[2]q, poll_interval: 20ms, watch_interval: 50ms, force_off: true}
+    fleet:
+      members:
+        - {name: d, upstream: %[7]q, redfish: {system: n4}}
+        - {name: e, upstream: %[8]q, redfish: {system: n5}}
+`, bmc.URL, good, bmc.ServiceAddr("n1"), bmc.ServiceAddr("n2"), bmc.ServiceAddr("n3"), bad, bmc.ServiceAddr("n4"), bmc.ServiceAddr("n5"), hoIdle)
+	}
+	s := startServed(t, config("10m"))
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+
+	if a := getFresh(ctx, s.edge, "pool.test", "/"); a.err != nil || a.code != http.StatusServiceUnavailable {
+		t.Fatalf("GET pool.test: %d %q %v, want 503 (c cannot log in)", a.code, a.body, a.err)
+	}
+	rec := rolledUp(t, s, "pool", "stopped, stopped, error")
+	logRecord(t, "pool", rec)
+	s.waitStatus("pool", "a and b powered off", func(activator.Status) bool {
+		return bmc.PowerState("n1") == redfishtest.Off && bmc.PowerState("n2") == redfishtest.Off
+	})
+	if r := bmc.Resets("n3"); len(r) != 0 {
+		t.Errorf("c was sent Resets %v, want none: the failed wake never powered it on", r)
+	}
+	for _, id := range []string{"n1", "n2"} {
+		if r := bmc.Resets(id); len(r) != 2 || r[0] != "On" {
+			t.Errorf("%s: Resets %v, want its power-on, then one power-off", id, r)
+		}
+	}
+	if l := s.logs.matching("stopping the fleet after a failed wake failed"); len(l) != 0 {
+		t.Errorf("logged %v: no stop should have failed", l)
+	}
+
+	if a := getFresh(ctx, s.edge, "ho.test", "/"); a.err != nil || a.code != http.StatusOK {
+		t.Fatalf("GET ho.test: %d %q %v, want 200", a.code, a.body, a.err)
+	}
+	s.waitStatus("ho", "d and e ready", func(st activator.Status) bool {
+		return len(st.Members) == 2 && st.Members[0].Ready && st.Members[1].Ready
+	})
+	before := [][]string{bmc.Resets("n4"), bmc.Resets("n5")}
+	s.rewrite(config("20m"), 1)
+	s.waitStatus("ho", "taken over by the new instance", func(st activator.Status) bool {
+		return st.State == "awake" && st.Idle == "20m0s" && st.LastWake != nil && st.LastWake.Trigger == "reload"
+	})
+	if a := getFresh(ctx, s.edge, "ho.test", "/"); a.err != nil || a.code != http.StatusOK {
+		t.Errorf("GET ho.test after the reload: %d %q %v, want 200", a.code, a.body, a.err)
+	}
+	if after := [][]string{bmc.Resets("n4"), bmc.Resets("n5")}; !slices.EqualFunc(before, after, slices.Equal) {
+		t.Errorf("Resets of d and e %v across the reload, want them as before, %v: no power cycle", after, before)
+	}
+	if bmc.PowerState("n4") != redfishtest.On || bmc.PowerState("n5") != redfishtest.On {
+		t.Errorf("d and e are %s and %s after the reload, want On", bmc.PowerState("n4"), bmc.PowerState("n5"))
+	}
+	stopServed(t, s)
 }

@@ -45,14 +45,16 @@ const (
 	memberAsleep = "asleep"
 )
 
-// fleetMember is one member: its backend, its gate, its upstream client and whether it is ready.
+// fleetMember is one member: its backend and whether it is ready. Its health gate and upstream client
+// are the route's instance's (fleetView).
 type fleetMember struct {
-	route    *registry.Route // registry.Route.MemberRoute: the member's name, upstream and settings
+	// route is the member's Route as its backend was opened (registry.Route.MemberRoute): its name,
+	// backing, upstream and settings, which a handover keeps (registry.Route.SameTenant). Its keys of
+	// the edge are the opening config's: the gate and the client read the instance's (fleetView.routes).
+	route    *registry.Route
 	name     string
 	index    int // in the fleet's members
 	backend  tenant.Backend
-	gate     Gate // built by the member's first wake
-	up       atomic.Pointer[upstream.Client]
 	ready    atomic.Bool
 	inflight atomic.Int64
 	// op serialises the member's backend calls: a straggler's Wake, a Sleep, a Stop and a Close never
@@ -71,9 +73,15 @@ type fleetMember struct {
 	mayRun bool
 }
 
-// fleetBackend is a fleet route's tenant.Backend.
+// fleetBackend is a fleet route's tenant.Backend: the members and the fleet's state, which a reload
+// that keeps the tenant (registry.Route.SameTenant) hands from the route's old instance to its new one
+// with the backend (instance.inherit). What it does on its own, as members settle, leave or are
+// stopped (its logs, the route's host check, the members' gates and clients), it does for the
+// instance that owns it: owner.
 type fleetBackend struct {
-	in      *instance
+	// owner is the view of the instance that owns the backend: the one that opened it, then each heir
+	// from its handover on (fleetView.own). Never nil once the instance is made (openLocked).
+	owner   atomic.Pointer[fleetView]
 	spec    *registry.Fleet
 	members []*fleetMember
 	newGate func(*registry.Route) Gate
@@ -94,6 +102,54 @@ var (
 	_ tenant.Stopper = (*fleetBackend)(nil)
 	_ tenant.Closer  = (*fleetBackend)(nil)
 )
+
+// fleetView is an instance's side of its route's fleet: the members' routes under the instance's config
+// (their health blocks, max_upstream_conns, the route's response_timeout) and, by member, the health
+// gate and upstream client built from them. The instance that opened the fleet and each heir it is
+// handed to have a view of their own over the one fleetBackend, so that a handover that changed
+// health or response_timeout applies them, as it does for a single tenant, and the old instance's
+// requests in flight finish on its own clients, which its teardown closes (dropUpstream).
+type fleetView struct {
+	*fleetBackend
+	in     *instance
+	routes []*registry.Route // by member: in.route's registry.Route.MemberRoute
+	ups    []atomic.Pointer[upstream.Client]
+	// gates are the members' health gates, each built by the member's first wake under this view and
+	// guarded by the member's op.
+	gates []Gate
+}
+
+// newFleetView returns in's view of fb; r is in's route, whose fleet is fb's (registry.Fleet's same).
+func newFleetView(fb *fleetBackend, r *registry.Route, in *instance) *fleetView {
+	v := &fleetView{fleetBackend: fb, in: in, ups: make([]atomic.Pointer[upstream.Client], len(fb.members)), gates: make([]Gate, len(fb.members))}
+	for _, m := range r.Fleet.Members {
+		v.routes = append(v.routes, r.MemberRoute(m))
+	}
+	return v
+}
+
+// cur is the view of the instance that owns the fleet now.
+func (fb *fleetBackend) cur() *fleetView { return fb.owner.Load() }
+
+// own makes v's instance the fleet's owner: it opened it, or it is the heir it is handed to
+// (instance.inherit). The fleet's series are its from then on, if the fleet has woken.
+func (v *fleetView) own() {
+	v.owner.Store(v)
+	v.seriesIfWoken()
+}
+
+// seriesIfWoken makes the route's fleet series read from the fleet through v's instance's hold on the
+// route's series (instanceMetrics.fleetWoke), if the fleet has woken before: a route's fleet series
+// are its newest instance's, and an heir's first wake may be hours away, or never come.
+func (v *fleetView) seriesIfWoken() {
+	fb := v.fleetBackend
+	fb.mu.Lock()
+	woken := fb.run != nil
+	fb.mu.Unlock()
+	if woken {
+		v.in.series.fleetWoke(fb)
+	}
+}
 
 // openFleet opens the backend of each of r's members. On failure it closes those it opened.
 func openFleet(o tenant.Opener, r *registry.Route, newGate func(*registry.Route) Gate) (*fleetBackend, error) {
@@ -128,7 +184,9 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 	if rec == nil || rec.snapshot().Trigger != string(triggerSleepFailed) {
 		only = nil
 	}
-	fb.in.series.fleetWoke(fb) // its series: from its first wake, read at each scrape
+	// The owner's instance: only the instance that owns the backend wakes it.
+	v := fb.cur()
+	v.in.series.fleetWoke(fb) // its series: from its first wake, read at each scrape
 
 	mctx, cancel := detachWithDeadline(ctx) // stragglers outlive this call, not the wake budget
 	deadline, _ := mctx.Deadline()
@@ -137,7 +195,7 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		ms  []fleet.Member
 		idx []int
 	)
-	t0 := fb.in.now() // every member's phases count from the same instant, so they can be compared
+	t0 := v.in.now() // every member's phases count from the same instant, so they can be compared
 	// w goes to each member's wake (memberUp watches the member for it) before any starts: read from
 	// fb.wake, set only once Start had returned, a member up at once took the wake before (nil at the
 	// first) for its own, and its exit marked that record's rows, or panicked (found with -race).
@@ -146,7 +204,7 @@ func (fb *fleetBackend) Wake(ctx context.Context, t tenant.Tracker) (*tenant.Lif
 		if only != nil && !only[i] {
 			continue // it went down in the sleep this wake takes back, and stays down
 		}
-		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, fb.in.now)
+		tr := newTracker(m.route.Name, m.route.Backing, triggerRequest, v.in.now)
 		tr.rec.Started, tr.deadline = t0, deadline
 		trackers[i] = tr
 		idx = append(idx, i)
@@ -206,7 +264,8 @@ func (fb *fleetBackend) settle(w *fleetWake, failed bool, cancel context.CancelF
 	fb.mu.Lock()
 	fb.gen++ // the members that came up are stopped by us, not gone on their own
 	fb.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
+	in := fb.cur().in
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 	defer cancel()
 	err := fb.each(ctx, func(ctx context.Context, m *fleetMember, _ bool) error {
 		if !m.mayRun {
@@ -221,7 +280,7 @@ func (fb *fleetBackend) settle(w *fleetWake, failed bool, cancel context.CancelF
 		return err
 	})
 	if err != nil {
-		fb.in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
+		in.logger().Warn("stopping the fleet after a failed wake failed", "err", err)
 	}
 }
 
@@ -247,7 +306,7 @@ func (fb *fleetBackend) memberSettled(w *fleetWake, m *fleetMember, res fleet.Re
 	if up {
 		msg += ": the fleet runs without it"
 	}
-	fb.in.logger().Warn(msg, "member", res.Name, "status", string(res.Status), "phase", res.Phase, "class", string(res.Class),
+	fb.cur().in.logger().Warn(msg, "member", res.Name, "status", string(res.Status), "phase", res.Phase, "class", string(res.Class),
 		"err", res.Err, "ready", fb.ready(), "min_ready", fb.minReady(), "members", len(fb.members))
 }
 
@@ -288,9 +347,11 @@ func checkLeft(err error, cleared func(member string) bool, fleetUp bool) (left,
 	return errors.Join(keep...), errors.Join(drop...)
 }
 
-// clearCheck takes member's finding out of the route's host check, now that it came up.
+// clearCheck takes member's finding out of the route's host check, now that it came up: the host check
+// of the instance that owns the fleet (after a handover, the heir's, whose takeover clears the findings
+// of the members ready by then: instance.checkHandedLocked).
 func (fb *fleetBackend) clearCheck(member string) {
-	in := fb.in
+	in := fb.cur().in
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.checkErr == nil {
@@ -320,11 +381,13 @@ func (fb *fleetBackend) waitSettled(ctx context.Context) error {
 	}
 }
 
-// wakeMember brings one member up through its backend and its own health gate. A member that started
-// and never passed is stopped.
+// wakeMember brings one member up through its backend and its own health gate, the owner's (a
+// member still waking when the fleet is handed over goes on with the gate it began with). A member
+// that started and never passed is stopped.
 func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *tracker, w *fleetWake) (err error) {
 	m.op.Lock()
 	defer m.op.Unlock()
+	v := fb.cur()
 	m.cameUp = false
 	defer func() { t.finish(wakeResult(triggerRequest, true, err), err) }() // closes the last phase
 	t.begin(tenant.PhaseStart)
@@ -339,14 +402,14 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 	if err = ctx.Err(); err == nil {
 		// The gate's faults are the activator's to classify (a health path that can never pass is
 		// terminal), before internal/fleet rolls the member up.
-		if err = fb.gateMember(ctx, m, t, life); err != nil {
+		if err = v.gateMember(ctx, m, t, life); err != nil {
 			err = tenant.Classify(classOf(err), err)
 		}
 	}
 	if err != nil { // unhealthy, or cancelled (a fast-fail) once it had started: it must not run on
 		t.failed()
 		t.Phase(tenant.PhaseStop)
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fb.in.route.SleepBudget)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.in.route.SleepBudget)
 		defer cancel()
 		if serr := stopBackend(sctx, m.backend); serr != nil {
 			t.Note("stopping the unhealthy member failed: " + serr.Error())
@@ -359,25 +422,28 @@ func (fb *fleetBackend) wakeMember(ctx context.Context, m *fleetMember, t *track
 	return nil
 }
 
-func (fb *fleetBackend) gateMember(ctx context.Context, m *fleetMember, t *tracker, life *tenant.Life) error {
+// gateMember waits for m's health gate under v's config. m.op is held.
+func (v *fleetView) gateMember(ctx context.Context, m *fleetMember, t *tracker, life *tenant.Life) error {
 	t.then(tenant.PhaseHealth)
-	if b := fb.in.route.Health.Budget; b > 0 {
+	if b := v.in.route.Health.Budget; b > 0 {
 		t.PhaseBudget(b)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b)
 		defer cancel()
 	}
-	if m.gate == nil {
-		m.gate = fb.newGate(m.route)
+	gate := v.gates[m.index]
+	if gate == nil {
+		gate = v.newGate(v.routes[m.index])
+		v.gates[m.index] = gate
 	}
 	var err error
-	if cg, ok := m.gate.(ConnGate); ok {
+	if cg, ok := gate.(ConnGate); ok {
 		var c net.Conn
 		if c, err = cg.WaitConn(ctx, life.Done()); c != nil {
-			fb.client(m).Adopt(c)
+			v.client(m).Adopt(c)
 		}
 	} else {
-		err = m.gate.Wait(ctx, life.Done())
+		err = gate.Wait(ctx, life.Done())
 	}
 	if errors.Is(err, health.ErrGone) {
 		err = fmt.Errorf("%w: %w", err, life.Err())
@@ -393,16 +459,15 @@ func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life, w *fleetWake
 	fb.mu.Unlock()
 	m.cameUp = true
 	m.ready.Store(true)
+	root := fb.cur().in.root // the server's, whichever instance owns the fleet
 	go func() {
 		select {
 		case <-life.Done():
-		case <-fb.in.root.Done():
+		case <-root.Done():
 			return
 		}
 		m.ready.Store(false)
-		if up := fb.client(m); up != nil {
-			up.CloseIdle()
-		}
+		fb.cur().closeIdle(m)
 		fb.memberGone(m, gen, w, life.Err())
 	}()
 }
@@ -426,7 +491,7 @@ func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why
 	if ready >= fb.minReady() {
 		fb.mu.Unlock()
 		w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf("; the fleet stayed up (%d ready, min_ready %d)", ready, fb.minReady()))
-		fb.in.logger().Warn("fleet member stopped on its own", "member", m.name, "err", why, "ready", ready)
+		fb.cur().in.logger().Warn("fleet member stopped on its own", "member", m.name, "err", why, "ready", ready)
 		return
 	}
 	fb.life = nil
@@ -438,7 +503,8 @@ func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why
 	// all. A member that never came up is not asked (see fleetMember.cameUp): asked again, a node whose
 	// BMC rejects the credentials logged one more rejected login, and failed the stop.
 	run.Cancel(errBelowQuorum)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(fb.in.root), fb.in.route.SleepBudget)
+	in := fb.cur().in
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 	defer cancel()
 	err := fb.each(ctx, func(ctx context.Context, o *fleetMember, wasReady bool) error {
 		if !o.cameUp {
@@ -469,6 +535,16 @@ func (fb *fleetBackend) eachReady(fn func(member string, ready bool)) {
 	for _, m := range fb.members {
 		fn(m.name, m.ready.Load())
 	}
+}
+
+// isReady reports whether the member named member is ready.
+func (fb *fleetBackend) isReady(member string) bool {
+	for _, m := range fb.members {
+		if m.name == member {
+			return m.ready.Load()
+		}
+	}
+	return false
 }
 
 func (fb *fleetBackend) ready() int {
@@ -694,9 +770,7 @@ func (fb *fleetBackend) eachMember(ctx context.Context, op memberOp) (errs []err
 			} else {
 				m.cameUp, m.mayRun = false, false // down: a take-back that does not wake it must not stop it again
 			}
-			if up := m.up.Load(); up != nil {
-				up.CloseIdle()
-			}
+			fb.cur().closeIdle(m)
 		})
 	}
 	wg.Wait()
@@ -719,9 +793,16 @@ func stopBackend(ctx context.Context, b tenant.Backend) error {
 	return b.Sleep(ctx)
 }
 
-// client returns m's upstream client, built on first use.
-func (fb *fleetBackend) client(m *fleetMember) *upstream.Client {
-	return fb.in.lazyClient(&m.up, m.route)
+// client returns m's upstream client under v's config, built on first use.
+func (v *fleetView) client(m *fleetMember) *upstream.Client {
+	return v.in.lazyClient(&v.ups[m.index], v.routes[m.index])
+}
+
+// closeIdle closes m's idle upstream connections under v, if v has a client for it.
+func (v *fleetView) closeIdle(m *fleetMember) {
+	if c := v.ups[m.index].Load(); c != nil {
+		c.CloseIdle()
+	}
 }
 
 // pick returns the ready member with the fewest requests in flight, or nil.
@@ -735,24 +816,23 @@ func (fb *fleetBackend) pick() *fleetMember {
 	return best
 }
 
-// serve proxies r to the least busy ready member.
-func (fb *fleetBackend) serve(w http.ResponseWriter, r *http.Request) {
-	m := fb.pick()
+// serve proxies r, a request to v's instance, to the least busy ready member, on v's client: a request
+// in flight on an instance that has handed the fleet over ends on the clients it began with.
+func (v *fleetView) serve(w http.ResponseWriter, r *http.Request) {
+	m := v.pick()
 	if m == nil {
-		fb.in.upstreamFailed(w, r, errNoMember)
+		v.in.upstreamFailed(w, r, errNoMember)
 		return
 	}
 	m.inflight.Add(1)
 	defer m.inflight.Add(-1)
-	fb.client(m).Serve(w, r)
+	v.client(m).Serve(w, r)
 }
 
-// dropUpstream closes every member's idle upstream connections.
-func (fb *fleetBackend) dropUpstream() {
-	for _, m := range fb.members {
-		if c := m.up.Load(); c != nil {
-			c.CloseIdle()
-		}
+// dropUpstream closes the idle upstream connections of v's clients (the heir's are its own).
+func (v *fleetView) dropUpstream() {
+	for _, m := range v.members {
+		v.closeIdle(m)
 	}
 }
 
@@ -781,7 +861,7 @@ type memberAfter struct {
 // mark records that m, which had come up, is now status ("": unchanged) because of err (nil: none),
 // with a note: "<what> at +<time since the wake began><then>".
 func (w *fleetWake) mark(m *fleetMember, status string, err error, what, then string) {
-	at := w.fb.in.now().Sub(w.t0).Round(time.Millisecond)
+	at := w.fb.cur().in.now().Sub(w.t0).Round(time.Millisecond)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	a := &w.after[m.index]

@@ -116,9 +116,10 @@ type instance struct {
 	trusted func(netip.Addr) bool
 	// tunnel is Server.tunnelTimeout, for the upstream clients (nil bounds no tunnel). Set by Apply.
 	tunnel func() time.Duration
-	// fleet is the route's fleet of members (fleet.go), nil for a single tenant; then backend is the
-	// fleet's.
-	fleet *fleetBackend
+	// fleet is the instance's view of the route's fleet of members (fleet.go), nil for a single
+	// tenant; then backend is the fleet's (fleet.fleetBackend), which a reload that keeps the tenant
+	// hands on to the route's next instance with its own view.
+	fleet *fleetView
 
 	// Built on first use, each by its own synchronisation.
 	logOnce sync.Once

@@ -142,9 +142,10 @@ func (s *Server) Apply(cfg *registry.Config) error {
 			continue
 		}
 		// A route whose tenant is the same (only keys of the edge changed) keeps it: the new instance
-		// borrows the old one's backend, and takes the tenant over, running, when the old one retires.
+		// borrows the old one's backend (a fleet's, members and all), and takes the tenant over,
+		// running, when the old one retires.
 		var from *instance
-		if old, ok := s.instances[r.Name]; ok && old.fleet == nil && old.route.SameTenant(r) {
+		if old, ok := s.instances[r.Name]; ok && old.route.SameTenant(r) {
 			from = old
 		}
 		in, err := s.openLocked(r, from)
@@ -246,7 +247,8 @@ func retireGrace(cfg *registry.Config, successor *instance) time.Duration {
 
 // openLocked opens r's backend (a fleet's members' backends) and returns its new instance, not yet
 // started; with from, the instance r replaces when its tenant is the same, it borrows from's backend
-// instead, and waits for from to hand the tenant over (instance.inherit).
+// instead (a fleet's with a view of its own: fleetView), and waits for from to hand the tenant over
+// (instance.inherit).
 func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error) {
 	var (
 		b  tenant.Backend
@@ -254,6 +256,9 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 	)
 	if from != nil {
 		b = from.backend
+		if from.fleet != nil {
+			fb = from.fleet.fleetBackend
+		}
 	} else if r.Fleet != nil {
 		var err error
 		if fb, err = openFleet(s.opts.Opener, r, s.opts.NewGate); err != nil {
@@ -268,7 +273,15 @@ func (s *Server) openLocked(r *registry.Route, from *instance) (*instance, error
 	}
 	in := newInstance(s.root, r, b, s.log, s.opts.Metrics, s.opts.Now, func() Gate { return s.opts.NewGate(r) })
 	if fb != nil {
-		in.fleet, fb.in = fb, in
+		in.fleet = newFleetView(fb, r, in)
+		if from == nil {
+			in.fleet.own()
+		} else {
+			// The fleet is from's until the handover (inherit), but the route's series are this
+			// instance's from now on: its fleet series too, or they would be gone until the handover,
+			// which waits for a wake in progress.
+			in.fleet.seriesIfWoken()
+		}
 	}
 	in.after = s.predecessorsLocked(r.Name)
 	if from != nil {

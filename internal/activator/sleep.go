@@ -410,6 +410,9 @@ func (in *instance) inherit(life *tenant.Life) {
 	}
 	defer in.mu.Unlock()
 	in.ho.lent = false
+	if in.fleet != nil {
+		in.fleet.own() // what the fleet does on its own (members that leave it, stop, settle) is ours now
+	}
 	if life != nil && life.Err() == nil {
 		switch in.state {
 		case Asleep:

@@ -336,6 +336,12 @@ func (in *instance) takeOver(rec *tracker) (life *tenant.Life, awake bool) {
 		return nil, false
 	}
 	rec.Note("the reload changed only keys of the edge: the tenant runs on, taken over from the replaced instance")
+	if in.fleet != nil {
+		// Not gated again, member by member: each passed its gate as it came up, and the route's
+		// health block applies from each member's next wake (fleetView.gateMember).
+		rec.Note(fmt.Sprintf("the fleet runs on, %d of %d members ready (min_ready %d); its members are not probed again",
+			in.fleet.ready(), len(in.fleet.members), in.fleet.minReady()))
+	}
 	return life, true
 }
 
@@ -442,6 +448,9 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 			if in.ho != nil && !in.ho.since.IsZero() {
 				in.since, in.ho.since = in.ho.since, time.Time{} // the same tenant, awake since then
 			}
+			if in.fleet != nil {
+				in.checkHandedLocked()
+			}
 			in.logger().Info("took over the running tenant from the replaced instance", "wake_id", out.rec.ID, "duration", out.rec.Duration)
 		} else {
 			in.logger().Info("adopted a running tenant")
@@ -464,6 +473,22 @@ func (in *instance) checkWokeLocked() {
 	}
 	in.logger().Info("the route woke: the host check's finding at start-up no longer holds", "was", gone)
 	in.checkErr = left
+}
+
+// checkHandedLocked clears the host check's findings of the members of a fleet handed over by a reload
+// that are ready: they came up under the replaced instance, which cleared them there
+// (fleetBackend.clearCheck), and will not come up again for this one, whose finding at start-up is the
+// server's (openLocked) until the reload's own host check sets it again.
+func (in *instance) checkHandedLocked() {
+	if in.checkErr == nil {
+		return
+	}
+	left, gone := checkLeft(in.checkErr, in.fleet.isReady, false)
+	if gone == nil {
+		return
+	}
+	in.checkErr = left
+	in.logger().Info("fleet members up when the reload handed the fleet over: the host check's finding at start-up no longer holds for them", "was", gone)
 }
 
 // failLocked moves to Failed after a failed wake and sets the backoff, doubled on each consecutive

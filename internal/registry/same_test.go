@@ -133,8 +133,9 @@ func setLeaf(v reflect.Value, other bool) {
 	}
 }
 
-// TestSameTenant: a route keeps its tenant across a change of the edge's keys, and not across a change
-// of what the backing runs, where it listens, its budgets, or for a fleet, a dependent or an instance.
+// TestSameTenant: a route keeps its tenant across a change of the edge's keys, a fleet too, and not
+// across a change of what the backing runs, where it listens, its budgets, its fleet (added, removed,
+// a member or the quorum changed), or for a dependent or an instance.
 func TestSameTenant(t *testing.T) {
 	base := func() *Route {
 		return &Route{Name: "app", Backing: "exec", Upstream: Upstream{Network: "tcp", Address: "127.0.0.1:9001"},
@@ -165,6 +166,41 @@ func TestSameTenant(t *testing.T) {
 		c.edit(r)
 		if got := base().SameTenant(r); got != c.same {
 			t.Errorf("%s: SameTenant = %v, want %v", c.name, got, c.same)
+		}
+	}
+	fleet := func() *Route {
+		r := base()
+		r.Fleet = &Fleet{MinReady: 1, Members: []Member{
+			{Name: "a", Upstream: Upstream{Network: "tcp", Address: "127.0.0.1:9001"}, Settings: map[string]any{"argv": []string{"/bin/a"}}},
+			{Name: "b", Upstream: Upstream{Network: "tcp", Address: "127.0.0.1:9002"}, Settings: map[string]any{"argv": []string{"/bin/b"}}},
+		}}
+		return r
+	}
+	for _, c := range []struct {
+		name string
+		edit func(r *Route)
+		same bool
+	}{
+		{"nothing", func(*Route) {}, true},
+		{"idle", func(r *Route) { r.Idle = time.Hour }, true},
+		{"health", func(r *Route) { r.Health.Path = "/healthz" }, true},
+		{"hosts", func(r *Route) { r.Hosts = []string{"other.test"} }, true},
+		{"min_ready", func(r *Route) { r.Fleet.MinReady = 2 }, false},
+		{"serial", func(r *Route) { r.Fleet.Serial = true }, false},
+		{"a member added", func(r *Route) { r.Fleet.Members = append(r.Fleet.Members, Member{Name: "c"}) }, false},
+		{"a member removed", func(r *Route) { r.Fleet.Members = r.Fleet.Members[:1] }, false},
+		{"the members reordered", func(r *Route) { r.Fleet.Members[0], r.Fleet.Members[1] = r.Fleet.Members[1], r.Fleet.Members[0] }, false},
+		{"a member renamed", func(r *Route) { r.Fleet.Members[1].Name = "c" }, false},
+		{"a member's upstream", func(r *Route) { r.Fleet.Members[1].Upstream.Address = "127.0.0.1:9003" }, false},
+		{"a member's settings", func(r *Route) { r.Fleet.Members[1].Settings = map[string]any{"argv": []string{"/bin/c"}} }, false},
+		{"no fleet", func(r *Route) { r.Fleet = nil }, false},
+		{"requires", func(r *Route) { r.Requires = []string{"db"} }, false},
+		{"an instance", func(r *Route) { r.Instance = true }, false},
+	} {
+		r := fleet()
+		c.edit(r)
+		if got := fleet().SameTenant(r); got != c.same {
+			t.Errorf("fleet, %s: SameTenant = %v, want %v", c.name, got, c.same)
 		}
 	}
 }

@@ -89,16 +89,18 @@ func (r *Route) Same(o *Route) bool {
 		reflect.DeepEqual(r.Settings, o.Settings)
 }
 
-// SameTenant reports whether a route changed from o to r keeps the same tenant: a plain route (no
-// fleet, no requires, not an instance) whose backing, settings block, upstream, wake_budget and
-// sleep_budget are as they were, so that only keys of the edge changed (hosts, idle,
-// response_timeout, hold, health, ...). A reload hands such a route's running tenant to its new
-// instance instead of stopping it (internal/activator). The backings read nothing else of a route:
-// a unit's sleep budget and a node's budgets are derived from the two budgets compared here.
+// SameTenant reports whether a route changed from o to r keeps the same tenant: a route (not an
+// instance, no requires) whose backing, settings block, upstream, wake_budget, sleep_budget and fleet
+// block (none, or the same members in the same order, each with its name, upstream and settings, and
+// the same min_ready and serial) are as they were, so that only keys of the edge changed (hosts, idle,
+// response_timeout, hold, health, ...). A reload hands such a route's running tenant, or fleet, to its
+// new instance instead of stopping it (internal/activator). The backings read nothing else of a route
+// or a fleet member's route: a unit's sleep budget and a node's budgets are derived from the two
+// budgets compared here.
 func (r *Route) SameTenant(o *Route) bool {
 	return r.Name == o.Name && r.Backing == o.Backing && r.Upstream == o.Upstream &&
-		r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget &&
-		r.Fleet == nil && o.Fleet == nil && !r.Instance && !o.Instance && len(r.Requires) == 0 && len(o.Requires) == 0 &&
+		r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget && r.Fleet.same(o.Fleet) &&
+		!r.Instance && !o.Instance && len(r.Requires) == 0 && len(o.Requires) == 0 &&
 		reflect.DeepEqual(r.Settings, o.Settings)
 }
 
