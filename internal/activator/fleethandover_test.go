@@ -388,3 +388,73 @@ func TestReloadHandedFleetKeepsOnlyFindingsThatHold(t *testing.T) {
 		}
 	})
 }
+
+// TestReloadFleetHandoverCut: a fleet that wakes at the reload is handed over once its wake ends. When
+// the route is removed by a second reload before that, or the activator shuts down, the fleet is put
+// to sleep (removed) or its backend closed (shutdown) once, by whichever instance owns it then. (At the
+// shutdown, the member the quorum did not wait for may still be waking as the fleet closes: it is
+// stopped as its wake is called off, so the sleeps are not compared there.)
+func TestReloadFleetHandoverCut(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cut  func(t *testing.T, s *Server) <-chan error
+		want string // member counts, wakes/sleeps/closes
+	}{
+		{"removed before the handover", func(t *testing.T, s *Server) <-chan error {
+			if err := s.Apply(&registry.Config{}); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, "a 1/1/1 b 1/1/1 c 1/1/1"},
+		{"shutdown before the handover", func(t *testing.T, s *Server) <-chan error {
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				done <- s.Shutdown(ctx)
+			}()
+			synctest.Wait()
+			return done
+		}, "a 1/0/1 b 1/0/1 c 1/0/1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ms := newFleetMembers("a", "b", "c")
+				gate := make(chan struct{})
+				for _, m := range ms {
+					m.wakeGate = gate
+				}
+				s, _ := fleetServer(t, ms.opener(), io.Discard, nil, fleetRoute(2, false, "a", "b", "c"))
+				old := s.instance("pool")
+				first := request(old)
+				synctest.Wait()
+				if err := s.Apply(fleetEdgeChange(time.Hour, "a", "b", "c")); err != nil {
+					t.Fatal(err)
+				}
+				heir := s.instance("pool")
+				done := c.cut(t, s)
+				close(gate)
+				if err := <-first; err != nil {
+					t.Fatalf("the request to the old instance: %v", err)
+				}
+				if done != nil {
+					if err := <-done; err != nil {
+						t.Fatal(err)
+					}
+				}
+				synctest.Wait()
+				wantRetired(t, old)
+				if done == nil {
+					wantRetired(t, heir)
+				}
+				got := ms.counts()
+				if done != nil {
+					got = strings.NewReplacer("/1/1", "/0/1").Replace(got)
+				}
+				if got != c.want {
+					t.Errorf("members (wakes/sleeps/closes): %s, want %s", got, c.want)
+				}
+			})
+		})
+	}
+}
