@@ -113,7 +113,7 @@ const namedChanges = 20
 // Apply makes cfg the running configuration. Unchanged routes keep their instance (and their awake
 // tenant). A changed route gets a new instance whose first wake waits until the old one has retired;
 // the old one finishes its in-flight and held requests, sleeps, and closes. Removed routes retire the
-// same way. Held requests are never dropped. If a backend cannot be opened, nothing changes and the
+// same way, and then their backends forget the tenant (tenant.Forgetter, instance.forget). Held requests are never dropped. If a backend cannot be opened, nothing changes and the
 // error names the route; likewise if cfg.Edge.BodyBufferDir cannot hold spill files. cfg.Edge's
 // per-request limits (body, hold caps) apply from the next request on.
 func (s *Server) Apply(cfg *registry.Config) error {

@@ -5,8 +5,10 @@ package activator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
 
@@ -198,7 +200,8 @@ func (in *instance) sleepNow(ctx context.Context, reason string) error {
 
 // retire marks the instance as removed or replaced: it sleeps (ReasonReload) as soon as no request is
 // in flight or held, then closes its backend and its upstream connections and lets go of the route's
-// metric series. retired is closed when that is done.
+// metric series, and, when the running config no longer has its tenant, has the backend forget it
+// (forget). retired is closed when that is done.
 func (in *instance) retire(grace time.Duration) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -264,10 +267,17 @@ func (in *instance) maybeRetireLocked() {
 		if heir != nil {
 			in.ho.lent = true // the heir's from now on: it inherits no tenant, only the backend
 		}
+		// What the backend keeps of the tenant may go once it is closed, if the tenant is gone from
+		// the config (forget): not when an heir takes the backend on, nor after a sleep that failed,
+		// whose tenant may still run.
+		forget := heir == nil && in.slpErr == nil
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
 			in.teardown()
+			if forget {
+				in.forget() // before retired closes: a route added back meanwhile waits for it
+			}
 			close(in.retired)
 			if heir != nil {
 				heir.inherit(nil)
@@ -563,6 +573,56 @@ func (in *instance) teardownWithin(ctx context.Context) {
 	in.closeBackend(ctx)
 	in.dropUpstream()
 	in.series.release()
+}
+
+// forget tells the retired instance's backend, or each of its fleet's members', whose tenant the running
+// config no longer has that nothing will resume what it keeps (tenant.Forgetter): a route removed by
+// a reload leaves a kvm guest's snapshot, as large as the guest's memory, for good otherwise. The
+// tenant is still had when the running config has an entry of the route's name with the same backing
+// (for a fleet member, a fleet of that name with a member of that name): the entry's backend takes
+// over what this one kept (the kvm backing resumes the snapshot, or cleans it up once the guest runs
+// under the new settings). peer reads the config Apply last published; a reload that adds the route
+// back after this look makes its new instance wait for this one's retired, which closes after Forget.
+// Called once, by the retirement, after the backend's Close.
+func (in *instance) forget() {
+	if in.peer == nil {
+		return // an instance no Apply made: no running config to compare with
+	}
+	cur := in.peer(in.route.Name)
+	if cur != nil && cur.route.Backing != in.route.Backing {
+		cur = nil // the name's tenant is another backing's now: this one's is gone
+	}
+	if in.fleet == nil {
+		if cur == nil || cur.route.Fleet != nil {
+			in.forgetBackend(in.backend, "")
+		}
+		return
+	}
+	for _, m := range in.fleet.members {
+		if cur == nil || cur.route.Fleet == nil || !slices.ContainsFunc(cur.route.Fleet.Members, func(o registry.Member) bool { return o.Name == m.name }) {
+			in.forgetBackend(m.backend, m.name)
+		}
+	}
+}
+
+// forgetBackend calls b's Forget, if it has one, within the route's sleep budget (as Close), and logs
+// that it did (member: the fleet member's name, "" for the route's own backend).
+func (in *instance) forgetBackend(b tenant.Backend, member string) {
+	f, ok := b.(tenant.Forgetter)
+	if !ok {
+		return
+	}
+	log := in.logger()
+	if member != "" {
+		log = log.With("member", member)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
+	defer cancel()
+	if err := f.Forget(ctx); err != nil {
+		log.Warn("forgetting the removed tenant failed: what its backend kept stays", "err", err)
+		return
+	}
+	log.Info("removed tenant forgotten: its backend let go of what it kept for a next wake")
 }
 
 func (in *instance) closeBackend(ctx context.Context) {

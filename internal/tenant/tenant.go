@@ -178,6 +178,21 @@ type Closer interface {
 	Close(ctx context.Context) error
 }
 
+// Forgetter is implemented by backends that leave something of their tenant on the host when they
+// close, for the route's next backend to resume (a kvm guest's snapshot and RAM file): Close cannot
+// tell a reload that changes the route from one that removes it, nor from a shutdown. The activator
+// calls Forget once, after Close, when the tenant is gone from the running config: a reload removed
+// its route, gave the route's name another backing, or took the member out of its fleet. It calls it
+// only once the retiring instance has put the tenant to sleep without a failure (or found it asleep)
+// and closed the backend, and never for a backend a reload hands on to a new instance (same route,
+// same tenant), for a route a later reload added back before the old instance retired, for an
+// instance a shutdown closes before it has retired (Close may have left the tenant running), or for a
+// route that was gone from the config while the activator did not run: it cannot know of that one. Forget removes only what the backend itself wrote for this route, logs what it removed
+// and what it kept, and must not block on the tenant's other routes.
+type Forgetter interface {
+	Forget(ctx context.Context) error
+}
+
 // Stopper is implemented by backends whose Sleep can leave the tenant parked rather than stopped
 // (freeze, SIGSTOP, pause). After a wake whose tenant never turned healthy, the activator calls Stop
 // instead of Sleep: a broken tenant must really stop, not be parked to be resumed broken.
