@@ -3,8 +3,8 @@ package activator
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // forgettingBackend is a closingBackend that counts its Forgets (tenant.Forgetter) and notes, at the
@@ -78,8 +79,10 @@ func (b *forgettingBackend) wantForgotten(t *testing.T, who string) {
 }
 
 // forgetOpener opens a new forgettingBackend at each Open, and keeps them by route name (a fleet
-// member's: fleet.member), in order.
+// member's: fleet.member), in order. logs is the log of the server forgetServer makes with it.
 type forgetOpener struct {
+	logs testenv.SyncBuffer
+
 	mu     sync.Mutex
 	opened map[string][]*forgettingBackend
 }
@@ -109,7 +112,7 @@ func (o *forgetOpener) last(t *testing.T, name string) *forgettingBackend {
 
 func forgetServer(t *testing.T, o *forgetOpener, routes ...*registry.Route) *Server {
 	t.Helper()
-	s := New(Options{Opener: o, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), NewGate: func(*registry.Route) Gate { return passGate{} }})
+	s := New(Options{Opener: o, Logger: slog.New(slog.NewTextHandler(&o.logs, nil)), NewGate: func(*registry.Route) Gate { return passGate{} }})
 	apply(t, s, routes...)
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	return s
@@ -145,6 +148,9 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 			synctest.Wait()
 			wantRetired(t, old)
 			b.wantForgotten(t, "the removed route's backend")
+			if !strings.Contains(o.logs.String(), `msg="removed tenant forgotten: its backend let go of what it kept for a next wake" route=app`) {
+				t.Errorf("no log line says route app's tenant was forgotten:\n%s", o.logs.String())
+			}
 			apply(t, s, other, testRoute("third"))
 			if err := s.Shutdown(context.Background()); err != nil {
 				t.Fatal(err)
@@ -247,6 +253,9 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 			wantRetired(t, old)
 			if n, c := b.forgets.Load(), b.closes.Load(); n != 0 || c != 1 {
 				t.Errorf("after a failed last sleep: closed %d times, forgotten %d times; want closed once, never forgotten", c, n)
+			}
+			if !strings.Contains(o.logs.String(), `msg="removed tenant not forgotten: its last sleep failed`) {
+				t.Errorf("no log line says why the removed tenant was not forgotten:\n%s", o.logs.String())
 			}
 		})
 	})

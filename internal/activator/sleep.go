@@ -270,13 +270,13 @@ func (in *instance) maybeRetireLocked() {
 		// What the backend keeps of the tenant may go once it is closed, if the tenant is gone from
 		// the config (forget): not when an heir takes the backend on, nor after a sleep that failed,
 		// whose tenant may still run.
-		forget := heir == nil && in.slpErr == nil
+		forget, failed := heir == nil, in.slpErr != nil
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
 			in.teardown()
 			if forget {
-				in.forget() // before retired closes: a route added back meanwhile waits for it
+				in.forget(failed) // before retired closes: a route added back meanwhile waits for it
 			}
 			close(in.retired)
 			if heir != nil {
@@ -583,8 +583,9 @@ func (in *instance) teardownWithin(ctx context.Context) {
 // over what this one kept (the kvm backing resumes the snapshot, or cleans it up once the guest runs
 // under the new settings). peer reads the config Apply last published; a reload that adds the route
 // back after this look makes its new instance wait for this one's retired, which closes after Forget.
-// Called once, by the retirement, after the backend's Close.
-func (in *instance) forget() {
+// Called once, by the retirement, after the backend's Close; failed: the last sleep failed, and the
+// tenant may still run: nothing is forgotten then, and the log says so.
+func (in *instance) forget(failed bool) {
 	if in.peer == nil {
 		return // an instance no Apply made: no running config to compare with
 	}
@@ -594,20 +595,21 @@ func (in *instance) forget() {
 	}
 	if in.fleet == nil {
 		if cur == nil || cur.route.Fleet != nil {
-			in.forgetBackend(in.backend, "")
+			in.forgetBackend(in.backend, "", failed)
 		}
 		return
 	}
 	for _, m := range in.fleet.members {
 		if cur == nil || cur.route.Fleet == nil || !slices.ContainsFunc(cur.route.Fleet.Members, func(o registry.Member) bool { return o.Name == m.name }) {
-			in.forgetBackend(m.backend, m.name)
+			in.forgetBackend(m.backend, m.name, failed)
 		}
 	}
 }
 
 // forgetBackend calls b's Forget, if it has one, within the route's sleep budget (as Close), and logs
-// that it did (member: the fleet member's name, "" for the route's own backend).
-func (in *instance) forgetBackend(b tenant.Backend, member string) {
+// that it did (member: the fleet member's name, "" for the route's own backend); after a failed last
+// sleep it only logs why it did not.
+func (in *instance) forgetBackend(b tenant.Backend, member string, failed bool) {
 	f, ok := b.(tenant.Forgetter)
 	if !ok {
 		return
@@ -615,6 +617,10 @@ func (in *instance) forgetBackend(b tenant.Backend, member string) {
 	log := in.logger()
 	if member != "" {
 		log = log.With("member", member)
+	}
+	if failed {
+		log.Warn("removed tenant not forgotten: its last sleep failed, so it may still run; what its backend kept stays, to be removed by hand")
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 	defer cancel()

@@ -229,10 +229,11 @@ type Backend struct {
 }
 
 var (
-	_ tenant.Backend  = (*Backend)(nil)
-	_ tenant.Adopter  = (*Backend)(nil)
-	_ tenant.Closer   = (*Backend)(nil)
-	_ tenant.Preparer = (*Backend)(nil)
+	_ tenant.Backend   = (*Backend)(nil)
+	_ tenant.Adopter   = (*Backend)(nil)
+	_ tenant.Closer    = (*Backend)(nil)
+	_ tenant.Preparer  = (*Backend)(nil)
+	_ tenant.Forgetter = (*Backend)(nil)
 )
 
 // Wake brings the guest up: an awake guest returns its Life at once; a paused one is continued, under
@@ -316,6 +317,9 @@ func (b *Backend) restoreOrExplain(ctx context.Context, t tenant.Tracker, sb *in
 		t.Note(lost + ": cold boot")
 	case errors.Is(err, errNoSnapshot):
 		t.Note("no snapshot file: cold boot")
+	case errors.As(err, &re) && re.savedBy != "":
+		b.log.Warn("snapshot refused: another route saved it; cold boot instead", "saved_by", re.savedBy, "err", err)
+		t.Note(fmt.Sprintf("%v: cold boot instead", err))
 	case errors.As(err, &re):
 		b.log.Warn("snapshot refused; cold boot instead", "err", err)
 		t.Note(fmt.Sprintf("%v: cold boot instead", err))

@@ -14,11 +14,17 @@ package kvm
 // snapshot_dir (registry.Owner keeps two routes of one config apart; a reload can hand one route's
 // old dir to another).
 //
+// A route that a reload removes has no next backend to supersede its snapshot: the activator tells
+// its backend so once it has closed (Forget), and the same rules decide what goes. One removed while
+// the activator did not run is not known to the next activator (its runtime dir, where the record
+// lives, is named by the config that no longer has it), and stays.
+//
 // A snapshot refused by the checks before a restore, or that QEMU could not load, is moved aside
 // under a name of its own (the refusal's time), so a second refusal does not overwrite the evidence
 // of the first; the newest keepRefused are kept, as one may be the guest's size.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -27,6 +33,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -119,7 +126,7 @@ func (b *Backend) leaveOldDirs(how string) {
 			changed = true
 			continue
 		}
-		if b.removeLeft(dir, fmt.Sprintf("the guest %s under snapshot_dir %s", how, cur)) {
+		if b.removeLeft(dir, "kvm snapshot files removed from an earlier snapshot_dir", fmt.Sprintf("the guest %s under snapshot_dir %s", how, cur)) {
 			changed = true
 		} else {
 			keep = append(keep, dir)
@@ -132,25 +139,32 @@ func (b *Backend) leaveOldDirs(how string) {
 	}
 }
 
-// removeLeft removes the backing's files from dir, an earlier snapshot dir of the route, and logs
-// what it removed and what it kept (refused snapshots, kept as evidence; a RAM file a QEMU maps). It
-// reports whether nothing of the backing's is left to remove there.
-func (b *Backend) removeLeft(dir, why string) bool {
+// removeLeft removes the backing's files from dir, a snapshot dir the route's backend wrote into and
+// no longer uses (an earlier one, or any once the route is gone: Forget), and logs under msg what it
+// removed, and what it kept: refused snapshots (evidence), a RAM file a QEMU maps, and files under the
+// backing's names that it did not write (removeRegular). It reports whether nothing of the backing's
+// is left to remove there.
+func (b *Backend) removeLeft(dir, msg, why string) bool {
 	names := snapshotFiles
 	ram := filepath.Join(dir, ramBase)
-	if f, err := lockRAM(ram, false); err == nil {
-		defer f.Close() // held while the RAM file goes: no QEMU can map it meanwhile
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		b.log.Warn("kvm RAM file in an earlier snapshot_dir kept: in use, or cannot be locked; removed later", "file", ram, "bytes", sizeOf(ram), "err", err)
-		names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == ramBase || n == ramBase+genExt })
+	// Locked only when it is the backing's (never opened through a symlink); removeRegular names
+	// one that is not as refused.
+	if fi, err := os.Lstat(ram); err == nil && notOurs(fi) == "" {
+		if f, err := lockRAM(ram, false); err == nil {
+			defer f.Close() // held while the RAM file goes: no QEMU can map it meanwhile
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			b.log.Warn("kvm RAM file kept: in use, or cannot be locked; removed later", "file", ram, "bytes", sizeOf(ram), "why", why, "err", err)
+			names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == ramBase || n == ramBase+genExt })
+		}
 	}
-	removed, bytes, err := removeRegular(dir, names)
-	if len(removed) > 0 {
+	r := removeRegular(dir, names)
+	if len(r.removed) > 0 || len(r.refused) > 0 {
 		kept, _ := describe(dir, refusedIn(dir))
-		b.log.Info("kvm snapshot files removed from an earlier snapshot_dir", "dir", dir, "removed", strings.Join(removed, ", "), "bytes", bytes, "why", why, "kept", or(kept, "nothing"))
+		b.log.Info(msg, "dir", dir, "removed", or(strings.Join(r.removed, ", "), "nothing"), "bytes", r.bytes, "why", why,
+			"kept", or(kept, "nothing"), "refused", or(strings.Join(r.refused, ", "), "nothing"))
 	}
-	if err != nil {
-		b.log.Warn("kvm snapshot files in an earlier snapshot_dir not all removed; tried again later", "dir", dir, "err", err)
+	if r.err != nil {
+		b.log.Warn("kvm snapshot files not all removed; tried again later", "dir", dir, "err", r.err)
 		return false
 	}
 	return len(names) == len(snapshotFiles)
@@ -172,12 +186,13 @@ func (b *Backend) dropUnusedRAM(how string) {
 	b.gen.Lock()
 	b.savedGen = ""
 	b.gen.Unlock()
-	removed, bytes, err := removeRegular(b.s.SnapshotDir, ramSnapshotFiles)
-	if len(removed) > 0 {
-		b.log.Info("kvm RAM-file snapshot removed: this config does not use it", "dir", b.s.SnapshotDir, "removed", strings.Join(removed, ", "), "bytes", bytes, "why", fmt.Sprintf("the guest %s, and its RAM is no file (%s)", how, b.ramUse()))
+	r := removeRegular(b.s.SnapshotDir, ramSnapshotFiles)
+	if len(r.removed) > 0 || len(r.refused) > 0 {
+		b.log.Info("kvm RAM-file snapshot removed: this config does not use it", "dir", b.s.SnapshotDir, "removed", or(strings.Join(r.removed, ", "), "nothing"), "bytes", r.bytes,
+			"why", fmt.Sprintf("the guest %s, and its RAM is no file (%s)", how, b.ramUse()), "refused", or(strings.Join(r.refused, ", "), "nothing"))
 	}
-	if err != nil {
-		b.log.Warn("kvm RAM-file snapshot not all removed", "dir", b.s.SnapshotDir, "err", err)
+	if r.err != nil {
+		b.log.Warn("kvm RAM-file snapshot not all removed", "dir", b.s.SnapshotDir, "err", r.err)
 	}
 }
 
@@ -217,37 +232,149 @@ func (b *Backend) sayLeft() {
 
 // sayKept logs the snapshot the backend leaves in its snapshot dir as it closes (a reload that
 // replaces or removes the route, or the activator's shutdown): the route's next backend resumes it or
-// cleans it up, but a route removed from the config has none, and the backing cannot tell a removal
-// from a change (tenant.Closer says neither).
+// cleans it up, and for a route a reload removed the activator asks Forget next; but a route gone from
+// the config of a restarted activator has neither (tenant.Closer says nothing of why it closes).
 func (b *Backend) sayKept() {
 	if files, bytes := describe(b.s.SnapshotDir, snapshotFiles); files != "" {
 		b.log.Info("kvm snapshot kept as the route's backend closes", "dir", b.s.SnapshotDir, "files", files, "bytes", bytes,
-			"until", "the route's next config or activator resumes it, or removes it once its guest runs under another snapshot_dir or sleep mode; a route removed from the config leaves it: remove these files by hand")
+			"until", "the route's next config or activator resumes it, or removes it once its guest runs under another snapshot_dir or sleep mode; a reload that removes the route removes it (kvm snapshot files of a removed route removed); a route missing from a restarted activator's config leaves it: remove these files by hand")
 	}
 }
 
-// removeRegular removes those of names that are regular files in dir, and returns them described
-// ("NAME (N bytes)"), their total size and the first failure.
-func removeRegular(dir string, names []string) (removed []string, bytes int64, err error) {
+// Forget removes what the backing keeps on disk for the route, now that a reload has removed it
+// (tenant.Forgetter: the activator calls it once Close has run): the snapshot in its snapshot dir
+// (device state and RAM file, or the copy) and what it left in earlier ones, within leftover's
+// rules: only in a dir the route's record names, or whose snapshot says this route saved it (the
+// record goes with a tmpfs runtime dir at a host restart; the sidecar stays), never in a dir another
+// open route names as its snapshot_dir (a reload that hands it over, or adds this route back), only
+// the backing's own names as regular files of the activator's user, refused snapshots kept as
+// evidence, and a RAM file a QEMU maps kept. A guest that still runs (left by Close with
+// keep_running_on_exit) keeps everything: its RAM is in use. The record itself goes once nothing in it
+// is left; the runtime dir and its logs stay. Forget before Close is an error.
+func (b *Backend) Forget(ctx context.Context) error {
+	b.op.Lock()
+	defer b.op.Unlock()
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if !closed {
+		return errors.New("kvm forget: the backend is not closed")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("kvm forget: %w", err)
+	}
+	cur := filepath.Clean(b.s.SnapshotDir)
+	if pid, err := readPid(b.p.pid); err == nil && isOurQEMU(pid, b.p.sock) {
+		files, bytes := describe(cur, snapshotFiles)
+		b.log.Warn("kvm snapshot of a removed route kept: its guest still runs (keep_running_on_exit); quit it, then remove these files by hand",
+			"qemu_pid", pid, "dir", cur, "files", or(files, "none"), "bytes", bytes)
+		return nil
+	}
+	b.dirsMu.Lock()
+	defer b.dirsMu.Unlock()
+	dirs := b.readDirs()
+	if !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == cur }) {
+		if b.savedHere() {
+			dirs = append(dirs, cur)
+		} else if files, bytes := describe(cur, snapshotFiles); files != "" {
+			b.log.Warn("kvm snapshot files of a removed route kept: neither the route's record nor a snapshot there says the backing wrote them",
+				"dir", cur, "files", files, "bytes", bytes, "record", b.p.dirs)
+		}
+	}
+	var keep []string
+	for _, dir := range dirs {
+		if owner := b.prov.ownerOf(dir, b); owner != "" {
+			b.log.Info("kvm snapshot of a removed route left as it is: another route's snapshot_dir now", "dir", dir, "owner", owner)
+			continue
+		}
+		if !b.removeLeft(dir, "kvm snapshot files of a removed route removed", "the route was removed from the config") {
+			keep = append(keep, dir)
+		}
+	}
+	if len(keep) > 0 {
+		if err := b.writeDirs(keep); err != nil {
+			b.log.Warn("kvm snapshot dir record not updated", "file", b.p.dirs, "err", err)
+		}
+		return nil
+	}
+	if r := removeRegular(b.s.RuntimeDir, []string{dirsName}); r.err != nil || len(r.refused) > 0 {
+		b.log.Warn("kvm snapshot dir record of a removed route not removed", "file", b.p.dirs, "refused", or(strings.Join(r.refused, ", "), "nothing"), "err", r.err)
+	}
+	return nil
+}
+
+// savedHere reports whether a snapshot in the route's snapshot dir (the device state's sidecar, or a
+// copy's) says this route saved it (checkOwner).
+func (b *Backend) savedHere() bool {
+	file, other := b.snapFile()
+	for _, side := range []string{b.devPath() + genExt, file + genExt, other + genExt} {
+		var saved struct {
+			Route string `json:"route"`
+		}
+		if fi, err := os.Lstat(side); err != nil || notOurs(fi) != "" {
+			continue
+		}
+		if err := readSidecar(side, &saved); err == nil && saved.Route == b.name {
+			return true
+		}
+	}
+	return false
+}
+
+// removal is what removeRegular did in a dir.
+type removal struct {
+	removed []string // "NAME (N bytes)"
+	refused []string // names of the backing's found as something it did not write: "NAME (a symlink)"
+	bytes   int64    // the size of those removed
+	err     error    // the first failure
+}
+
+// removeRegular removes those of names that are regular files in dir owned by the activator's user,
+// and says what it removed and what it refused: the backing writes regular files, as its own user, so
+// a symlink, a directory or another user's file under one of its names is not its own, and is left.
+func removeRegular(dir string, names []string) removal {
+	var r removal
+	fail := func(err error) {
+		if r.err == nil {
+			r.err = err
+		}
+	}
 	for _, n := range names {
 		path := filepath.Join(dir, n)
-		fi, serr := os.Lstat(path)
-		if serr != nil || !fi.Mode().IsRegular() {
-			if serr != nil && !errors.Is(serr, fs.ErrNotExist) && err == nil {
-				err = serr
+		fi, err := os.Lstat(path)
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				fail(err)
 			}
 			continue
 		}
-		if rerr := os.Remove(path); rerr != nil {
-			if err == nil {
-				err = rerr
-			}
+		if why := notOurs(fi); why != "" {
+			r.refused = append(r.refused, fmt.Sprintf("%s (%s)", n, why))
 			continue
 		}
-		removed = append(removed, fmt.Sprintf("%s (%d bytes)", n, fi.Size()))
-		bytes += fi.Size()
+		if err := os.Remove(path); err != nil {
+			fail(err)
+			continue
+		}
+		r.removed = append(r.removed, fmt.Sprintf("%s (%d bytes)", n, fi.Size()))
+		r.bytes += fi.Size()
 	}
-	return removed, bytes, err
+	return r
+}
+
+// notOurs says why a file found under one of the backing's names is not one the backing wrote ("" when
+// it may be): it is not a regular file, or another user owns it.
+func notOurs(fi fs.FileInfo) string {
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return "a symlink"
+	case !fi.Mode().IsRegular():
+		return "not a regular file"
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Sprintf("owned by uid %d, not the activator's", st.Uid)
+	}
+	return ""
 }
 
 // describe lists those of names that are regular files in dir ("NAME (N bytes), ...", "" for none)
@@ -357,14 +484,15 @@ func (b *Backend) pruneRefused(dir string) {
 	for _, r := range all[:len(all)-keepRefused] {
 		names = append(names, r.files...)
 	}
-	removed, bytes, err := removeRegular(dir, names)
+	rm := removeRegular(dir, names)
 	var kept []string
 	for _, r := range all[len(all)-keepRefused:] {
 		kept = append(kept, r.files...)
 	}
 	keptDesc, _ := describe(dir, kept)
-	b.log.Info("kvm older refused snapshots removed", "dir", dir, "removed", strings.Join(removed, ", "), "bytes", bytes, "kept", keptDesc, "keep", keepRefused)
-	if err != nil {
-		b.log.Warn("kvm older refused snapshots not all removed", "dir", dir, "err", err)
+	b.log.Info("kvm older refused snapshots removed", "dir", dir, "removed", strings.Join(rm.removed, ", "), "bytes", rm.bytes, "kept", keptDesc, "keep", keepRefused,
+		"refused", or(strings.Join(rm.refused, ", "), "nothing"))
+	if rm.err != nil {
+		b.log.Warn("kvm older refused snapshots not all removed", "dir", dir, "err", rm.err)
 	}
 }

@@ -45,11 +45,25 @@ const (
 // errRAMBusy is a RAM file whose lock another process holds: a QEMU maps it.
 var errRAMBusy = errors.New("RAM file in use by another QEMU")
 
-// refusedError is a saved device state that restore will not resume: it does not match its own
-// sidecar, or its RAM file does not match it.
-type refusedError struct{ why string }
+// refusedError is a saved snapshot that restore will not resume: it does not match its own sidecar,
+// its RAM file or disk does not match it, or another route saved it (savedBy: that route's name).
+type refusedError struct {
+	why     string
+	savedBy string
+}
 
 func (e *refusedError) Error() string { return "snapshot refused: " + e.why }
+
+// checkOwner refuses a snapshot that route saved when it is not this backend's route: a snapshot_dir
+// that two routes have used (shared by mistake, or kept across a rename) must not resume one route's
+// guest in another. A snapshot saved before sidecars named their route ("") is resumed, as it was
+// before: its snapshot_dir was the route's own by config, and the next save names the route.
+func (b *Backend) checkOwner(route string) error {
+	if route == "" || route == b.name {
+		return nil
+	}
+	return &refusedError{why: fmt.Sprintf("saved by route %q, not by this route %q (a snapshot_dir that both have used)", route, b.name), savedBy: route}
+}
 
 // ramSidecar is the RAM file's sidecar (guest.ram.gen), written at a save and removed before a QEMU
 // maps the file again.
@@ -66,7 +80,8 @@ type devSidecar struct {
 	Bytes      int64   `json:"bytes"`
 	SHA256     string  `json:"sha256"`
 	RAMBytes   int64   `json:"ram_bytes"`
-	Disk       *diskID `json:"disk"` // the guest's disk at the save (disk.go)
+	Disk       *diskID `json:"disk"`            // the guest's disk at the save (disk.go)
+	Route      string  `json:"route,omitempty"` // the route that saved it (checkOwner); "" from an activator before it
 }
 
 // ramPlan is how a snapshot-mode route keeps its guest's RAM, and why. Open decides it once; Check
@@ -243,13 +258,16 @@ func (b *Backend) savedRAM(held bool) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := b.checkOwner(dev.Route); err != nil {
+		return nil, err
+	}
 	if why := diskMoved(dev.Disk, b.s.Disk); why != "" {
-		return nil, &refusedError{why}
+		return nil, &refusedError{why: why}
 	}
 	if held {
 		fi, err := os.Stat(b.ramPath())
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, &refusedError{"RAM file " + ramBase + " missing"}
+			return nil, &refusedError{why: "RAM file " + ramBase + " missing"}
 		}
 		if err != nil {
 			return nil, err
@@ -258,7 +276,7 @@ func (b *Backend) savedRAM(held bool) (*os.File, error) {
 	}
 	f, err := lockRAM(b.ramPath(), false)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, &refusedError{"RAM file " + ramBase + " missing"}
+		return nil, &refusedError{why: "RAM file " + ramBase + " missing"}
 	}
 	if err != nil {
 		return nil, err
@@ -283,12 +301,12 @@ func (b *Backend) claimRAM(dev devSidecar, size int64) error {
 	side := b.ramPath() + genExt
 	var rs ramSidecar
 	if err := readSidecar(side, &rs); errors.Is(err, fs.ErrNotExist) {
-		return &refusedError{"the RAM file has no generation: it has run since the save"}
+		return &refusedError{why: "the RAM file has no generation: it has run since the save"}
 	} else if err != nil {
-		return &refusedError{fmt.Sprintf("the RAM file's sidecar: %v", err)}
+		return &refusedError{why: fmt.Sprintf("the RAM file's sidecar: %v", err)}
 	}
 	if why := matchRAM(rs, dev, size, b.ramBytes(), hostBootID()); why != "" {
-		return &refusedError{why}
+		return &refusedError{why: why}
 	}
 	if err := os.Remove(side); err != nil {
 		return fmt.Errorf("claim the RAM file: %w", err)
@@ -319,14 +337,14 @@ func matchRAM(rs ramSidecar, dev devSidecar, size, want int64, boot string) stri
 func checkDevice(file string) (devSidecar, error) {
 	var dev devSidecar
 	if err := readSidecar(file+genExt, &dev); err != nil {
-		return dev, &refusedError{fmt.Sprintf("device state without a valid sidecar (%v)", err)}
+		return dev, &refusedError{why: fmt.Sprintf("device state without a valid sidecar (%v)", err)}
 	}
 	sum, n, err := hashFile(file)
 	if err != nil {
-		return dev, &refusedError{fmt.Sprintf("device state unreadable (%v)", err)}
+		return dev, &refusedError{why: fmt.Sprintf("device state unreadable (%v)", err)}
 	}
 	if n != dev.Bytes || sum != dev.SHA256 {
-		return dev, &refusedError{fmt.Sprintf("device state corrupt: %d bytes, sha256 %.12s; saved as %d bytes, sha256 %.12s", n, sum, dev.Bytes, dev.SHA256)}
+		return dev, &refusedError{why: fmt.Sprintf("device state corrupt: %d bytes, sha256 %.12s; saved as %d bytes, sha256 %.12s", n, sum, dev.Bytes, dev.SHA256)}
 	}
 	return dev, nil
 }
@@ -353,6 +371,7 @@ func (b *Backend) prepareBind(dev devSidecar) (*binding, error) {
 	if dev.Disk, err = readDiskID(b.s.Disk); err != nil {
 		return nil, err
 	}
+	dev.Route = b.name
 	bd := &binding{rs: ramSidecar{Generation: newGeneration(), Bytes: fi.Size(), HostBoot: hostBootID()}}
 	dev.Generation, dev.RAMBytes = bd.rs.Generation, fi.Size()
 	if bd.ramTmp, err = writeSidecarTemp(b.ramPath()+genExt, bd.rs); err != nil {

@@ -114,6 +114,7 @@ func (b *Backend) saveDevice(ctx context.Context, inst *instance) (savedState, e
 type snapSidecar struct {
 	Bytes int64   `json:"bytes"`
 	Disk  *diskID `json:"disk"`
+	Route string  `json:"route,omitempty"` // the route that saved it (checkOwner); "" from an activator before it
 }
 
 // saveCopy saves RAM and device state into the snapshot file, writes its sidecar, and flushes both to
@@ -163,7 +164,7 @@ func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, err
 	if err != nil {
 		return saved, err
 	}
-	if err := writeSidecar(final+genExt, snapSidecar{Bytes: fi.Size(), Disk: disk}); err != nil {
+	if err := writeSidecar(final+genExt, snapSidecar{Bytes: fi.Size(), Disk: disk, Route: b.name}); err != nil {
 		return saved, fmt.Errorf("snapshot: %w", err)
 	}
 	if err := syncPaths(final, final+genExt, filepath.Dir(final)); err != nil {
@@ -404,17 +405,20 @@ func (b *Backend) findSnapshot(held bool) (snapshotSource, error) {
 func (b *Backend) checkCopy(src snapshotSource) error {
 	var side snapSidecar
 	if err := readSidecar(src.side, &side); err != nil {
-		return &refusedError{fmt.Sprintf("snapshot without a valid sidecar (%v)", err)}
+		return &refusedError{why: fmt.Sprintf("snapshot without a valid sidecar (%v)", err)}
+	}
+	if err := b.checkOwner(side.Route); err != nil {
+		return err
 	}
 	fi, err := os.Stat(src.file)
 	if err != nil {
-		return &refusedError{fmt.Sprintf("snapshot unreadable (%v)", err)}
+		return &refusedError{why: fmt.Sprintf("snapshot unreadable (%v)", err)}
 	}
 	if fi.Size() != side.Bytes {
-		return &refusedError{fmt.Sprintf("snapshot is %d bytes, saved as %d", fi.Size(), side.Bytes)}
+		return &refusedError{why: fmt.Sprintf("snapshot is %d bytes, saved as %d", fi.Size(), side.Bytes)}
 	}
 	if why := diskMoved(side.Disk, b.s.Disk); why != "" {
-		return &refusedError{why}
+		return &refusedError{why: why}
 	}
 	return nil
 }
