@@ -172,8 +172,8 @@ type Preparer interface {
 
 // Closer is implemented by backends that hold resources or own tenants that must not outlive the
 // activator (exec children, QEMU processes unless configured otherwise). Close is called once, when the
-// route is removed by a reload (after Sleep) or when the activator shuts down (without Sleep: the
-// backend decides what shutdown means for its tenant).
+// route is removed by a reload (after Sleep; then Forget, for a Forgetter) or when the activator shuts
+// down (without Sleep: the backend decides what shutdown means for its tenant).
 type Closer interface {
 	Close(ctx context.Context) error
 }
@@ -187,8 +187,10 @@ type Closer interface {
 // and closed the backend, and never for a backend a reload hands on to a new instance (same route,
 // same tenant), for a route a later reload added back before the old instance retired, for an
 // instance a shutdown closes before it has retired (Close may have left the tenant running), or for a
-// route that was gone from the config while the activator did not run: it cannot know of that one. Forget removes only what the backend itself wrote for this route, logs what it removed
-// and what it kept, and must not block on the tenant's other routes.
+// route that was gone from the config while the activator did not run: it cannot know of that one.
+// Forget removes only what the backend itself wrote for this route, and logs what it removed and what
+// it kept. A route added back by a later reload waits for it: its first wake waits for the old
+// instance's retirement, which ends after Forget.
 type Forgetter interface {
 	Forget(ctx context.Context) error
 }

@@ -247,7 +247,6 @@ func TestSnapshotOfAnotherRouteIsRefused(t *testing.T) {
 	}
 }
 
-
 // TestForgetAfterTheLastSleep: a real guest, put to sleep by snapshot as a reload's retirement does
 // (a last sleep, then Close), leaves its snapshot; Forget, which the activator calls once the reload
 // has removed the route, removes it and says so, with the sizes.
