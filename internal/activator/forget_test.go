@@ -112,7 +112,7 @@ func (o *forgetOpener) last(t *testing.T, name string) *forgettingBackend {
 
 func forgetServer(t *testing.T, o *forgetOpener, routes ...*registry.Route) *Server {
 	t.Helper()
-	s := New(Options{Opener: o, Logger: slog.New(slog.NewTextHandler(&o.logs, nil)), NewGate: func(*registry.Route) Gate { return passGate{} }})
+	s := New(Options{Opener: o, Logger: slog.New(slog.NewTextHandler(&o.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), NewGate: func(*registry.Route) Gate { return passGate{} }})
 	apply(t, s, routes...)
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	return s

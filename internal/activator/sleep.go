@@ -628,7 +628,7 @@ func (in *instance) forgetBackend(b tenant.Backend, member string, failed bool) 
 		log.Warn("forgetting the removed tenant failed: what its backend kept stays", "err", err)
 		return
 	}
-	log.Info("removed tenant forgotten: its backend let go of what it kept for a next wake")
+	log.Debug("removed tenant forgotten: its backend let go of what it kept for a next wake") // the backend logs what it removed
 }
 
 func (in *instance) closeBackend(ctx context.Context) {
