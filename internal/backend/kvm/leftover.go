@@ -153,7 +153,7 @@ func (b *Backend) removeLeft(dir, msg, why string) bool {
 		if f, err := lockRAM(ram, false); err == nil {
 			defer f.Close() // held while the RAM file goes: no QEMU can map it meanwhile
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			b.log.Warn("kvm RAM file kept: in use, or cannot be locked; removed later", "file", ram, "bytes", sizeOf(ram), "why", why, "err", err)
+			b.log.Warn("kvm RAM file kept: a QEMU maps it, or it cannot be locked; its dir stays in the route's record", "file", ram, "bytes", sizeOf(ram), "why", why, "err", err)
 			names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == ramBase || n == ramBase+genExt })
 		}
 	}
@@ -164,7 +164,7 @@ func (b *Backend) removeLeft(dir, msg, why string) bool {
 			"kept", or(kept, "nothing"), "refused", or(strings.Join(r.refused, ", "), "nothing"))
 	}
 	if r.err != nil {
-		b.log.Warn("kvm snapshot files not all removed; tried again later", "dir", dir, "err", r.err)
+		b.log.Warn("kvm snapshot files not all removed; the dir stays in the route's record", "dir", dir, "why", why, "err", r.err)
 		return false
 	}
 	return len(names) == len(snapshotFiles)
