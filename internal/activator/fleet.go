@@ -910,12 +910,44 @@ type MemberStatus struct {
 	Upstream string `json:"upstream"`
 	Ready    bool   `json:"ready"`
 	InFlight int64  `json:"in_flight"`
+	// Warning is the member's backend's (tenant.Warner), such as a BMC that rejected its credentials;
+	// the fleet's own Warning names every member's.
+	Warning string `json:"warning,omitempty"`
 }
 
 func (fb *fleetBackend) status() []MemberStatus {
 	out := make([]MemberStatus, len(fb.members))
 	for i, m := range fb.members {
-		out[i] = MemberStatus{Name: m.name, Upstream: m.route.Upstream.String(), Ready: m.ready.Load(), InFlight: m.inflight.Load()}
+		out[i] = MemberStatus{Name: m.name, Upstream: m.route.Upstream.String(), Ready: m.ready.Load(), InFlight: m.inflight.Load(),
+			Warning: memberWarning(m)}
 	}
 	return out
+}
+
+// Warning is the fleet's tenant.Warner: its members' warnings, each after the member's name, "; "
+// between them, or "" when none has one. A member's backend can warn of what the fleet's state does
+// not show (a BMC that rejected the credentials, so that the member's wakes, sleeps and watch send
+// nothing to it), and the route's status is where the operator looks. Like theirs, it does no I/O.
+func (fb *fleetBackend) Warning() string {
+	var b strings.Builder
+	for _, m := range fb.members {
+		if w := memberWarning(m); w != "" {
+			if b.Len() > 0 {
+				b.WriteString("; ")
+			}
+			b.WriteString("member ")
+			b.WriteString(m.name)
+			b.WriteString(": ")
+			b.WriteString(w)
+		}
+	}
+	return b.String()
+}
+
+// memberWarning is m's backend's warning (tenant.Warner), "" when it has none or cannot warn.
+func memberWarning(m *fleetMember) string {
+	if w, ok := m.backend.(tenant.Warner); ok {
+		return w.Warning()
+	}
+	return ""
 }

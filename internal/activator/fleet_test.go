@@ -902,3 +902,59 @@ func TestFleetStatusHasNoUpstream(t *testing.T) {
 		t.Errorf("upstream %q, members %+v: want none for the fleet, each member's in its row", st.Upstream, st.Members)
 	}
 }
+
+// warningBackend is a fakeBackend that warns (tenant.Warner) with what warn holds.
+type warningBackend struct {
+	*fakeBackend
+	warn *atomic.Pointer[string]
+}
+
+func (b warningBackend) Warning() string {
+	if w := b.warn.Load(); w != nil {
+		return *w
+	}
+	return ""
+}
+
+// TestFleetPassesMembersWarningsOn: a member whose backend warns (a BMC that rejected its
+// credentials) shows the warning in the fleet route's status, named by member, and in its member row;
+// members without one add nothing, and the warning goes once the member's backend drops it. Before,
+// the fleet's backend had no Warning, and a fleet of nodes held back by rejected credentials showed
+// nothing.
+func TestFleetPassesMembersWarningsOn(t *testing.T) {
+	var wa, wc atomic.Pointer[string]
+	p := byName{
+		"pool.a": warningBackend{&fakeBackend{}, &wa},
+		"pool.b": &fakeBackend{},
+		"pool.c": warningBackend{&fakeBackend{}, &wc},
+	}
+	s := New(Options{Opener: p, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NewGate: func(*registry.Route) Gate { return passGate{} }})
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Shutdown(context.Background()) }()
+	in := s.instance("pool")
+	if w := in.status().Warning; w != "" {
+		t.Fatalf("Warning = %q with no member warning, want none", w)
+	}
+	rejected := "the BMC https://10.0.0.1 rejected the credentials at 12:00:03"
+	wa.Store(&rejected)
+	other := "the BMC https://10.0.0.3 rejected the credentials at 12:01:00"
+	wc.Store(&other)
+	st := in.status()
+	if want := "member a: " + rejected + "; member c: " + other; st.Warning != want {
+		t.Fatalf("Warning = %q, want %q", st.Warning, want)
+	}
+	var rows []string
+	for _, m := range st.Members {
+		rows = append(rows, m.Warning)
+	}
+	if want := []string{rejected, "", other}; !slices.Equal(rows, want) {
+		t.Fatalf("member warnings %q, want %q", rows, want)
+	}
+	wa.Store(nil)
+	if w := in.status().Warning; w != "member c: "+other {
+		t.Fatalf("Warning = %q after a's went, want c's alone", w)
+	}
+}
