@@ -516,11 +516,15 @@ func TestLookup(t *testing.T) {
 // stopperBackend parks on Sleep (like freeze or pause) and really stops on Stop.
 type stopperBackend struct {
 	fakeBackend
-	stops atomic.Int32
+	stops    atomic.Int32
+	stopLeft atomic.Int64 // the time the last Stop's ctx had left, as a time.Duration
 }
 
 func (s *stopperBackend) Stop(ctx context.Context) error {
 	s.stops.Add(1)
+	if d, ok := ctx.Deadline(); ok {
+		s.stopLeft.Store(int64(time.Until(d)))
+	}
 	return s.fakeBackend.Sleep(ctx)
 }
 

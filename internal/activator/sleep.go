@@ -92,6 +92,10 @@ func (in *instance) stopOrSleep(ctx context.Context) error {
 func (in *instance) runSleep(reason string, done chan struct{}) {
 	defer in.wg.Done()
 	start := in.now()
+	// The requests in flight first, then the backend's budget: counted from the sleep's start, a grace
+	// as long as sleep_budget (30s each by default) left the stop nothing, and an exec tenant was killed
+	// with SIGKILL at once, noted as one that ignored SIGTERM.
+	left, grace := in.drainInFlightFor(reason)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(in.root), in.route.SleepBudget)
 	if reason == ReasonAdmin {
 		ctx = tenant.ByOperator(ctx)
@@ -101,7 +105,7 @@ func (in *instance) runSleep(reason string, done chan struct{}) {
 	}
 	ctx, notes := tenant.WithSleepNotes(ctx)
 	var err error
-	if left, grace := in.drainInFlightFor(reason); left > 0 {
+	if left > 0 {
 		// A tenant parked under them (frozen, stopped with SIGSTOP, paused) would leave them unanswered
 		// until its next wake: stopped, they end with it.
 		tenant.NoteSleep(ctx, fmt.Sprintf("%d requests still in flight after %v: the tenant was stopped, whatever its sleep mode, so that they end with it", left, grace))

@@ -100,6 +100,12 @@ func TestAdminSleepStopsUnderRequestsLeft(t *testing.T) {
 		if stops := b.stops.Load(); stops != 1 {
 			t.Errorf("stops = %d, want 1: the tenant stopped, not parked, under the request left", stops)
 		}
+		// The stop has the whole sleep_budget (10s), counted from after the grace: counted from the
+		// sleep's start, a grace as long as the budget (30s each by default) left the stop none, and
+		// an exec tenant was killed with SIGKILL at once (found by an operator trial).
+		if left := time.Duration(b.stopLeft.Load()); left != in.route.SleepBudget {
+			t.Errorf("the stop had %v of its budget left, want all of sleep_budget, %v", left, in.route.SleepBudget)
+		}
 		rec := in.hist.last(1)
 		if len(rec) != 1 || rec[0].Sleep == nil || !strings.Contains(strings.Join(rec[0].Sleep.Notes, " "), "1 requests still in flight after 15s") {
 			t.Errorf("the sleep's record %+v, want a note saying a request was still in flight", rec)
