@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -307,7 +308,18 @@ func (b *bmc) remedy(retryAt time.Time) string {
 	if key == "password_env" {
 		return fmt.Sprintf("Put the right password in %s %s and restart, or put the account right on the BMC: %s", key, src, retry)
 	}
-	return fmt.Sprintf("Put the right password in %s %s (it is read again at each wake, sleep and watch round), or put the account right on the BMC and try at once with `activator wake %s`: %s", key, src, b.route, retry)
+	return fmt.Sprintf("Put the right password in %s %s (it is read again at each wake, sleep and watch round), or put the account right on the BMC and try at once with `activator wake %s` (or `activator sleep %s`, for a node to be off): %s",
+		key, src, operatorRoute(b.route), operatorRoute(b.route), retry)
+}
+
+// operatorRoute is the route an operator names to wake or put to sleep the route named route: a fleet
+// member's route ("pool.c", registry.Route.MemberRoute) is woken and put to sleep with its fleet's
+// ("pool"); a route's name has no dot of its own.
+func operatorRoute(route string) string {
+	if fleet, _, ok := strings.Cut(route, "."); ok && fleet != "" {
+		return fleet
+	}
+	return route
 }
 
 // setRejected notes id as the credentials of this route the BMC rejected (see warning).

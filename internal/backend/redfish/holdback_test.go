@@ -438,3 +438,21 @@ func TestOperatorWakeTriesRejectedCredentials(t *testing.T) {
 		t.Errorf("the operator's retry was not logged:\n%s", e.logs)
 	}
 }
+
+// TestRemedyNamesTheRouteToWake: the held-back error's advice names the route an operator can wake
+// or put to sleep: a fleet member's fleet, not the member's own route, which `activator wake` refuses
+// (found by an operator trial: "pool.c" is not a valid route name).
+func TestRemedyNamesTheRouteToWake(t *testing.T) {
+	for route, want := range map[string]string{"metal": "metal", "pool.c": "pool", "render.node-07": "render"} {
+		if got := operatorRoute(route); got != want {
+			t.Errorf("operatorRoute(%q) = %q, want %q", route, got, want)
+		}
+	}
+	clk := newTestClock()
+	e := newEnv(t, envConfig{password: wrongPassword, now: clk.now})
+	_, _ = e.wake(t)
+	_, err := e.wake(t)
+	if msg := fmt.Sprint(err); !strings.Contains(msg, "`activator wake metal` (or `activator sleep metal`, for a node to be off)") {
+		t.Errorf("held error %q does not name the commands", msg)
+	}
+}
