@@ -8,6 +8,7 @@
 package activator
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -686,6 +687,18 @@ func (w *statusWriter) Flush() {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack takes the connection for a switch of protocols: the ReverseProxy's answer to an Upgrade (a
+// WebSocket), which writes the tenant's 101 on the hijacked connection itself, past WriteHeader. It
+// counts as that 101; before, as the 200 of a handler that wrote nothing. (http.ResponseController
+// finds it before Unwrap; the edge's own hijack, parking, takes the writer under this one.)
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.code == 0 {
+		w.code = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
 
 // fail answers r with err (writeError), unless the client went away (r's context ended): then nobody
 // is there to read an answer, and only the metrics see one, 499. It is the edge's one "client went

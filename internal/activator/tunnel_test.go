@@ -366,4 +366,11 @@ func TestTunnelsCounted(t *testing.T) {
 		tenantClosed(t)
 		want(t, counts{idle: 1, client: 2, tenant: 2})
 	})
+	// Each of the five upgrades counts as the 101 it was answered with, not as 200 (the ReverseProxy
+	// writes the 101 on the hijacked connection, past the status writer: found by an operator trial).
+	until(t, func() (bool, string) {
+		got := routeSeries(t, g, "app")
+		return got[`activator_requests_total{code="101"}`] == 5 && got[`activator_requests_total{code="200"}`] == 0,
+			fmt.Sprintf("request series %v, want 5 of code 101 and none of 200", got)
+	})
 }
