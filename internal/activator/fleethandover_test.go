@@ -458,3 +458,38 @@ func TestReloadFleetHandoverCut(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadHandoverKeepsTheReloadsOwnFindings: the reload's own host check reports, before the
+// handover, that member a's BMC rejects the credentials (a is up under the old instance all the same:
+// it was on before the password changed). The handover that follows must not clear that finding as
+// it clears the ones from before the members came up: found by an operator trial, where the finding
+// stayed or went depending on which of the two came first.
+func TestReloadHandoverKeepsTheReloadsOwnFindings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := newFleetMembers("a", "b", "c")
+		gate := make(chan struct{})
+		for _, m := range ms {
+			m.wakeGate = gate
+		}
+		s, _ := fleetServer(t, ms.opener(), io.Discard, nil, fleetRoute(2, false, "a", "b", "c"))
+		first := request(s.instance("pool"))
+		synctest.Wait() // every member blocked in its Wake: the handover waits for the wake
+		if err := s.Apply(fleetEdgeChange(time.Hour, "a", "b", "c")); err != nil {
+			t.Fatal(err)
+		}
+		fresh := &MemberCheckError{Member: "a", Err: errors.New(`route "pool.a": redfish: credentials rejected`)}
+		s.SetCheckError("pool", fresh) // the reload's check, before the handover
+		close(gate)
+		if err := <-first; err != nil {
+			t.Fatalf("the request: %v", err)
+		}
+		synctest.Wait()
+		st := s.instance("pool").status()
+		if st.State != Awake.String() {
+			t.Fatalf("the new instance is %s, want awake (handed over)", st.State)
+		}
+		if want := fresh.Error(); st.CheckError != want {
+			t.Errorf("check_error after the handover %q, want the reload's own finding %q", st.CheckError, want)
+		}
+	})
+}

@@ -156,8 +156,12 @@ type instance struct {
 	lastSlp  string      // reason of the last sleep
 	slpErr   *SleepError // the last sleep's failure; nil once a sleep succeeds
 	checkErr error       // the route's host check at start-up failed with this (Server.SetCheckError)
-	closed   bool        // no new goroutines once set
-	retiring bool        // removed or replaced: sleep as soon as nothing is in flight
+	// checkOwn: checkErr was set on this instance (setCheckError: a host check since it opened, the
+	// reload's own), not carried over from the Server's record when it opened. A handover clears only
+	// what was carried over (checkHandedLocked).
+	checkOwn bool
+	closed   bool // no new goroutines once set
+	retiring bool // removed or replaced: sleep as soon as nothing is in flight
 	// cutDue is set once a retiring instance's grace has ended (retire): from then on its requests
 	// still in flight do not keep it from sleeping and closing. cut is the grace's timer.
 	cutDue bool
@@ -245,5 +249,5 @@ func (in *instance) setStateLocked(s State) {
 func (in *instance) setCheckError(err error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.checkErr = err
+	in.checkErr, in.checkOwn = err, true
 }

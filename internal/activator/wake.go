@@ -478,9 +478,12 @@ func (in *instance) checkWokeLocked() {
 // checkHandedLocked clears the host check's findings of the members of a fleet handed over by a reload
 // that are ready: they came up under the replaced instance, which cleared them there
 // (fleetBackend.clearCheck), and will not come up again for this one, whose finding at start-up is the
-// server's (openLocked) until the reload's own host check sets it again.
+// server's (openLocked) until the reload's own host check sets it again. A finding that check has set
+// already (checkOwn) stays: it is about members that were up when it was made.
 func (in *instance) checkHandedLocked() {
-	if in.checkErr == nil {
+	if in.checkErr == nil || in.checkOwn {
+		// A finding of a check since this instance opened (the reload's own) is news about members
+		// that are up already: being up says nothing against it.
 		return
 	}
 	left, gone := checkLeft(in.checkErr, in.fleet.isReady, false)
