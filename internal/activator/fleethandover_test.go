@@ -459,37 +459,52 @@ func TestReloadFleetHandoverCut(t *testing.T) {
 	}
 }
 
-// TestReloadHandoverKeepsTheReloadsOwnFindings: the reload's own host check reports, before the
-// handover, that member a's BMC rejects the credentials (a is up under the old instance all the same:
-// it was on before the password changed). The handover that follows must not clear that finding as
-// it clears the ones from before the members came up: found by an operator trial, where the finding
-// stayed or went depending on which of the two came first.
+// TestReloadHandoverKeepsTheReloadsOwnFindings: after a fleet's handover, the reload's own host check
+// may report that member a's BMC rejects the credentials, while a is up (it was on before the password
+// changed). The handover's clearing of the findings of members that are up is for the finding carried
+// over from start-up, made before they came up; it must leave the reload's own. Found by an operator
+// trial, where the finding stayed or went depending on whether the check or the takeover came first:
+// the two orders are driven here by calling the takeover's clearing (checkHandedLocked) with each kind
+// of finding in place, since which goroutine runs first cannot be arranged from outside.
 func TestReloadHandoverKeepsTheReloadsOwnFindings(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ms := newFleetMembers("a", "b", "c")
-		gate := make(chan struct{})
-		for _, m := range ms {
-			m.wakeGate = gate
-		}
 		s, _ := fleetServer(t, ms.opener(), io.Discard, nil, fleetRoute(2, false, "a", "b", "c"))
-		first := request(s.instance("pool"))
-		synctest.Wait() // every member blocked in its Wake: the handover waits for the wake
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
 		if err := s.Apply(fleetEdgeChange(time.Hour, "a", "b", "c")); err != nil {
 			t.Fatal(err)
 		}
-		fresh := &MemberCheckError{Member: "a", Err: errors.New(`route "pool.a": redfish: credentials rejected`)}
-		s.SetCheckError("pool", fresh) // the reload's check, before the handover
-		close(gate)
-		if err := <-first; err != nil {
-			t.Fatalf("the request: %v", err)
-		}
 		synctest.Wait()
-		st := s.instance("pool").status()
-		if st.State != Awake.String() {
+		heir := s.instance("pool")
+		if st := heir.status(); st.State != Awake.String() {
 			t.Fatalf("the new instance is %s, want awake (handed over)", st.State)
 		}
-		if want := fresh.Error(); st.CheckError != want {
-			t.Errorf("check_error after the handover %q, want the reload's own finding %q", st.CheckError, want)
+		finding := &MemberCheckError{Member: "a", Err: errors.New(`route "pool.a": redfish: credentials rejected`)}
+		for _, c := range []struct {
+			own  bool
+			want string
+		}{
+			{own: true, want: finding.Error()}, // the reload's check came first: it stays
+			{own: false, want: ""},             // carried over from start-up: a is up, so it goes
+		} {
+			heir.mu.Lock()
+			heir.checkErr, heir.checkOwn = finding, c.own
+			heir.checkHandedLocked()
+			heir.mu.Unlock()
+			if got := heir.status().CheckError; got != c.want {
+				t.Errorf("own=%v: check_error after the takeover's clearing %q, want %q", c.own, got, c.want)
+			}
+		}
+		// And the Server's record reaches the instance as its own.
+		s.SetCheckError("pool", finding)
+		heir.mu.Lock()
+		heir.checkHandedLocked()
+		own := heir.checkOwn
+		heir.mu.Unlock()
+		if !own || heir.status().CheckError != finding.Error() {
+			t.Errorf("a finding set through SetCheckError after the instance opened: own=%v, check_error %q", own, heir.status().CheckError)
 		}
 	})
 }
