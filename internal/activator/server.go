@@ -192,8 +192,12 @@ func (s *Server) Apply(cfg *registry.Config) error {
 	changes, removals := 0, 0
 	for name, old := range prev {
 		if next[name] != old {
+			tenant := "" // what becomes of the running tenant, for the log line
 			if heir := next[name]; heir != nil && heir.awaitsHandover() {
 				old.bequeath(heir)
+				tenant = "kept running (only keys of the edge changed)"
+			} else if heir != nil {
+				tenant = "not kept (" + heir.route.TenantChange(old.route) + "): put to sleep once the old instance's requests end; the next request wakes it"
 			}
 			old.retire(retireGrace(cfg, next[name])) // it deletes the route's metric series once it has retired, unless next[name] holds them
 			if next[name] == nil {
@@ -201,7 +205,7 @@ func (s *Server) Apply(cfg *registry.Config) error {
 					s.log.Info("route removed", "route", name)
 				}
 			} else if changes++; changes <= namedChanges {
-				s.log.Info("route changed", "route", name)
+				s.log.Info("route changed", "route", name, "tenant", tenant)
 			}
 		}
 	}

@@ -204,3 +204,26 @@ func TestSameTenant(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantChange: the reload's log names what made a route's tenant not kept, in the config's words.
+func TestTenantChange(t *testing.T) {
+	base := func() *Route {
+		return &Route{Name: "app", Backing: "exec", Upstream: Upstream{Network: "tcp", Address: "127.0.0.1:9001"},
+			WakeBudget: time.Minute, SleepBudget: 30 * time.Second, Settings: map[string]any{"argv": []string{"/bin/app"}},
+			Fleet: &Fleet{MinReady: 1, Members: []Member{{Name: "a"}}}}
+	}
+	for want, edit := range map[string]func(r *Route){
+		"":                       func(r *Route) { r.Idle = time.Hour },
+		"fleet changed":          func(r *Route) { r.Fleet.MinReady = 2 },
+		"the exec block changed": func(r *Route) { r.Settings = map[string]any{"argv": []string{"/bin/other"}} },
+		"sleep_budget changed":   func(r *Route) { r.SleepBudget = time.Hour },
+		"backing changed":        func(r *Route) { r.Backing = "unit" },
+		"a route with requires is always started again": func(r *Route) { r.Requires = []string{"db"} },
+	} {
+		r := base()
+		edit(r)
+		if got := r.TenantChange(base()); got != want {
+			t.Errorf("TenantChange = %q, want %q", got, want)
+		}
+	}
+}

@@ -97,11 +97,33 @@ func (r *Route) Same(o *Route) bool {
 // new instance instead of stopping it (internal/activator). The backings read nothing else of a route
 // or a fleet member's route: a unit's sleep budget and a node's budgets are derived from the two
 // budgets compared here.
-func (r *Route) SameTenant(o *Route) bool {
-	return r.Name == o.Name && r.Backing == o.Backing && r.Upstream == o.Upstream &&
-		r.WakeBudget == o.WakeBudget && r.SleepBudget == o.SleepBudget && r.Fleet.same(o.Fleet) &&
-		!r.Instance && !o.Instance && len(r.Requires) == 0 && len(o.Requires) == 0 &&
-		reflect.DeepEqual(r.Settings, o.Settings)
+func (r *Route) SameTenant(o *Route) bool { return r.TenantChange(o) == "" }
+
+// TenantChange says why a route changed from o to r does not keep the same tenant (SameTenant), in
+// the config's words, for the reload's log line: the first of the keys compared that differs, or
+// what makes a route never keep it. "" when it keeps it.
+func (r *Route) TenantChange(o *Route) string {
+	switch {
+	case r.Name != o.Name:
+		return "another route"
+	case r.Instance || o.Instance:
+		return "an instance's tenant is always started again"
+	case len(r.Requires) > 0 || len(o.Requires) > 0:
+		return "a route with requires is always started again"
+	case r.Backing != o.Backing:
+		return "backing changed"
+	case r.Upstream != o.Upstream:
+		return "upstream changed"
+	case r.WakeBudget != o.WakeBudget:
+		return "wake_budget changed"
+	case r.SleepBudget != o.SleepBudget:
+		return "sleep_budget changed"
+	case !r.Fleet.same(o.Fleet):
+		return "fleet changed"
+	case !reflect.DeepEqual(r.Settings, o.Settings):
+		return "the " + r.Backing + " block changed"
+	}
+	return ""
 }
 
 // same is Same for a keep_warm window: its zone by name.
