@@ -513,6 +513,13 @@ func (b *bmc) call(ctx context.Context, op string, fn func(c *gofish.APIClient) 
 					continue
 				}
 				b.log.Info("BMC rejected the credentials in use; not logging in again: "+why, "op", op, "err", err)
+				// Held back as a login with them would be: the error says so and what to do, and the
+				// route warns (heldErr). Before, it was the session's bare 401, without either.
+				if id, ok := b.current(); ok {
+					if h := b.creds.held(id); h != nil {
+						return b.heldErr(id, h)
+					}
+				}
 			}
 		}
 		var be *BMCError

@@ -456,3 +456,49 @@ func TestRemedyNamesTheRouteToWake(t *testing.T) {
 		t.Errorf("held error %q does not name the commands", msg)
 	}
 }
+
+// TestSecondRouteGetsTheAdvice: two routes on one BMC are logged in when its password changes. The
+// first to call is refused, logs in again with the file's password and is refused again; the second,
+// refused on its session, does not log in (those credentials are known rejected) and fails with the
+// same advice as a held-back login, and warns. Found by an operator trial: the second's error was the
+// bare "credentials rejected by BMC (HTTP 401)", with no word of what to do, and no warning.
+func TestSecondRouteGetsTheAdvice(t *testing.T) {
+	systems := []redfishtest.System{{ID: "node-1", TransitionDelay: 20 * time.Millisecond}, {ID: "node-2", TransitionDelay: 20 * time.Millisecond}}
+	sim, err := redfishtest.New(redfishtest.Options{Username: testUser, Password: testPassword, Systems: systems})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	p := NewProvider(Options{})
+	a := openOn(t, p, sim, "metal-1", "node-1", 2*time.Minute)
+	b := openOn(t, p, sim, "metal-2", "node-2", 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	for _, r := range []*Backend{a, b} {
+		if err := <-wakeAsync(ctx, r); err != nil {
+			t.Fatalf("Wake: %v", err)
+		}
+	}
+	sim.SetPassword("rotated-on-the-bmc")
+	if err := a.Sleep(ctx); !errors.Is(err, ErrCredentials) {
+		t.Fatalf("first route's Sleep = %v, want ErrCredentials", err)
+	}
+	if n := sim.FailedLogins(); n != 1 {
+		t.Fatalf("%d failed logins after the first route's sleep, want 1", n)
+	}
+	err = b.Sleep(ctx)
+	if !errors.Is(err, ErrCredentials) {
+		t.Fatalf("second route's Sleep = %v, want ErrCredentials", err)
+	}
+	for _, want := range []string{"not sent", "Put the right password in", "`activator sleep metal-2`"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("second route's error %q does not say %q", err, want)
+		}
+	}
+	if w := b.Warning(); w == "" {
+		t.Error("the second route does not warn")
+	}
+	if n := sim.FailedLogins(); n != 1 {
+		t.Errorf("%d failed logins, want still 1", n)
+	}
+}
