@@ -31,8 +31,9 @@ type backings struct {
 }
 
 // newBackings wires the backings. ctx is the process lifetime: backings that hold connections (the
-// unit backing's D-Bus) keep them on it.
-func newBackings(ctx context.Context, log *slog.Logger) *backings {
+// unit backing's D-Bus) keep them on it. oneShot is for a process that checks and exits (`activator
+// check`): its errors give no advice only a running server can follow.
+func newBackings(ctx context.Context, log *slog.Logger, oneShot bool) *backings {
 	secrets := newSecretNames()
 	ex := exec.NewProvider(exec.Options{Logger: log, SecretEnv: secrets.list})
 	decoders := map[string]registry.SettingsDecoder{
@@ -47,7 +48,7 @@ func newBackings(ctx context.Context, log *slog.Logger) *backings {
 		provider: split.New(map[string]tenant.Opener{
 			"exec":    ex,
 			"kvm":     kvm.New(kvm.Options{Logger: log}),
-			"redfish": redfish.NewProvider(redfish.Options{Logger: log}),
+			"redfish": redfish.NewProvider(redfish.Options{Logger: log, OneShot: oneShot}),
 			"unit":    unit.NewProvider(unit.Options{Context: ctx, Logger: log}),
 		}),
 		exec:    ex,

@@ -15,7 +15,7 @@ import (
 func TestBackingsSecretNames(t *testing.T) {
 	t.Setenv("CMD_TEST_BMC_A", "a")
 	t.Setenv("CMD_TEST_BMC_B", "b")
-	bk := newBackings(context.Background(), slog.New(slog.DiscardHandler))
+	bk := newBackings(context.Background(), slog.New(slog.DiscardHandler), false)
 	config := func(passwordEnv string) []byte {
 		return fmt.Appendf(nil, `routes:
   - name: app

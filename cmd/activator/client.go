@@ -40,7 +40,7 @@ func cmdCheck(args []string) int {
 	logger, _ := newLogger(os.Stderr, "text", "error")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	bk := newBackings(ctx, logger)
+	bk := newBackings(ctx, logger, true)
 	defer bk.provider.Close()
 	cfg, err := registry.LoadFile(*cfgPath, bk.decoders)
 	if err == nil {

@@ -21,7 +21,7 @@ import (
 func FuzzLoad(f *testing.F) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the decoders need no lifetime, and nothing may dial on one
-	decoders := newBackings(ctx, slog.New(slog.DiscardHandler)).decoders
+	decoders := newBackings(ctx, slog.New(slog.DiscardHandler), false).decoders
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 2048 {
 			t.Skip("longer than any input this needs, and slow to minimize")

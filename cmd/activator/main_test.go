@@ -152,7 +152,7 @@ func newHarness(t testing.TB, config string, tweaks ...func(*activator.Options))
 	rec := newRecorder()
 	log := slog.New(rec.handler())
 	ctx, cancel := context.WithCancel(context.Background())
-	bk := newBackings(ctx, log)
+	bk := newBackings(ctx, log, false)
 	cfg, err := registry.Load([]byte(config), bk.decoders)
 	if err != nil {
 		cancel()

@@ -32,7 +32,7 @@ func applyRoutes(t testing.TB) {
 		fmt.Fprintf(&b, "  - name: r%d\n    hosts: [r%d.test]\n    backing: exec\n    upstream: 127.0.0.1:%d\n    exec:\n      argv: [/bin/true]\n", i, i, 10000+i%50000)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bk := newBackings(context.Background(), log)
+	bk := newBackings(context.Background(), log, false)
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)

@@ -122,7 +122,7 @@ func serve(o serveOptions) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	bk := newBackings(ctx, log)
+	bk := newBackings(ctx, log, false)
 	cfg, err := o.load(bk.loader)
 	if err != nil {
 		printConfigErrors(os.Stderr, o.configPath, err)

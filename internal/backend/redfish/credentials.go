@@ -39,8 +39,9 @@ const retryRejected = time.Hour
 // fingerprint, an HMAC under a key drawn for this process, never in plain. A fingerprint is forgotten
 // once a call with those credentials succeeds (the BMC's side was put right). Safe for concurrent use.
 type rejections struct {
-	key [32]byte         // the fingerprints' HMAC key
-	now func() time.Time // the clock: time.Now, or a test's
+	key     [32]byte         // the fingerprints' HMAC key
+	now     func() time.Time // the clock: time.Now, or a test's
+	oneShot bool             // Options.OneShot: the process checks and exits (remedy)
 
 	mu  sync.Mutex // guards the fields below
 	m   map[credsID]rejection
@@ -67,11 +68,11 @@ type rejection struct {
 }
 
 // newRejections returns an empty record whose clock is now (nil: time.Now).
-func newRejections(now func() time.Time) *rejections {
+func newRejections(now func() time.Time, oneShot bool) *rejections {
 	if now == nil {
 		now = time.Now
 	}
-	r := &rejections{m: map[credsID]rejection{}, now: now, pilots: map[credsID]*pilot{}}
+	r := &rejections{m: map[credsID]rejection{}, now: now, oneShot: oneShot, pilots: map[credsID]*pilot{}}
 	_, _ = rand.Read(r.key[:]) // never fails (crypto/rand)
 	return r
 }
@@ -298,8 +299,17 @@ func (b *bmc) heldErr(id credsID, h *hold) error {
 			h.at.Format(time.TimeOnly), b.remedy(h.retryAt))}
 }
 
-// remedy says what to do about rejected credentials, and when the timed retry comes.
+// remedy says what to do about rejected credentials, and when the timed retry comes. In a process that
+// checks and exits (Options.OneShot) it names only the fixes, not the server's commands and retry.
 func (b *bmc) remedy(retryAt time.Time) string {
+	if b.creds.oneShot {
+		const once = " (this check sends rejected credentials once per run, for the first route that uses them)"
+		if b.s.Username == "" {
+			return "Set username and a password, or put the BMC right" + once
+		}
+		key, src := b.s.passwordSource()
+		return fmt.Sprintf("Put the right password in %s %s, or put the account right on the BMC", key, src) + once
+	}
 	retry := fmt.Sprintf("no login is tried before the timed retry at %s", retryAt.Format(time.TimeOnly))
 	if b.s.Username == "" {
 		return "Set username and a password, or put the BMC right: " + retry

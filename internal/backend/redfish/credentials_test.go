@@ -316,14 +316,14 @@ func TestRoutesOfOneBMCShareRejections(t *testing.T) {
 // TestRejectionsForgetTheOldest: a BMC's rejections remember at most maxRejections credentials, the
 // most recent; a success forgets one; a fingerprint depends on the user and the password.
 func TestRejectionsForgetTheOldest(t *testing.T) {
-	r := newRejections(nil)
+	r := newRejections(nil, false)
 	if r.fingerprint("a", "bc") == r.fingerprint("ab", "c") {
 		t.Fatal("fingerprints do not tell user and password apart")
 	}
 	if a, b := r.fingerprint("u", "p"), r.fingerprint("u", "p"); a != b {
 		t.Fatal("two fingerprints of the same credentials differ")
 	}
-	if newRejections(nil).fingerprint("u", "p") == r.fingerprint("u", "p") {
+	if newRejections(nil, false).fingerprint("u", "p") == r.fingerprint("u", "p") {
 		t.Fatal("two BMCs' fingerprints of one password are equal: the key is not per BMC")
 	}
 	ids := make([]credsID, maxRejections+1)

@@ -24,6 +24,8 @@ type endpoints struct {
 	// now is the clock of each new record of rejected credentials (nil: time.Now); tests step it to
 	// bring the timed retry (retryRejected) without waiting an hour.
 	now func() time.Time
+	// oneShot is Options.OneShot, for each new record of rejected credentials.
+	oneShot bool
 
 	mu sync.Mutex // guards m
 	m  map[string]*endpointRef
@@ -44,7 +46,7 @@ func (es *endpoints) acquire(endpoint string) (*endpointState, func()) {
 	}
 	ref := es.m[key]
 	if ref == nil {
-		ref = &endpointRef{state: &endpointState{gate: newThrottleGate(es.pause), creds: newRejections(es.now)}}
+		ref = &endpointRef{state: &endpointState{gate: newThrottleGate(es.pause), creds: newRejections(es.now, es.oneShot)}}
 		es.m[key] = ref
 	}
 	ref.users++

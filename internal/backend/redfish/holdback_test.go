@@ -502,3 +502,44 @@ func TestSecondRouteGetsTheAdvice(t *testing.T) {
 		t.Errorf("%d failed logins, want still 1", n)
 	}
 }
+
+// TestCheckGivesNoServerAdvice: `activator check` (Options.OneShot) checks two routes of one BMC with
+// a password it rejects. The first is refused at the BMC; the second is held back, sending nothing, and
+// its error names the fix but not the server's commands or its timed retry, meaningless in a process
+// that exits (found by an operator trial: check advised `activator wake pool.b`).
+func TestCheckGivesNoServerAdvice(t *testing.T) {
+	e := newEnv(t, envConfig{password: wrongPassword})
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	p := NewProvider(Options{OneShot: true})
+	// The endpoint's record lives while a backend on it is open: the check's runs overlap (liveCheck
+	// checks routes at once), which this one held open stands for.
+	keep, err := p.Open(e.route)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = keep.(*Backend).Close(ctx) }()
+	if err := p.Check(ctx, e.route); !errors.Is(err, ErrCredentials) || !strings.Contains(err.Error(), "(HTTP 401)") {
+		t.Fatalf("first Check = %v, want the BMC's 401", err)
+	}
+	second := *e.route
+	second.Name = "metal-2"
+	err = p.Check(ctx, &second)
+	if !errors.Is(err, ErrCredentials) {
+		t.Fatalf("second Check = %v, want ErrCredentials", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"not sent", "Put the right password in", "this check sends rejected credentials once per run"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("second Check's error %q does not say %q", msg, want)
+		}
+	}
+	for _, not := range []string{"activator wake", "activator sleep", "timed retry"} {
+		if strings.Contains(msg, not) {
+			t.Errorf("second Check's error %q says %q, which a check process cannot follow", msg, not)
+		}
+	}
+	if n := e.sim.FailedLogins(); n != 1 {
+		t.Errorf("%d failed logins, want 1", n)
+	}
+}

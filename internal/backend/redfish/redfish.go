@@ -70,6 +70,10 @@ const (
 type Options struct {
 	// Logger receives the backing's logs, scoped per route (default: discarded).
 	Logger *slog.Logger
+	// OneShot is for a process that checks routes and exits (`activator check`): errors about
+	// credentials held back give no advice that only a running server can follow (its wake and
+	// sleep commands, the timed retry an hour later).
+	OneShot bool
 }
 
 // The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
@@ -107,7 +111,7 @@ func NewProvider(o Options) *Provider {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Provider{log: log.With("backing", "redfish")}
+	return &Provider{log: log.With("backing", "redfish"), endpoints: endpoints{oneShot: o.OneShot}}
 }
 
 // Open returns the Backend of a route whose Settings is a *Settings (from Decode). It does not contact
