@@ -62,9 +62,7 @@ func cmdCheck(args []string) int {
 	})
 	var problems []string
 	for _, r := range tenants(cfg) {
-		if err := found[r.Name]; err != nil {
-			problems = append(problems, err.Error())
-		}
+		problems = append(problems, routeProblems(found[r.Name])...)
 	}
 	if g := cfg.AdminAccess.Socket.Group; g != "" && strings.HasPrefix(cfg.Admin, "unix:") {
 		if _, err := lookupGroup(g); err != nil {
@@ -87,7 +85,7 @@ func cmdCheck(args []string) int {
 	if len(problems) > 0 {
 		fmt.Fprintf(os.Stderr, "%s: %d problem%s found on this host:\n", *cfgPath, len(problems), plural(len(problems)))
 		for _, p := range problems {
-			fmt.Fprintf(os.Stderr, "  %s\n", p)
+			fmt.Fprintf(os.Stderr, "  %s\n", strings.ReplaceAll(p, "\n", "\n    "))
 		}
 		return 1
 	}
@@ -496,4 +494,21 @@ func (c *adminClient) call(method, path string, timeout time.Duration) ([]byte, 
 		}
 	}
 	return b, resp.StatusCode, err
+}
+
+// routeProblems is one route's finding as check lists it: a fleet's, which joins one finding per
+// member (each naming its member's route), as one problem per member; nil for none. Listed as one, a
+// fleet with two members failing counted as one problem, printed on lines the list did not indent.
+func routeProblems(err error) []string {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []string
+		for _, e := range j.Unwrap() {
+			out = append(out, routeProblems(e)...)
+		}
+		return out
+	}
+	return []string{err.Error()}
 }

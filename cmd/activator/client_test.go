@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +157,25 @@ func TestStatusRunningOutside(t *testing.T) {
 		Warning: "the BMC rejected the credentials"}}, now, 0)
 	if !strings.Contains(out.String(), "the BMC rejected the credentials") {
 		t.Errorf("the table does not show the backing's warning:\n%s", out.String())
+	}
+}
+
+// TestCheckProblemsOnePerMember: a fleet's finding, one per member joined, is listed by check as one
+// problem per member (found by an operator trial: "1 problem found", then three lines, the last two
+// not indented).
+func TestCheckProblemsOnePerMember(t *testing.T) {
+	err := errors.Join(
+		&activator.MemberCheckError{Member: "b", Err: errors.New(`route "pool.b": redfish: credentials rejected`)},
+		&activator.MemberCheckError{Member: "c", Err: errors.New(`route "pool.c": redfish: credentials rejected`)})
+	got := routeProblems(err)
+	want := []string{`route "pool.b": redfish: credentials rejected`, `route "pool.c": redfish: credentials rejected`}
+	if !slices.Equal(got, want) {
+		t.Fatalf("routeProblems = %q, want %q", got, want)
+	}
+	if got := routeProblems(errors.New("one")); !slices.Equal(got, []string{"one"}) {
+		t.Fatalf("routeProblems(one) = %q", got)
+	}
+	if got := routeProblems(nil); got != nil {
+		t.Fatalf("routeProblems(nil) = %q", got)
 	}
 }

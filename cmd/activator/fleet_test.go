@@ -501,7 +501,7 @@ func TestFleetMemberWithRejectedCredentials(t *testing.T) {
 	if st := s.status("pool"); !strings.Contains(st.CheckError, `"pool.c"`) {
 		t.Errorf("check_error %q with c failing, want c's finding", st.CheckError)
 	}
-	if l := s.logs.matching("the route woke: the host check's finding at start-up no longer holds"); len(l) != 0 {
+	if l := s.logs.matching("the route woke: the host check's finding no longer holds"); len(l) != 0 {
 		t.Errorf("logged %v: c's finding still holds", l)
 	}
 	// c fails as a, b and e power on, before or after they make the quorum: the line says which.

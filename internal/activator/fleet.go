@@ -362,7 +362,7 @@ func (fb *fleetBackend) clearCheck(member string) {
 		return
 	}
 	in.checkErr = left
-	in.logger().Info("fleet member came up: the host check's finding at start-up no longer holds for it", "member", member, "was", gone)
+	in.logger().Info("fleet member came up: the host check's finding no longer holds for it", "member", member, "was", gone)
 }
 
 // waitSettled waits until the last wake's members have settled and been cleaned up.

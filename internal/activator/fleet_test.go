@@ -627,7 +627,7 @@ func TestFleetHostCheckStaysForMembersThatFail(t *testing.T) {
 				t.Errorf("log line %s: c's finding still holds", l)
 			}
 		}
-		if l := logLines(&logs, "fleet member came up: the host check's finding at start-up no longer holds for it"); len(l) != 1 || !strings.Contains(l[0], "pool.a") {
+		if l := logLines(&logs, "fleet member came up: the host check's finding no longer holds for it"); len(l) != 1 || !strings.Contains(l[0], "pool.a") {
 			t.Errorf("log lines %q, want one saying a's finding no longer holds", l)
 		}
 

@@ -471,7 +471,7 @@ func (in *instance) checkWokeLocked() {
 			return
 		}
 	}
-	in.logger().Info("the route woke: the host check's finding at start-up no longer holds", "was", gone)
+	in.logger().Info("the route woke: the host check's finding no longer holds", "was", gone)
 	in.checkErr = left
 }
 
@@ -491,7 +491,7 @@ func (in *instance) checkHandedLocked() {
 		return
 	}
 	in.checkErr = left
-	in.logger().Info("fleet members up when the reload handed the fleet over: the host check's finding at start-up no longer holds for them", "was", gone)
+	in.logger().Info("fleet members up when the reload handed the fleet over: the host check's finding no longer holds for them", "was", gone)
 }
 
 // failLocked moves to Failed after a failed wake and sets the backoff, doubled on each consecutive
