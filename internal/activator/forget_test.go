@@ -118,6 +118,19 @@ func forgetServer(t *testing.T, o *forgetOpener, routes ...*registry.Route) *Ser
 	return s
 }
 
+// awakeApp is forgetServer over route app alone, woken: its opener, the server, the route's instance
+// and its backend.
+func awakeApp(t *testing.T) (*forgetOpener, *Server, *instance, *forgettingBackend) {
+	t.Helper()
+	o := &forgetOpener{}
+	s := forgetServer(t, o, testRoute("app"))
+	old, b := s.instance("app"), o.last(t, "app")
+	if err := s.Wake(t.Context(), "app"); err != nil {
+		t.Fatal(err)
+	}
+	return o, s, old, b
+}
+
 func apply(t *testing.T, s *Server, routes ...*registry.Route) {
 	t.Helper()
 	if err := s.Apply(&registry.Config{Routes: routes}); err != nil {
@@ -168,13 +181,7 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 
 	t.Run("handed over to an heir, then removed", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			o := &forgetOpener{}
-			s := forgetServer(t, o, testRoute("app"))
-			old := s.instance("app")
-			b := o.last(t, "app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
+			_, s, old, b := awakeApp(t)
 			r := testRoute("app")
 			r.Idle = time.Hour // an edge key only: the heir takes the backend and its running tenant
 			apply(t, s, r)
@@ -197,13 +204,7 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 
 	t.Run("changed", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			o := &forgetOpener{}
-			s := forgetServer(t, o, testRoute("app"))
-			old := s.instance("app")
-			b := o.last(t, "app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
+			_, s, old, b := awakeApp(t)
 			r := testRoute("app")
 			r.WakeBudget = time.Minute // the tenant's own key: a new backend
 			apply(t, s, r)
@@ -217,13 +218,7 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 
 	t.Run("added back before it retired", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			o := &forgetOpener{}
-			s := forgetServer(t, o, testRoute("app"))
-			old := s.instance("app")
-			b := o.last(t, "app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
+			_, s, old, b := awakeApp(t)
 			release := make(chan struct{})
 			b.set(func(f *fakeBackend) { f.sleepGte = release })
 			apply(t, s)
@@ -240,13 +235,7 @@ func TestRemovedTenantIsForgotten(t *testing.T) {
 
 	t.Run("last sleep failed", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			o := &forgetOpener{}
-			s := forgetServer(t, o, testRoute("app"))
-			old := s.instance("app")
-			b := o.last(t, "app")
-			if err := s.Wake(t.Context(), "app"); err != nil {
-				t.Fatal(err)
-			}
+			o, s, old, b := awakeApp(t)
 			b.set(func(f *fakeBackend) { f.sleepErr = errors.New("will not stop") })
 			apply(t, s)
 			synctest.Wait()
