@@ -56,6 +56,17 @@ type bmc struct {
 	// rejectedID is the fingerprint of this route's credentials that the BMC rejected, or that a login
 	// was held back for, until a call succeeds (see warning); nil when none.
 	rejectedID *credsID
+	// loopWarned is the hold-back of a background loop last logged at WARN (see roundRead), until a
+	// call succeeds (as rejectedID) or a loop's round gets through. It is kept here, not in the loop,
+	// because a held-back sleep starts the watch anew at each idle window: one line for one condition.
+	loopWarned *loopWarning
+}
+
+// loopWarning is one background loop's hold-back, as logged: the loop's name and the fingerprint of
+// the rejected credentials.
+type loopWarning struct {
+	loop string
+	id   credsID
 }
 
 // session is a logged-in client and what it logged in with.

@@ -349,11 +349,41 @@ func (b *bmc) rejectedCreds() (credsID, bool) {
 	return *b.rejectedID, true
 }
 
-// clearRejected forgets the route's rejected credentials: a call with its credentials succeeded.
+// clearRejected forgets the route's rejected credentials, and the hold-back its loops logged: a call
+// with its credentials succeeded.
 func (b *bmc) clearRejected() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.rejectedID = nil
+	b.loopWarned = nil
+}
+
+// warnLoop notes that loop is held back on the credentials id, and reports whether that is news to
+// log: false when it is the hold-back logged last, with no call succeeding and no round of a loop
+// getting through since.
+func (b *bmc) warnLoop(loop string, id credsID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := loopWarning{loop: loop, id: id}
+	if b.loopWarned != nil && *b.loopWarned == w {
+		return false
+	}
+	b.loopWarned = &w
+	return true
+}
+
+// loopWarnedNow reports whether a loop's hold-back was logged, and not yet said to be over.
+func (b *bmc) loopWarnedNow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.loopWarned != nil
+}
+
+// loopWarnedOff forgets the hold-back the loops logged: a loop's round got through, and says so.
+func (b *bmc) loopWarnedOff() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.loopWarned = nil
 }
 
 // warning says, without I/O, that the BMC rejected the route's credentials and what sends nothing to

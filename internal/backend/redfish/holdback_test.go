@@ -543,3 +543,93 @@ func TestCheckGivesNoServerAdvice(t *testing.T) {
 		t.Errorf("%d failed logins, want 1", n)
 	}
 }
+
+// TestHeldSleepsWarnOnce: the BMC rejects the password while the node is awake, and the idle clock
+// asks for a sleep again after each idle window. Each sleep is held back, which takes the node back as
+// awake and starts its watch anew; the watch's WARN that it stops logging in was said again by each new
+// watch, once per idle window, for one condition. It is said once, then again only when the condition
+// changes (another wrong password), and the resumption once when it clears; after that, the next
+// rejection is a new condition, said again, also when it came about by a sleep that worked (found by
+// an operator trial).
+func TestHeldSleepsWarnOnce(t *testing.T) {
+	stops := func(e *env) int { return lines(e.logs.String(), "level=WARN", "power-state watch stops logging in") }
+	resumes := func(e *env) int { return lines(e.logs.String(), "level=INFO", "power-state watch resumes") }
+	// heldSleeps has the idle clock ask for n sleeps, each held back, with some watch rounds between.
+	heldSleeps := func(t *testing.T, e *env, clk *testClock, st *stepper, n int) {
+		t.Helper()
+		for i := range n {
+			clk.advance(5 * time.Minute)
+			if err := e.sleep(t); !errors.Is(err, ErrCredentials) {
+				t.Fatalf("held-back Sleep %d = %v, want ErrCredentials", i+1, err)
+			}
+			st.waiting(t, "the watch restarted by the held-back sleep")
+			for range 3 {
+				st.round(t, "the watch")
+			}
+		}
+	}
+
+	clk := newTestClock()
+	e := newEnv(t, envConfig{now: clk.now})
+	st := newStepper()
+	e.b.pause = st.pause
+	life := e.mustWake(t)
+	st.waiting(t, "the watch")
+	e.sim.SetPassword(rotated)
+	st.round(t, "the watch")
+	if n := stops(e); n != 1 {
+		t.Fatalf("the watch's first rejected round logged the stop %d times at WARN, want once:\n%s", n, e.logs)
+	}
+	heldSleeps(t, e, clk, st, 4)
+	if n := stops(e); n != 1 {
+		t.Fatalf("after 4 held-back sleeps the stop was logged %d times at WARN, want once (one condition):\n%s", n, e.logs)
+	}
+	if err := life.Err(); err != nil {
+		t.Fatalf("the held-back sleeps ended the Life: %v", err)
+	}
+	if w := e.b.Warning(); !strings.Contains(w, "the power-state watch send nothing") {
+		t.Errorf("Warning() = %q, want the held-back watch named", w)
+	}
+
+	// Another wrong password in the file is another condition: said once more, not once per sleep.
+	e.rotatePasswordFile(t, "also-wrong-pw-3")
+	st.round(t, "the watch")
+	heldSleeps(t, e, clk, st, 3)
+	if n := stops(e); n != 2 {
+		t.Fatalf("after a second wrong password and 3 held-back sleeps the stop was logged %d times at WARN, want twice:\n%s", n, e.logs)
+	}
+	if n := e.sim.FailedLogins(); n != 2 {
+		t.Fatalf("%d failed logins, want 2 (one per wrong password)", n)
+	}
+
+	// The right password: the watch resumes, said once.
+	e.rotatePasswordFile(t, rotated)
+	st.round(t, "the watch")
+	st.round(t, "the watch")
+	if n := resumes(e); n != 1 {
+		t.Fatalf("the resumption was logged %d times at INFO, want once:\n%s", n, e.logs)
+	}
+	// The BMC's password changes again: a new condition, said again.
+	e.sim.SetPassword(testPassword)
+	st.round(t, "the watch")
+	heldSleeps(t, e, clk, st, 2)
+	if n := stops(e); n != 3 {
+		t.Fatalf("after the BMC rejected the password that had resumed the watch, the stop was logged %d times at WARN, want 3:\n%s", n, e.logs)
+	}
+
+	// The BMC is put right (its password set back to the file's) and the timed retry comes at a sleep,
+	// which works: the node is off. Woken again, its watch is rejected once more with the same
+	// password as before the sleep: the sleep that worked ended the condition, so this is said again.
+	e.sim.SetPassword(rotated)
+	clk.advance(retryRejected)
+	if err := e.sleep(t); err != nil {
+		t.Fatalf("Sleep at the timed retry, the BMC put right: %v", err)
+	}
+	e.mustWake(t)
+	st.waiting(t, "the watch of the node woken again")
+	e.sim.SetPassword(testPassword)
+	st.round(t, "the watch")
+	if n := stops(e); n != 4 {
+		t.Fatalf("a rejection after a sleep that worked logged the stop %d times in all at WARN, want 4:\n%s", n, e.logs)
+	}
+}

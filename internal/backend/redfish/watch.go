@@ -80,19 +80,26 @@ type loopHold struct {
 // account's lockout, and a loop that logged in at each round locked it within the hour. *held is the
 // loop's state; while held.on the loop need not log the error: roundRead logs at WARN when the loop
 // stops logging in (the BMC, the user, the password source, and what makes it try again), once per
-// rejected password, and at INFO when it goes on. A round let through by the timed retry whose login
-// is rejected again, or does not get through, leaves the loop held back, without a word.
+// loop and rejected password, and at INFO when it goes on. What was logged outlives the loop (see
+// bmc.loopWarned): a held-back sleep restarts the watch at every idle window, and a new watch held
+// back on the same credentials says nothing again; it ends when a round gets through, which says so,
+// or when a call with the credentials succeeds (a sleep that worked, whose own line says so). A round
+// let through by the timed retry whose login is rejected again, or does not get through, leaves the
+// loop held back, without a word.
 func (b *Backend) roundRead(ctx context.Context, name string, held *loopHold) (*systemState, error) {
 	err := b.bmc.heldBack()
 	if err == nil {
+		// Asked before the read, whose success forgets it.
+		warned := b.bmc.loopWarnedNow()
 		var st *systemState
 		st, err = b.bmc.readOnce(ctx)
 		// A rejection of the credentials is noted (unless none were sent: a service root that wants
 		// them), so that the next round is held back.
 		if err == nil || b.bmc.heldBack() == nil {
-			if held.on {
+			if held.on || warned {
 				b.log.Info("the credentials changed, or a call with them succeeded: the " + name + " resumes")
 			}
+			b.bmc.loopWarnedOff()
 			*held = loopHold{}
 			b.held.Store(nil) // also for a new loop: a wake or sleep that succeeded may have put it right
 			return st, err
@@ -100,7 +107,9 @@ func (b *Backend) roundRead(ctx context.Context, name string, held *loopHold) (*
 	}
 	id, _ := b.bmc.rejectedCreds()
 	if !held.on || held.id != id {
-		b.log.Warn("BMC rejected the credentials: the "+name+" stops logging in until they change", append(b.bmc.heldAttrs(), "err", err)...)
+		if b.bmc.warnLoop(name, id) {
+			b.log.Warn("BMC rejected the credentials: the "+name+" stops logging in until they change", append(b.bmc.heldAttrs(), "err", err)...)
+		}
 		*held = loopHold{on: true, id: id}
 		b.held.Store(&name)
 	}
