@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -506,5 +508,74 @@ func TestReloadHandoverKeepsTheReloadsOwnFindings(t *testing.T) {
 		if !own || heir.status().CheckError != finding.Error() {
 			t.Errorf("a finding set through SetCheckError after the instance opened: own=%v, check_error %q", own, heir.status().CheckError)
 		}
+	})
+}
+
+// TestReloadHandedFleetNotesStayTrue: the record of a fleet's handover is the route's last wake, shown
+// by its status until the next wake, through sleeps and later reloads. Its notes said what was so at
+// the handover as if it still were: "the tenant runs on" on a route asleep since, and "2 of 3 members
+// ready" once all three were (found by an operator trial). They say what the handover found, as of
+// the handover, so that they stay true; the members' readiness now is the status's members.
+func TestReloadHandedFleetNotesStayTrue(t *testing.T) {
+	readyCount := regexp.MustCompile(`(\d+) of 3 members`)
+	synctest.Test(t, func(t *testing.T) {
+		ms := newFleetMembers("a", "b", "c")
+		gate := make(chan struct{})
+		ms["c"].wakeGate = gate // c is still waking at the handover
+		s, _ := fleetServer(t, ms.opener(), io.Discard, nil, fleetRoute(2, false, "a", "b", "c"))
+		if err := s.Wake(t.Context(), "pool"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if err := s.Apply(fleetEdgeChange(time.Hour, "a", "b", "c")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		close(gate)
+		synctest.Wait()
+
+		// wantTrue checks that no note of the route's last wake contradicts its status: a count of
+		// ready members that is not the status's own, unless it says it is the handover's, or a
+		// tenant that runs on, on a route that is not awake.
+		wantTrue := func(when string) {
+			t.Helper()
+			st := s.instance("pool").status()
+			ready := 0
+			for _, m := range st.Members {
+				if m.Ready {
+					ready++
+				}
+			}
+			if st.LastWake == nil || !slices.ContainsFunc(st.LastWake.Phases, func(p PhaseRecord) bool { return p.Name == phaseHandover }) {
+				t.Fatalf("%s: last wake %+v, want the handover's", when, st.LastWake)
+			}
+			for _, n := range st.LastWake.Notes {
+				if m := readyCount.FindStringSubmatch(n); m != nil && m[1] != strconv.Itoa(ready) && !strings.Contains(n, "at the handover") {
+					t.Errorf("%s (%s, %d of 3 ready): note %q says %s of 3 as now", when, st.State, ready, n, m[1])
+				}
+				if st.State != Awake.String() && strings.Contains(n, "runs on") {
+					t.Errorf("%s (%s): note %q says the tenant runs on", when, st.State, n)
+				}
+			}
+			if !slices.ContainsFunc(st.LastWake.Notes, func(n string) bool { return strings.Contains(n, "2 of 3 members were ready at the handover") }) {
+				t.Errorf("%s: notes %q do not say how many members were ready at the handover", when, st.LastWake.Notes)
+			}
+		}
+		if st := s.instance("pool").status(); st.State != Awake.String() || !st.Members[2].Ready {
+			t.Fatalf("after c came up: %s, members %+v; want awake, c ready", st.State, st.Members)
+		}
+		wantTrue("awake, every member ready")
+		time.Sleep(2 * time.Hour) // the new idle window, an hour
+		synctest.Wait()
+		if st := s.instance("pool").status(); st.State != Asleep.String() {
+			t.Fatalf("after the idle window: %s, want asleep", st.State)
+		}
+		wantTrue("asleep after the idle window")
+		// A reload while asleep carries the last wake to the route's new instance.
+		if err := s.Apply(fleetEdgeChange(2*time.Hour, "a", "b", "c")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		wantTrue("asleep, reloaded again")
 	})
 }

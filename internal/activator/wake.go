@@ -335,11 +335,15 @@ func (in *instance) takeOver(rec *tracker) (life *tenant.Life, awake bool) {
 		rec.Note("the tenant the replaced instance kept running ended before the handover")
 		return nil, false
 	}
-	rec.Note("the reload changed only keys of the edge: the tenant runs on, taken over from the replaced instance")
+	// The notes say what the handover found, as of the handover: the record is the route's last wake,
+	// which its status shows through sleeps and reloads until the next wake, and "the tenant runs on"
+	// or "2 of 3 members ready" read as now on a route asleep since, or with all three ready since
+	// (found by an operator trial). How the members are now is the status's members.
+	rec.Note("the reload changed only keys of the edge: the replaced instance handed the tenant over, running")
 	if in.fleet != nil {
 		// Not gated again, member by member: each passed its gate as it came up, and the route's
 		// health block applies from each member's next wake (fleetView.gateMember).
-		rec.Note(fmt.Sprintf("the fleet runs on, %d of %d members ready (min_ready %d); its members are not probed again",
+		rec.Note(fmt.Sprintf("%d of %d members were ready at the handover (min_ready %d); they were not probed again",
 			in.fleet.ready(), len(in.fleet.members), in.fleet.minReady()))
 	}
 	return life, true
