@@ -383,7 +383,7 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time, noteMax int
 			}
 		}
 		note := strings.Join(notes, "; ")
-		if note == "" && wr != nil && len(wr.Notes) > 0 {
+		if note == "" && wr != nil && len(wr.Notes) > 0 && !sleptSince(s, wr) {
 			note = strings.Join(wr.Notes, "; ")
 		}
 		if len(s.RequiredBy) > 0 {
@@ -418,6 +418,14 @@ func printStatus(w io.Writer, sts []activator.Status, now time.Time, noteMax int
 		fmt.Fprintf(w, "(%d note%s cut at %d characters: status --wide shows them whole, explain ROUTE each wake's)\n",
 			cut, plural(cut), noteMax)
 	}
+}
+
+// sleptSince reports whether route s has gone to sleep since wake wr, the last one, woke it: wr's notes
+// then say what it found and did, not how the route is (a fleet's handover "handed the tenant over,
+// running" on a route asleep since), and are left to `activator explain`. A wake that left the route
+// asleep (an adopt or a handover that found nothing running) or failed is still the latest word.
+func sleptSince(s activator.Status, wr *activator.WakeRecord) bool {
+	return s.State == "asleep" && wr == s.LastWake && wr.Outcome == activator.OutcomeSucceeded && wr.Result != activator.ResultAdoptAsleep
 }
 
 // minWatchInterval bounds how often status --watch asks the admin API.

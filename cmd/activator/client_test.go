@@ -179,3 +179,49 @@ func TestCheckProblemsOnePerMember(t *testing.T) {
 		t.Fatalf("routeProblems(nil) = %q", got)
 	}
 }
+
+// TestStatusNoteOfAWakeSleptSince: a wake's notes say what it found and did, and the NOTE shows them
+// while they are the route's latest word: while it wakes, is awake, or when the wake itself left it
+// asleep or failed. Once a route has gone to sleep after a wake that woke it, they are history
+// (`activator explain`): a fleet's handover showed "the tenant runs on" on a route asleep since (found
+// by an operator trial).
+func TestStatusNoteOfAWakeSleptSince(t *testing.T) {
+	now := time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)
+	handover := &activator.WakeRecord{Trigger: "reload", Result: activator.ResultAdopted, Outcome: activator.OutcomeSucceeded,
+		Started: now.Add(-2 * time.Hour), Notes: []string{"the replaced instance handed the tenant over, running"}}
+	members := func(ready bool) []activator.MemberStatus {
+		return []activator.MemberStatus{{Name: "a", Ready: ready}, {Name: "b", Ready: ready}, {Name: "c", Ready: ready}}
+	}
+	for _, c := range []struct {
+		name      string
+		st        activator.Status
+		want, not string
+	}{
+		{"asleep since the handover", activator.Status{State: "asleep", LastWake: handover, Members: members(false), MinReady: 2},
+			"fleet 0/3 ready (min_ready 2)", "handed the tenant over"},
+		{"awake since the handover", activator.Status{State: "awake", LastWake: handover, Members: members(true), MinReady: 2},
+			"handed the tenant over, running; fleet 3/3 ready (min_ready 2)", ""},
+		{"asleep by the handover", activator.Status{State: "asleep", LastWake: &activator.WakeRecord{Result: activator.ResultAdoptAsleep,
+			Outcome: activator.OutcomeSucceeded, Notes: []string{"the tenant the replaced instance kept running ended before the handover"}}},
+			"ended before the handover", ""},
+		{"asleep after a failed wake (a reload since)", activator.Status{State: "asleep", LastWake: &activator.WakeRecord{Result: activator.ResultFailed,
+			Outcome: activator.OutcomeFailed, Notes: []string{"wake failed: node-1 will be powered off should it come on within 1m0s"}}},
+			"will be powered off", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.st.Route, c.st.Backing, c.st.Since = "pool", "redfish", now
+			var out bytes.Buffer
+			printStatus(&out, []activator.Status{c.st}, now, 0)
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("got %d lines, want a header and a route:\n%s", len(lines), out.String())
+			}
+			if !strings.Contains(lines[1], c.want) {
+				t.Errorf("the line %q does not say %q", lines[1], c.want)
+			}
+			if c.not != "" && strings.Contains(lines[1], c.not) {
+				t.Errorf("the line %q says %q, a note of the wake the route has slept since", lines[1], c.not)
+			}
+		})
+	}
+}
