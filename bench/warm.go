@@ -79,6 +79,20 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 	}
 	targets = append(targets, warmTarget{name: "activator", addr: act.edge, proc: act.proc})
 
+	// The activator with its event loops on (edge.event_loops, one per HAProxy thread): the warm
+	// path's other shape, opt-in while it is new.
+	if lact, err := startWokenActivatorWith(ctx, e, filepath.Join(dir, "loop"), mode.srv, "warm",
+		fmt.Sprintf("edge:\n  event_loops: %d\n", max(mode.workers, 1))); lact != nil {
+		procs = append(procs, lact.proc)
+		if err != nil {
+			e.report.skip("activator+loop ("+mode.name+")", "%v", err)
+		} else {
+			targets = append(targets, warmTarget{name: "activator+loop", addr: lact.edge, proc: lact.proc})
+		}
+	} else if err != nil {
+		e.report.skip("activator+loop ("+mode.name+")", "%v", err)
+	}
+
 	for _, pd := range peerDefs {
 		if _, ok := e.tools[pd.binary]; !ok {
 			continue
@@ -150,6 +164,20 @@ func warmMode(ctx context.Context, e *env, wrk string, mode cpuMode) error {
 			if have[pd.name] {
 				add(pd.name+" p99 ÷ direct p99 (reference)", ratios(p99[roundKey{pd.name, c}], p99[roundKey{"direct", c}]))
 			}
+		}
+		if al := (roundKey{"activator+loop", c}); have["activator+loop"] {
+			add("activator+loop ÷ activator, req/s", ratios(rps[al], rps[a]))
+			if have["haproxy"] {
+				v := ratios(rps[al], rps[roundKey{"haproxy", c}])
+				add("activator+loop ÷ haproxy, req/s", v)
+				if standIn := mode.name == "pinned" || !e.opts.pinned; standIn && (c == 16 || c == 64) {
+					e.report.check(fmt.Sprintf("warm req/s, activator with edge.event_loops ÷ HAProxy (%s, c%d)", mode.name, c), fmtStat(v, 2), "≥ 1.0", v.Median >= 1.0)
+				}
+				if mode.name == "unpinned" && c == 64 {
+					e.report.check(fmt.Sprintf("warm req/s, activator with edge.event_loops ÷ HAProxy (%s, c%d)", mode.name, c), fmtStat(v, 2), "≥ 0.9", v.Median >= 0.9)
+				}
+			}
+			add("activator+loop p99 ÷ direct p99", ratios(p99[al], p99[roundKey{"direct", c}]))
 		}
 		if have["loopedge"] {
 			add("activator ÷ loopedge (Go event loop), req/s", ratios(rps[a], rps[roundKey{"loopedge", c}]))
@@ -264,11 +292,19 @@ func freePorts(n int) ([]int, error) {
 // loopback, and wakes it with a first request. On an error after the start, the activator is returned
 // too, so the caller can stop it.
 func startWokenActivator(ctx context.Context, e *env, dir, cpus, name string) (*activatorProc, error) {
+	return startWokenActivatorWith(ctx, e, dir, cpus, name, "")
+}
+
+// startWokenActivatorWith is startWokenActivator with extra top-level config keys (YAML lines).
+func startWokenActivatorWith(ctx context.Context, e *env, dir, cpus, name, extra string) (*activatorProc, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
 	}
-	cfg := renderConfig(ports[0], ports[1], []routeSpec{{name: name, hosts: []string{"127.0.0.1", "localhost"}, port: ports[2], argv: []string{e.actBin, "app"}}})
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfg := extra + renderConfig(ports[0], ports[1], []routeSpec{{name: name, hosts: []string{"127.0.0.1", "localhost"}, port: ports[2], argv: []string{e.actBin, "app"}}})
 	act, _, err := startActivator(ctx, e, dir, cpus, cfg, ports[0], ports[1])
 	if err != nil {
 		return nil, err

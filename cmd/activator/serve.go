@@ -34,6 +34,7 @@ import (
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/sockdiag"
 	"github.com/activator/activator/internal/tlsedge"
+	"github.com/activator/activator/internal/warmloop"
 )
 
 // serveOptions is what `serve` and `demo` share.
@@ -188,6 +189,13 @@ func serve(o serveOptions) int {
 	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
 	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ResumedConnState // before watchEdge, which wraps it
+	if n := cfg.Edge.EventLoops; n > 0 {
+		if err := srv.EnableLoop(n, loopLimits(cfg.Edge), edgeConns.ResumedConnState); err != nil {
+			log.Error("cannot start the event loops (edge.event_loops)", "err", err)
+			_ = srv.Shutdown(context.Background())
+			return 1
+		}
+	}
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
 	access := activator.NewAdminAccess(adminPolicy(cfg))
@@ -313,6 +321,14 @@ func edgeMaxHeaderBytes(n int64) int {
 		return 0
 	}
 	return int(max(n-goHeaderSlack-int64(h2cPeek), 1))
+}
+
+// loopLimits are the event loops' client limits (edge.event_loops): the edge server's. The longest
+// head a loop reads is at most 8 KiB: a request with a longer one goes back to net/http, which holds
+// it to edge.max_header_bytes.
+func loopLimits(e registry.EdgeLimits) warmloop.Limits {
+	return warmloop.Limits{MaxHead: int(min(e.MaxHeaderBytes, 8<<10)), HeaderTimeout: e.HeaderTimeout,
+		IdleTimeout: e.KeepAliveTimeout, SendTimeout: e.SendTimeout}
 }
 
 // newEdgeServers returns the edge's http.Server for h, and the one that serves the connections of

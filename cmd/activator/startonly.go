@@ -85,6 +85,7 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		maxConns = strconv.Itoa(e.MaxConns)
 	}
 	add("edge.max_conns", "edge.max_conns", maxConns)
+	add("edge.event_loops", "edge.event_loops", strconv.Itoa(e.EventLoops))
 	if cfg.ListenTLS != "" {
 		add("edge.tls_handshake_timeout", "edge.tls_handshake_timeout", e.TLSHandshakeTimeout.String())
 		add("edge.max_tls_handshakes", "edge.max_tls_handshakes", strconv.Itoa(e.MaxTLSHandshakes))

@@ -409,6 +409,10 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 		ctx = context.WithValue(ctx, resumedKey{}, rc)
 		c = rc.Conn
 	}
+	if lb, ok := c.(*loopBack); ok { // a connection the event loop gave back (loop.go)
+		ctx = context.WithValue(ctx, loopBackKey{}, lb)
+		c = lb.Conn
+	}
 	if fc, ok := c.(*framingConn); ok {
 		return context.WithValue(ctx, framingKey{}, fc)
 	}

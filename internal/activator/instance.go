@@ -78,15 +78,19 @@ const (
 // first use, because most routes of a large config never wake.
 type instance struct {
 	// Set by newInstance (after, by Apply before the instance starts) and never written again.
-	route     *registry.Route
-	backend   tenant.Backend
-	newGate   func() Gate
-	baseLog   *slog.Logger
-	series    *instanceMetrics // the route's series, held until the instance retires; nil records nothing
-	count     func(code int)   // activator_requests_total for this route
-	releaseFn func()           // in.release bound once: a method value made per request is an allocation
-	unadmitFn func()           // in.unadmit bound once, for the same reason
-	root      context.Context  // the server's lifetime; wakes and sleeps derive from it, never from a request
+	route   *registry.Route
+	backend tenant.Backend
+	newGate func() Gate
+	baseLog *slog.Logger
+	series  *instanceMetrics // the route's series, held until the instance retires; nil records nothing
+	count   func(code int)   // activator_requests_total for this route
+	// The instance as the event loop's target (loop.go), made at its first use; noLoop: the loop
+	// cannot dial its upstream.
+	loopT     atomic.Pointer[loopTarget]
+	noLoop    atomic.Bool
+	releaseFn func()          // in.release bound once: a method value made per request is an allocation
+	unadmitFn func()          // in.unadmit bound once, for the same reason
+	root      context.Context // the server's lifetime; wakes and sleeps derive from it, never from a request
 	now       func() time.Time
 	// slots admits requests to the proxy: one token per request being proxied, max_upstream_conns in
 	// all. Requests past it wait here, in arrival order, before the proxy builds anything for them.

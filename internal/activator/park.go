@@ -58,6 +58,10 @@ func (s *Server) EnableParking(resume *http.Server, next http.Handler) {
 			s.serveParked(w, r, p)
 			return
 		}
+		if x := loopFinished(r); x != nil {
+			s.serveFinished(w, r, x)
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
 	s.resume, s.parkAbove = resume, parkAbove

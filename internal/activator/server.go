@@ -26,6 +26,7 @@ import (
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/waitpage"
+	"github.com/activator/activator/internal/warmloop"
 )
 
 // Options configure a Server.
@@ -74,6 +75,10 @@ type Server struct {
 	parking   parkCount
 	hangOnce  sync.Once
 	hang      *hangups // made by the first park (Server.hangups)
+	// loops serve warm keep-alive connections (loop.go); nil: none. Set before serving, with the
+	// connection cap's hook for the connections they hand back and forth.
+	loops         *warmloop.Group
+	loopConnState func(net.Conn, http.ConnState)
 
 	mu        sync.Mutex // guards the fields below; held across Apply so reloads do not interleave
 	instances map[string]*instance
@@ -424,6 +429,10 @@ func (s *Server) Drain() {
 // only Shutdown answers).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
+	// The loops' idle connections close now, as the edge's http.Server closes its own; their
+	// requests in progress finish first.
+	loopsDone := make(chan error, 1)
+	go func() { loopsDone <- s.drainLoops(ctx) }()
 	s.mu.Lock()
 	all := make([]*instance, 0, len(s.instances)+len(s.retiring))
 	for _, in := range s.instances {
@@ -474,6 +483,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// that server down next: each must be in the handler first.
 	if err := s.parking.wait(ctx); err != nil {
 		return fmt.Errorf("shutdown: parked requests not yet handed back: %w", err)
+	}
+	if err := <-loopsDone; err != nil {
+		return fmt.Errorf("shutdown: %w", err)
 	}
 	s.hangOnce.Do(func() {}) // none made from now on
 	s.hang.close()
@@ -550,6 +562,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var release func()
 	rt, release, err = s.acquireRouted(rt, r, &charge)
 	s.answer(sw, r, rt.in, &charge, release, err)
+	if s.loops != nil {
+		s.toLoop(w, sw, r, rt.in)
+	}
 }
 
 // reroutes bounds how many times acquireRouted follows a route to its new instance: once per reload
@@ -650,6 +665,7 @@ func (s *Server) instance(name string) *instance {
 type statusWriter struct {
 	http.ResponseWriter
 	code int
+	n    int64     // body bytes written
 	body *streamed // the request's unbuffered, bounded body, if any (see streamed.cause)
 	// stall, for an HTTP/2 request, is edge.send_timeout: each write and flush of its answer sets the
 	// stream's write deadline that far ahead (bound). 0 for HTTP/1, whose connections keep the bound
@@ -680,7 +696,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 		w.code = http.StatusOK
 	}
 	w.bound()
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
 }
 
 func (w *statusWriter) Flush() {

@@ -211,6 +211,9 @@ func (in *instance) dropUpstream() {
 	if c := in.up.Load(); c != nil {
 		c.CloseIdle()
 	}
+	if lt := in.loopT.Load(); lt != nil && lt.g != nil {
+		lt.g.Drop(lt)
+	}
 	if in.fleet != nil {
 		in.fleet.dropUpstream()
 	}

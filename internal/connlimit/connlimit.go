@@ -352,3 +352,26 @@ func counted(c net.Conn) net.Conn {
 	}
 	return nil
 }
+
+// Rewire puts inner in place of the connection that c (one of a Limit's, or a layer over one: see
+// counted) counts, and reports whether c was one. It is for a server that moves the socket elsewhere
+// and back (the edge's event loop): the count, the Limit's room-making and c's layers above keep
+// working on what stands in for it. The caller must keep c out of every server's ConnState while it
+// rewires (a hijacked connection is), so that no Close for room races with it.
+func Rewire(c net.Conn, inner net.Conn) bool {
+	lc, ok := counted(c).(*conn)
+	if !ok {
+		return false
+	}
+	lc.Conn = inner
+	return true
+}
+
+// Under returns the connection c counts when c is a Limit's own layer (what Listener returns), and
+// false for any other connection.
+func Under(c net.Conn) (net.Conn, bool) {
+	if lc, ok := c.(*conn); ok {
+		return lc.Conn, true
+	}
+	return nil, false
+}

@@ -105,7 +105,15 @@ type EdgeLimits struct {
 	// default, leaves it to the serving process, which derives it from its open-file limit
 	// (cmd/activator).
 	MaxConns int
+	// EventLoops is how many event loops serve warm keep-alive HTTP/1.1 connections beside net/http
+	// (internal/warmloop; issue 17's warm path): 0, the default, for none; at most MaxEventLoops. Read
+	// at start.
+	EventLoops int
 }
+
+// MaxEventLoops bounds edge.event_loops: each is a thread of its own, and more than the CPUs gain
+// nothing.
+const MaxEventLoops = 64
 
 // Route returns the route with the given name, or nil.
 func (c *Config) Route(name string) *Route {

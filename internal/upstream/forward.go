@@ -46,7 +46,18 @@ func plainHost(h string) bool {
 // closure; the answer's header is moved, not copied; the Content-Type is only parsed when it could be
 // an event stream.
 func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
-	got1xx := func(code int, h http.Header) error {
+	fw := newForwarding(r, c.trusted)
+	resp, err := c.pool.do(r, &fw, c.got1xx(w), w.Header())
+	if err != nil {
+		c.onError(w, r, err)
+		return
+	}
+	c.writeAnswer(w, r, resp)
+}
+
+// got1xx returns the exchange's callback for informational answers, which passes them on to w.
+func (c *Client) got1xx(w http.ResponseWriter) func(int, http.Header) error {
+	return func(code int, h http.Header) error {
 		wh := w.Header()
 		removeHopByHop(h)
 		for k, vv := range h {
@@ -56,13 +67,6 @@ func (c *Client) forward(w http.ResponseWriter, r *http.Request) {
 		clear(wh)
 		return nil
 	}
-	fw := newForwarding(r, c.trusted)
-	resp, err := c.pool.do(r, &fw, got1xx, w.Header())
-	if err != nil {
-		c.onError(w, r, err)
-		return
-	}
-	c.writeAnswer(w, r, resp)
 }
 
 // writeAnswer passes resp on to the client: the header without hop-by-hop fields, the body (for an

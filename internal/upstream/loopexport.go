@@ -4,7 +4,12 @@ package upstream
 // same: the forwarding fields of a plain request, and the plain answer heads both read without
 // http.ReadResponse.
 
-import "net/http"
+import (
+	"bufio"
+	"errors"
+	"net"
+	"net/http"
+)
 
 // AppendForwardingFields appends to b the forwarding field lines (each ending in CRLF) that both of
 // the client's paths send upstream for a request over plain HTTP from peer (its IP; "" for none) to
@@ -58,3 +63,44 @@ func (p *PlainAnswer) Fields(b []byte, f func(name, value []byte)) {
 		f(b[p.h.name[i][0]:p.h.name[i][1]], b[p.h.value[i][0]:p.h.value[i][1]])
 	}
 }
+
+// Finish passes on the answer to r, a request the edge's loop sent on conn and whose answer it does
+// not relay itself, as Serve's fast path would pass it on: answer is what the loop read of it. The
+// answer's head is bounded by Options.ResponseTimeout afresh from here. conn joins the pool's
+// connections if the pool has room for it, and is closed otherwise.
+func (c *Client) Finish(w http.ResponseWriter, r *http.Request, conn net.Conn, answer []byte) {
+	uc := NewConn(&prefixed{Conn: conn, prefix: answer})
+	select {
+	case c.pool.slots <- struct{}{}:
+	default:
+		_ = conn.Close()
+		c.onError(w, r, errors.New("the upstream connection pool is full"))
+		return
+	}
+	resp, err := c.pool.read(r, uc, func(*bufio.Writer) {}, c.got1xx(w), w.Header())
+	if err != nil {
+		c.pool.discard(uc)
+		c.onError(w, r, err)
+		return
+	}
+	c.writeAnswer(w, r, resp)
+}
+
+// prefixed is a connection whose first bytes were read already: prefix, then the connection.
+type prefixed struct {
+	net.Conn
+	prefix []byte
+}
+
+func (p *prefixed) Read(b []byte) (int, error) {
+	if len(p.prefix) == 0 {
+		return p.Conn.Read(b)
+	}
+	n := copy(b, p.prefix)
+	p.prefix = p.prefix[n:]
+	return n, nil
+}
+
+// TellUnasked tells Options.OnUnasked of a connection to the upstream closed for bytes no request
+// asked for, which the edge's loop found on one of its own.
+func (c *Client) TellUnasked() { c.pool.tellUnasked() }

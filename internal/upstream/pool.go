@@ -298,8 +298,14 @@ func expired() time.Time { return time.Unix(1, 0) }
 // returns c to the pool when the body was read to the end and both sides allow keep-alive, and closes
 // c otherwise. r's context aborts the exchange, body included, by expiring c's deadline (Conn.watch).
 func (p *pool) exchange(r *http.Request, fw *forwarding, c *Conn, got1xx func(int, http.Header) error, dst http.Header) (*http.Response, error) {
+	return p.read(r, c, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx, dst)
+}
+
+// read is exchange with the request's head written by write: nothing, for a request already sent
+// (Client.Finish).
+func (p *pool) read(r *http.Request, c *Conn, write func(*bufio.Writer), got1xx func(int, http.Header) error, dst http.Header) (*http.Response, error) {
 	c.watch(r.Context(), p.headTimeout)
-	resp, beforeAnswer, err := c.exchange(r, func(bw *bufio.Writer) { writeHead(bw, r, fw, p.host) }, got1xx, dst)
+	resp, beforeAnswer, err := c.exchange(r, write, got1xx, dst)
 	if err != nil {
 		c.unwatch()
 		if ctxErr := r.Context().Err(); ctxErr != nil {

@@ -1,0 +1,839 @@
+package warmloop
+
+// The loops: one epoll instance and one locked thread each, serving the client connections the edge
+// hands over (Take) and the upstream connections their requests use.
+//
+// Per request a loop reads the client's socket once epoll says it is readable, writes the upstream
+// request with one write, reads the answer once epoll says it has come, and writes it with one write:
+// two reads and two writes, where net/http and Go's netpoller make about four reads and wake two
+// goroutines (docs/benchmarks.md, sessions 24 and 31). Everything a loop does not do itself goes back to
+// the edge's net/http servers, through Edge: a request outside Parse's subset, a route that is not
+// awake, an answer that is not plain, a failed exchange. The loop never writes an error of its own:
+// net/http's path writes them all, so both paths answer alike.
+//
+// All of a loop's state belongs to its thread. Other goroutines reach it through its inbox (post),
+// which an eventfd wakes.
+
+import (
+	"errors"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Target is one route's upstream as the edge gives it for a request (Edge.Begin): the loop keeps idle
+// upstream connections per Target, so a Target must stay the same value for as long as its upstream
+// does (the edge makes one per instance).
+type Target interface {
+	// Sockaddr is the upstream's address: an IP and port, or a Unix socket's path.
+	Sockaddr() unix.Sockaddr
+	// ResponseTimeout bounds the wait for the answer's head once the request is sent; 0: none.
+	ResponseTimeout() time.Duration
+	// End ends a request Begin admitted, answered with status by the loop (0: not answered by the
+	// loop: its connection went back to the edge, or the client left).
+	End(status int)
+	// Unasked is told of an idle upstream connection closed for bytes no request asked for.
+	Unasked()
+}
+
+// Owner is the edge's side of one client connection the loop serves.
+type Owner interface {
+	// Idle says the connection waits for its next request (true) or has one in progress (false): the
+	// edge's connection cap may close an idle one for room (through Group.Close).
+	Idle(idle bool)
+	// Closed says the loop has closed the connection.
+	Closed()
+}
+
+// Edge is what a Group asks of the edge. Its methods are called on a loop's thread and must not
+// block.
+type Edge interface {
+	// Begin decides whether the loop serves req itself: it returns the request's Target, with the
+	// request counted in flight and an upstream slot taken, or nil to hand the connection back.
+	Begin(req *Request) Target
+	// HandBack has net/http serve the connection again: fd (the edge now owns it), with pending, the
+	// bytes the loop read and did not serve, read first.
+	HandBack(fd int, owner Owner, pending []byte)
+	// Finish has net/http finish an exchange the loop began and will not end: t's request (begun,
+	// not yet ended) went upstream on upFD, whose answer so far is answer; timedOut says its
+	// ResponseTimeout passed with no answer. The client's connection fd (the edge now owns both) is
+	// to be served again after it, its request's head first, then pending.
+	Finish(x *Handover)
+}
+
+// Handover is an exchange the loop hands to net/http to finish (Edge.Finish).
+type Handover struct {
+	FD       int    // the client's connection
+	Owner    Owner  // the client connection's owner
+	Head     []byte // the request's head, as the client sent it
+	Pending  []byte // what the client sent after it
+	Target   Target // the request's target, begun and not ended
+	UpFD     int    // the upstream connection, the request sent on it
+	Answer   []byte // the answer's bytes read so far
+	TimedOut bool   // the target's ResponseTimeout passed before the answer began
+}
+
+// Limits are the edge's client limits the loops keep, as net/http keeps them for its connections.
+type Limits struct {
+	MaxHead       int           // the longest request head the loop reads before handing back
+	HeaderTimeout time.Duration // from a request's first byte to its whole head; 0: none
+	IdleTimeout   time.Duration // a keep-alive connection's wait for its next request; 0: none
+	SendTimeout   time.Duration // a stalled write to a client; 0: none
+}
+
+// A Group is the edge's loops. Its methods are safe for concurrent use.
+type Group struct {
+	loops  []*loop
+	served atomic.Uint64 // requests the loops answered themselves
+	mu     sync.Mutex
+	next   int
+	done   bool
+}
+
+// New starts n loops (at least 1) serving for edge.
+func New(n int, edge Edge, lim Limits) (*Group, error) {
+	g := &Group{}
+	for range max(n, 1) {
+		l, err := newLoop(edge, lim, &g.served)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.loops = append(g.loops, l)
+		go l.run()
+	}
+	return g, nil
+}
+
+// Take gives the loops client connection fd (a non-blocking TCP socket, which the Group owns from now
+// on), from the IP peer (as the forwarding fields give it), with pending, bytes read from it that no
+// request has used, first. It reports false, owning nothing, once the Group is closed.
+func (g *Group) Take(fd int, peer string, owner Owner, pending []byte) bool {
+	g.mu.Lock()
+	if g.done {
+		g.mu.Unlock()
+		return false
+	}
+	l := g.loops[g.next%len(g.loops)]
+	g.next++
+	g.mu.Unlock()
+	c := &client{fd: fd, peer: peer, owner: owner, in: append(make([]byte, 0, 4096), pending...)}
+	return l.post(func() { l.take(c) })
+}
+
+// Served is how many requests the loops have answered themselves.
+func (g *Group) Served() uint64 { return g.served.Load() }
+
+// Drop closes the idle upstream connections of t in every loop: its tenant has gone to sleep or
+// died, or its route is gone.
+func (g *Group) Drop(t Target) {
+	for _, l := range g.loops {
+		l.post(func() { l.dropUpstream(t) })
+	}
+}
+
+// Close stops the loops: they close every connection they serve (in-flight requests end unanswered;
+// call Drain first to finish them) and their threads end.
+func (g *Group) Close() {
+	g.mu.Lock()
+	g.done = true
+	g.mu.Unlock()
+	for _, l := range g.loops {
+		l.post(func() { l.closeAll() })
+	}
+}
+
+// Drain closes the idle client connections and has the busy ones closed once their answers are out,
+// and takes no more; done is closed once no client connection is left.
+func (g *Group) Drain() (done <-chan struct{}) {
+	g.mu.Lock()
+	g.done = true
+	g.mu.Unlock()
+	all := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, l := range g.loops {
+		wg.Add(1)
+		if !l.post(func() { l.drain(wg.Done) }) {
+			wg.Done()
+		}
+	}
+	go func() { wg.Wait(); close(all) }()
+	return all
+}
+
+// CloseConn closes a client connection the loops serve, by its owner (the edge's cap making room).
+func (g *Group) CloseConn(owner Owner) {
+	for _, l := range g.loops {
+		l.post(func() { l.closeOwned(owner) })
+	}
+}
+
+// client is a client connection a loop serves.
+type client struct {
+	fd    int
+	peer  string
+	owner Owner
+	in    []byte // read, not yet served
+	out   []byte // to write, when the socket took less
+	req   Request
+	n     int // length of req's head in in, while it is in progress
+	t     Target
+	up    *upconn
+	ans   Answer
+	// When the client's deadline falls: its head's (a request begun), its idle one, or the stalled
+	// write's; zero for none. The response's is on the upconn.
+	deadline time.Time
+	busy     bool // a request is in progress
+	unread   bool // epoll said readable while busy: read once idle
+	closing  bool // close once the answer is out (draining)
+	gone     bool // closed or handed back
+}
+
+// upconn is an upstream connection.
+type upconn struct {
+	fd       int
+	t        Target
+	c        *client // the client whose request it carries; nil while idle
+	in       []byte
+	out      []byte // the request's rest, when the socket took less
+	reused   bool   // carried a request before: a failure before the answer is retried on a new one
+	started  bool   // some of the answer has arrived
+	deadline time.Time
+	unread   bool // epoll said readable while the client's socket was full: read once it drains
+	gone     bool
+}
+
+type loop struct {
+	served *atomic.Uint64
+	edge   Edge
+	lim    Limits
+	ep     int
+	evfd   int
+	mu     sync.Mutex // guards inbox and closed
+	inbox  []func()
+	closed bool
+	// The loop thread's own, below.
+	clients  map[int]*client
+	ups      map[int]*upconn
+	idle     map[Target][]*upconn
+	rb       []byte
+	draining func() // called once no client is left, while draining
+}
+
+func newLoop(edge Edge, lim Limits, served *atomic.Uint64) (*loop, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return nil, err
+	}
+	l := &loop{edge: edge, lim: lim, served: served, ep: ep, evfd: evfd, clients: map[int]*client{}, ups: map[int]*upconn{},
+		idle: map[Target][]*upconn{}, rb: make([]byte, 64<<10)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, evfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}); err != nil {
+		unix.Close(ep)
+		unix.Close(evfd)
+		return nil, err
+	}
+	return l, nil
+}
+
+// post runs f on the loop's thread; false once the loop has ended.
+func (l *loop) post(f func()) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	wake := len(l.inbox) == 0
+	l.inbox = append(l.inbox, f)
+	l.mu.Unlock()
+	if wake {
+		one := [8]byte{1}
+		_, _ = unix.Write(l.evfd, one[:])
+	}
+	return true
+}
+
+// tick is how often a loop looks for deadlines passed: the timeouts it keeps are seconds long, and
+// a quarter of a second late is within what net/http keeps too.
+const tick = 250 * time.Millisecond
+
+func (l *loop) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	evs := make([]unix.EpollEvent, 256)
+	next := time.Now().Add(tick)
+	for {
+		wait := -1
+		if len(l.clients) > 0 {
+			wait = int(tick / time.Millisecond)
+		}
+		n, err := unix.EpollWait(l.ep, evs, wait)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			panic("warmloop: epoll_wait: " + err.Error()) // EBADF or EFAULT: a bug, not a condition
+		}
+		for i := range max(n, 0) {
+			ev := evs[i]
+			fd := int(ev.Fd)
+			switch {
+			case fd == l.evfd:
+				if !l.inboxRun() {
+					return
+				}
+			case l.clients[fd] != nil:
+				l.clientEvent(l.clients[fd], ev.Events)
+			case l.ups[fd] != nil:
+				l.upEvent(l.ups[fd], ev.Events)
+			}
+		}
+		if now := time.Now(); !now.Before(next) {
+			next = now.Add(tick)
+			l.expire(now)
+		}
+	}
+}
+
+// inboxRun runs what was posted; false when the loop has ended (closeAll).
+func (l *loop) inboxRun() bool {
+	var b [8]byte
+	_, _ = unix.Read(l.evfd, b[:])
+	l.mu.Lock()
+	in := l.inbox
+	l.inbox = nil
+	l.mu.Unlock()
+	for _, f := range in {
+		f()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.closed
+}
+
+const (
+	clientEvents = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+	upEvents     = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+)
+
+func (l *loop) take(c *client) {
+	if l.draining != nil {
+		l.handBack(c, c.in) // taken as the drain began: net/http's shutdown closes it
+		return
+	}
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: clientEvents, Fd: int32(c.fd)}); err != nil {
+		l.handBack(c, c.in)
+		return
+	}
+	l.clients[c.fd] = c
+	c.owner.Idle(len(c.in) == 0)
+	l.idleDeadline(c)
+	l.serve(c)
+	// Bytes may have come between the edge's last read and epoll's registration: edge-triggered,
+	// epoll reports only what comes after, so look once.
+	if !c.gone && !c.busy {
+		l.readClient(c)
+	}
+}
+
+func (l *loop) idleDeadline(c *client) {
+	c.deadline = time.Time{}
+	if l.lim.IdleTimeout > 0 {
+		c.deadline = time.Now().Add(l.lim.IdleTimeout)
+	}
+}
+
+func (l *loop) clientEvent(c *client, ev uint32) {
+	if ev&unix.EPOLLOUT != 0 && len(c.out) > 0 {
+		l.flushClient(c)
+		if c.gone {
+			return
+		}
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		if c.busy {
+			if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				l.closeClient(c) // gone for good: net/http's background read would cancel the request
+				return
+			}
+			c.unread = true // the next request, or a half-close: looked at once this one is answered
+			return
+		}
+		l.readClient(c)
+	}
+}
+
+// readClient reads what the client sent, until the socket has no more, and serves it.
+func (l *loop) readClient(c *client) {
+	for !c.gone {
+		if len(c.in) >= l.lim.MaxHead {
+			l.handBack(c, c.in) // a head longer than the loop reads: net/http's limits answer it
+			return
+		}
+		if cap(c.in)-len(c.in) < 1024 {
+			c.in = append(c.in, make([]byte, 4096)...)[:len(c.in)]
+		}
+		n, err := unix.Read(c.fd, c.in[len(c.in):cap(c.in)][:min(cap(c.in)-len(c.in), l.lim.MaxHead-len(c.in))])
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return
+		case err != nil || n == 0:
+			if len(c.in) > 0 {
+				l.handBack(c, c.in) // a half-close after a partial request: net/http decides
+				return
+			}
+			l.closeClient(c)
+			return
+		}
+		c.in = c.in[:len(c.in)+n]
+		if len(c.in) == n && l.lim.HeaderTimeout > 0 {
+			c.deadline = time.Now().Add(l.lim.HeaderTimeout) // a request has begun
+		}
+		l.serve(c)
+		if c.busy {
+			c.unread = true // edge-triggered: what else came is read once the answer is out
+			return
+		}
+	}
+}
+
+// serve begins the request at the start of c.in, if it is whole.
+func (l *loop) serve(c *client) {
+	if len(c.in) == 0 || c.gone || c.busy {
+		return
+	}
+	res, n := Parse(c.in, l.lim.MaxHead, &c.req)
+	switch res {
+	case More:
+		if l.lim.HeaderTimeout > 0 && c.deadline.IsZero() {
+			c.deadline = time.Now().Add(l.lim.HeaderTimeout)
+		}
+		return
+	case HandBack:
+		l.handBack(c, c.in)
+		return
+	}
+	t := l.edge.Begin(&c.req)
+	if t == nil {
+		l.handBack(c, c.in)
+		return
+	}
+	c.busy, c.t, c.n, c.deadline = true, t, n, time.Time{}
+	c.owner.Idle(false)
+	c.ans.Reset()
+	l.send(c, l.upstream(c, t, false))
+}
+
+// upstream returns an upstream connection to t for c: an idle one, unless fresh, or a new one
+// (connecting). nil when none could be opened.
+func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
+	if !fresh {
+		for list := l.idle[t]; len(list) > 0; list = l.idle[t] {
+			u := list[len(list)-1]
+			l.idle[t] = list[:len(list)-1]
+			u.c, u.in, u.started = c, u.in[:0], false
+			return u
+		}
+	}
+	sa := t.Sockaddr()
+	family := unix.AF_INET
+	switch sa.(type) {
+	case *unix.SockaddrInet6:
+		family = unix.AF_INET6
+	case *unix.SockaddrUnix:
+		family = unix.AF_UNIX
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	if family != unix.AF_UNIX {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
+	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		unix.Close(fd)
+		return nil
+	}
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: upEvents, Fd: int32(fd)}); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	u := &upconn{fd: fd, t: t, c: c, in: make([]byte, 0, 4096)}
+	l.ups[fd] = u
+	return u
+}
+
+// send writes c's request to u. A connect in progress takes the bytes when epoll says it is writable.
+func (l *loop) send(c *client, u *upconn) {
+	if u == nil {
+		l.giveUp(c)
+		return
+	}
+	c.up = u
+	u.out = AppendUpstreamHead(u.out[:0], &c.req, c.peer)
+	if d := c.t.ResponseTimeout(); d > 0 {
+		u.deadline = time.Now().Add(d)
+	} else {
+		u.deadline = time.Time{}
+	}
+	l.flushUp(u)
+}
+
+// flushUp writes what u still has to send.
+func (l *loop) flushUp(u *upconn) {
+	for len(u.out) > 0 {
+		n, err := unix.Write(u.fd, u.out)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOTCONN):
+			return // connecting, or the socket is full: EPOLLOUT goes on
+		case err != nil:
+			l.upFailed(u)
+			return
+		}
+		u.out = u.out[n:]
+	}
+}
+
+func (l *loop) upEvent(u *upconn, ev uint32) {
+	if ev&unix.EPOLLOUT != 0 && len(u.out) > 0 {
+		l.flushUp(u)
+		if u.gone {
+			return
+		}
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
+		return
+	}
+	if u.c == nil {
+		// Idle: bytes no request asked for, or the tenant closed it.
+		if l.readUnasked(u) {
+			u.t.Unasked()
+		}
+		l.closeUp(u)
+		return
+	}
+	if len(u.c.out) > 0 {
+		u.unread = true // the client has not taken the last bytes: read once it has
+		return
+	}
+	l.readUp(u)
+}
+
+// readUnasked reports whether an idle connection had bytes to read (not only its close).
+func (l *loop) readUnasked(u *upconn) bool {
+	n, _ := unix.Read(u.fd, l.rb[:1])
+	return n > 0
+}
+
+// readUp reads the answer on u and passes it to the client.
+func (l *loop) readUp(u *upconn) {
+	c := u.c
+	for !u.gone && c != nil && len(c.out) == 0 {
+		n, err := unix.Read(u.fd, l.rb)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return
+		case err != nil || n == 0:
+			l.upFailed(u)
+			return
+		}
+		got := l.rb[:n]
+		if !c.ans.Started() {
+			u.in = append(u.in, got...) // kept whole until the head is through: Finish needs it all
+		}
+		u.started = true
+		out, st := c.ans.Feed(c.out[:0], got, time.Now())
+		c.out = out
+		switch st {
+		case AnswerNotPlain:
+			l.finish(c, u, false)
+			return
+		case AnswerDone:
+			l.served.Add(1) // before the client can see the answer
+			extra := c.ans.Extra()
+			l.flushClient(c)
+			l.answered(c, u, extra > 0)
+			return
+		}
+		if len(c.out) > 0 {
+			l.flushClient(c)
+		}
+	}
+	if !u.gone && c != nil && len(c.out) > 0 {
+		u.unread = true // edge-triggered: read the rest once the client has taken this
+	}
+}
+
+// flushClient writes what c still has to be sent.
+func (l *loop) flushClient(c *client) {
+	for len(c.out) > 0 && !c.gone {
+		n, err := unix.Write(c.fd, c.out)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			if l.lim.SendTimeout > 0 && c.deadline.IsZero() {
+				c.deadline = time.Now().Add(l.lim.SendTimeout)
+			}
+			return
+		case err != nil:
+			l.closeClient(c)
+			return
+		}
+		c.out = c.out[n:]
+		if c.busy && l.lim.SendTimeout > 0 {
+			c.deadline = time.Time{} // it took bytes: the stall's clock starts again
+		}
+	}
+	if len(c.out) == 0 {
+		c.out = c.out[:0:cap(c.out)]
+		if c.up != nil && c.up.unread {
+			c.up.unread = false
+			l.readUp(c.up)
+		} else if !c.busy {
+			l.afterAnswer(c)
+		}
+	}
+}
+
+// answered ends c's request, its answer given whole to c.out; u goes back to idle unless it sent
+// bytes past the answer (closed, the target told) or c is gone.
+func (l *loop) answered(c *client, u *upconn, extra bool) {
+	c.t.End(c.ans.Status())
+	t := c.t
+	c.t, c.up, c.busy = nil, nil, false
+	c.in = c.in[:copy(c.in, c.in[c.n:])]
+	c.n = 0
+	if extra {
+		t.Unasked()
+		l.closeUp(u)
+	} else {
+		u.c, u.reused, u.deadline = nil, true, time.Time{}
+		l.idle[t] = append(l.idle[t], u)
+	}
+	if len(c.out) == 0 {
+		l.afterAnswer(c)
+	}
+}
+
+// afterAnswer readies c for its next request, once its last answer is out.
+func (l *loop) afterAnswer(c *client) {
+	if c.gone || c.busy {
+		return
+	}
+	if c.closing {
+		l.closeClient(c)
+		return
+	}
+	c.owner.Idle(len(c.in) == 0)
+	l.idleDeadline(c)
+	if len(c.in) > 0 {
+		l.serve(c) // pipelined
+	}
+	if !c.gone && !c.busy && c.unread {
+		c.unread = false
+		l.readClient(c)
+	}
+}
+
+// upFailed handles u failing (a write or read error, or its close) while it carries a request.
+func (l *loop) upFailed(u *upconn) {
+	c := u.c
+	l.closeUp(u)
+	if c == nil || c.gone {
+		return
+	}
+	if c.ans.Started() {
+		l.closeClient(c) // a cut answer must not pass for a whole one
+		return
+	}
+	if u.reused && !u.started {
+		// As the fast path: a kept connection the tenant closed meanwhile; the request goes again,
+		// once, on a new one.
+		l.send(c, l.upstream(c, c.t, true))
+		return
+	}
+	l.giveUp(c)
+}
+
+// giveUp hands c's begun request back to net/http, which answers it (its own exchange, or its
+// error): nothing of an answer has reached the client.
+func (l *loop) giveUp(c *client) {
+	t := c.t
+	c.t, c.busy = nil, false
+	t.End(0)
+	l.handBack(c, c.in)
+}
+
+// finish hands c's exchange on u to net/http (Edge.Finish).
+func (l *loop) finish(c *client, u *upconn, timedOut bool) {
+	x := &Handover{FD: c.fd, Owner: c.owner, Head: append([]byte(nil), c.in[:c.n]...),
+		Pending: append([]byte(nil), c.in[c.n:]...), Target: c.t, UpFD: u.fd, Answer: u.in, TimedOut: timedOut}
+	l.forgetUp(u)
+	l.forgetClient(c)
+	l.edge.Finish(x)
+}
+
+// handBack gives c to net/http with pending first.
+func (l *loop) handBack(c *client, pending []byte) {
+	p := append([]byte(nil), pending...)
+	l.forgetClient(c)
+	l.edge.HandBack(c.fd, c.owner, p)
+}
+
+// forgetClient takes c out of the loop without closing its socket.
+func (l *loop) forgetClient(c *client) {
+	if c.gone {
+		return
+	}
+	c.gone = true
+	if l.clients[c.fd] == c {
+		delete(l.clients, c.fd)
+		_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	}
+	l.maybeDrained()
+}
+
+// closeClient closes c, and its request's upstream connection if one is in progress.
+func (l *loop) closeClient(c *client) {
+	if c.gone {
+		return
+	}
+	if u := c.up; u != nil {
+		l.closeUp(u)
+	}
+	if c.t != nil {
+		c.t.End(0)
+		c.t = nil
+	}
+	l.forgetClient(c)
+	unix.Close(c.fd)
+	c.owner.Closed()
+}
+
+func (l *loop) forgetUp(u *upconn) {
+	if u.gone {
+		return
+	}
+	u.gone = true
+	if l.ups[u.fd] == u {
+		delete(l.ups, u.fd)
+		_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil)
+	}
+	if u.c == nil {
+		list := l.idle[u.t]
+		for i, x := range list {
+			if x == u {
+				l.idle[u.t] = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(l.idle[u.t]) == 0 {
+			delete(l.idle, u.t)
+		}
+	} else if u.c.up == u {
+		u.c.up = nil
+	}
+}
+
+func (l *loop) closeUp(u *upconn) {
+	if u.gone {
+		return
+	}
+	l.forgetUp(u)
+	unix.Close(u.fd)
+}
+
+func (l *loop) dropUpstream(t Target) {
+	for _, u := range append([]*upconn(nil), l.idle[t]...) {
+		l.closeUp(u)
+	}
+}
+
+func (l *loop) closeOwned(owner Owner) {
+	for _, c := range l.clients {
+		if c.owner == owner {
+			l.closeClient(c)
+			return
+		}
+	}
+}
+
+// expire acts on the deadlines passed by now.
+func (l *loop) expire(now time.Time) {
+	for _, c := range l.clients {
+		if u := c.up; u != nil && !u.started && !u.deadline.IsZero() && now.After(u.deadline) {
+			l.finish(c, u, true) // net/http answers the 504, as for its own exchanges
+			continue
+		}
+		if !c.deadline.IsZero() && now.After(c.deadline) {
+			l.closeClient(c) // idle, a head too slow, or a client that stopped reading
+		}
+	}
+}
+
+func (l *loop) drain(done func()) {
+	l.draining = done
+	for _, c := range l.clients {
+		if c.busy || len(c.out) > 0 {
+			c.closing = true
+			continue
+		}
+		l.closeClient(c)
+	}
+	l.maybeDrained()
+}
+
+func (l *loop) maybeDrained() {
+	if l.draining != nil && len(l.clients) == 0 {
+		f := l.draining
+		l.draining = func() {}
+		f()
+	}
+}
+
+func (l *loop) closeAll() {
+	for _, c := range l.clients {
+		l.closeClient(c)
+	}
+	for _, u := range l.ups {
+		l.closeUp(u)
+	}
+	l.mu.Lock()
+	l.closed = true
+	l.inbox = nil
+	l.mu.Unlock()
+	unix.Close(l.evfd)
+	unix.Close(l.ep)
+}
+
+// Sockaddr returns the socket address of an upstream: "tcp" and an IP:port, or "unix" and a path; nil
+// for any other (a host name, which the loop does not resolve: its thread must not block).
+func Sockaddr(network, address string) unix.Sockaddr {
+	switch network {
+	case "unix":
+		return &unix.SockaddrUnix{Name: address}
+	case "tcp", "tcp4", "tcp6", "":
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return nil
+		}
+		if a := ap.Addr(); a.Is4() || a.Is4In6() {
+			return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}
+		} else if a.Zone() == "" {
+			return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+		}
+	}
+	return nil
+}
