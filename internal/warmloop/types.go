@@ -19,6 +19,8 @@ type Request struct {
 	// "Connection: keep-alive" (the only Connection field Parse accepts).
 	Fields [MaxFields]Field
 	N      int // Fields in use
+
+	hostString string // string(Host) as AppendUpstreamHead last made it, reused while Host is the same
 }
 
 // Field is one header field of a Request: offsets into its Head of the name (as sent) and the value
