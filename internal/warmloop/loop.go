@@ -175,6 +175,7 @@ func (g *Group) CloseConn(owner Owner) {
 // client is a client connection a loop serves.
 type client struct {
 	fd    int
+	id    int32 // in the socket's epoll events, with fd (newID)
 	peer  string
 	owner Owner
 	in    []byte // read, not yet served
@@ -196,6 +197,7 @@ type client struct {
 // upconn is an upstream connection.
 type upconn struct {
 	fd       int
+	id       int32 // in the socket's epoll events, with fd (newID)
 	t        Target
 	c        *client // the client whose request it carries; nil while idle
 	in       []byte
@@ -222,6 +224,7 @@ type loop struct {
 	idle     map[Target][]*upconn
 	rb       []byte
 	draining func() // called once no client is left, while draining
+	lastID   int32
 }
 
 func newLoop(edge Edge, lim Limits, served *atomic.Uint64) (*loop, error) {
@@ -242,6 +245,13 @@ func newLoop(edge Edge, lim Limits, served *atomic.Uint64) (*loop, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// newID returns an id for a socket's epoll events: a number reused for another socket within one
+// batch of events (closed, then another opened) does not take the old one's events.
+func (l *loop) newID() int32 {
+	l.lastID++
+	return l.lastID
 }
 
 // post runs f on the loop's thread; false once the loop has ended.
@@ -282,15 +292,15 @@ func (l *loop) run() {
 		for i := range max(n, 0) {
 			ev := evs[i]
 			fd := int(ev.Fd)
-			switch {
-			case fd == l.evfd:
+			// The id tells a socket from an earlier one closed in this batch that had its number.
+			if fd == l.evfd {
 				if !l.inboxRun() {
 					return
 				}
-			case l.clients[fd] != nil:
-				l.clientEvent(l.clients[fd], ev.Events)
-			case l.ups[fd] != nil:
-				l.upEvent(l.ups[fd], ev.Events)
+			} else if c := l.clients[fd]; c != nil && c.id == ev.Pad {
+				l.clientEvent(c, ev.Events)
+			} else if u := l.ups[fd]; u != nil && u.id == ev.Pad {
+				l.upEvent(u, ev.Events)
 			}
 		}
 		if now := time.Now(); !now.Before(next) {
@@ -326,7 +336,8 @@ func (l *loop) take(c *client) {
 		l.handBack(c, c.in) // taken as the drain began: net/http's shutdown closes it
 		return
 	}
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: clientEvents, Fd: int32(c.fd)}); err != nil {
+	c.id = l.newID()
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: clientEvents, Fd: int32(c.fd), Pad: c.id}); err != nil {
 		l.handBack(c, c.in)
 		return
 	}
@@ -461,11 +472,11 @@ func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
 		unix.Close(fd)
 		return nil
 	}
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: upEvents, Fd: int32(fd)}); err != nil {
+	u := &upconn{fd: fd, id: l.newID(), t: t, c: c, in: make([]byte, 0, 4096)}
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: upEvents, Fd: int32(fd), Pad: u.id}); err != nil {
 		unix.Close(fd)
 		return nil
 	}
-	u := &upconn{fd: fd, t: t, c: c, in: make([]byte, 0, 4096)}
 	l.ups[fd] = u
 	return u
 }
