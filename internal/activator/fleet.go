@@ -51,12 +51,20 @@ type fleetMember struct {
 	// route is the member's Route as its backend was opened (registry.Route.MemberRoute): its name,
 	// backing, upstream and settings, which a handover keeps (registry.Route.SameTenant). Its keys of
 	// the edge are the opening config's: the gate and the client read the instance's (fleetView.routes).
-	route    *registry.Route
-	name     string
-	index    int // in the fleet's members
-	backend  tenant.Backend
+	route   *registry.Route
+	name    string
+	index   int // in the fleet's members
+	backend tenant.Backend
+	// ready: the member passed its gate in its last wake (memberUp), and since then neither has the
+	// watcher of that wake's Life seen it end (memberGone) nor has the fleet put the member down
+	// (eachMember: a sleep, stop or close, a failed wake, a fall below min_ready). memberUp and
+	// memberGone write it under the fleet's mu, eachMember under op; it is read without a lock.
 	ready    atomic.Bool
 	inflight atomic.Int64
+	// ups, guarded by the fleet's mu: how many times the member came up (memberUp). The watcher of a
+	// Life acts only while the count is still the one its memberUp set: the Life of an earlier wake may
+	// be seen to end after a later wake has made the member ready again, and is no longer its Life.
+	ups uint64
 	// op serialises the member's backend calls: a straggler's Wake, a Sleep, a Stop and a Close never
 	// overlap, as the Backend contract asks.
 	op sync.Mutex
@@ -91,7 +99,9 @@ type fleetBackend struct {
 	wake    *fleetWake    // the last wake's rollup
 	settled chan struct{} // closed when the last wake's members have all settled and been cleaned up
 	life    *tenant.Life  // the fleet's life while it is up
-	gen     uint64        // bumped by every Sleep, Stop and Close: member lives that end after are ours
+	// gen is bumped whenever we put the members down (each Sleep, Stop and Close, the settle of a
+	// failed wake, a fall below min_ready): a Life a member came up with before, ending after, we ended.
+	gen uint64
 	// takeBack, after a sleep that members refused, marks them (by index) for the take-back that
 	// follows (Wake): only they are woken again. nil: the next wake wakes every member.
 	takeBack []bool
@@ -456,9 +466,11 @@ func (v *fleetView) gateMember(ctx context.Context, m *fleetMember, t *tracker, 
 func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life, w *fleetWake) {
 	fb.mu.Lock()
 	gen := fb.gen
+	m.ups++
+	up := m.ups
+	m.ready.Store(true) // with ups, under mu: an earlier Life's watcher finds the new count, or ran before
 	fb.mu.Unlock()
 	m.cameUp = true
-	m.ready.Store(true)
 	root := fb.cur().in.root // the server's, whichever instance owns the fleet
 	go func() {
 		select {
@@ -466,37 +478,46 @@ func (fb *fleetBackend) memberUp(m *fleetMember, life *tenant.Life, w *fleetWake
 		case <-root.Done():
 			return
 		}
-		m.ready.Store(false)
-		fb.cur().closeIdle(m)
-		fb.memberGone(m, gen, w, life.Err())
+		fb.memberGone(m, up, gen, w, life.Err())
 	}()
 }
 
-// memberGone handles a member of wake w that stopped on its own in generation gen. Its row in w's
-// record says so from then on, and when too few are left for min_ready, so do the rows of the members
-// the activator stops.
-func (fb *fleetBackend) memberGone(m *fleetMember, gen uint64, w *fleetWake, why error) {
+// memberGone handles the end of member m's Life that memberUp watched: m's up-th coming up
+// (fleetMember.ups), in wake w and generation gen. When m has come up again since, the Life is an
+// earlier wake's and memberGone changes nothing: its watcher can run after a later wake has made m
+// ready again (the scheduler ran it late, or the backend Ended a slept Life late), and marking that
+// m not ready failed a wake after a sleep ("exited after it had passed its health gate") or left a
+// fleet up without its members. Otherwise m leaves the pool; when we have put the fleet down since gen
+// (fleetBackend.gen), that is all. Else m stopped on its own: its row in w's record says so from then
+// on, and when too few are left for min_ready, so do the rows of the members the activator stops.
+func (fb *fleetBackend) memberGone(m *fleetMember, up, gen uint64, w *fleetWake, why error) {
 	fb.mu.Lock()
-	if gen != fb.gen {
+	if m.ups != up {
 		fb.mu.Unlock()
-		return // put to sleep by us
+		return // an earlier wake's Life: m's state is the later wake's
 	}
-	if fb.life == nil { // the fleet is not up yet: up does not count it
-		fb.mu.Unlock()
-		w.mark(m, memberExited, why, "exited on its own", ", after it had passed its health gate")
-		return
-	}
+	m.ready.Store(false)
+	ours := gen != fb.gen // put down by us
 	ready := fb.ready()
 	life, run := fb.life, fb.run
-	if ready >= fb.minReady() {
-		fb.mu.Unlock()
+	below := !ours && life != nil && ready < fb.minReady()
+	if below {
+		fb.life = nil
+		fb.gen++
+	}
+	fb.mu.Unlock()
+	fb.cur().closeIdle(m)
+	switch {
+	case ours:
+		return
+	case life == nil: // the fleet is not up yet: up does not count it
+		w.mark(m, memberExited, why, "exited on its own", ", after it had passed its health gate")
+		return
+	case !below:
 		w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf("; the fleet stayed up (%d ready, min_ready %d)", ready, fb.minReady()))
 		fb.cur().in.logger().Warn("fleet member stopped on its own", "member", m.name, "err", why, "ready", ready)
 		return
 	}
-	fb.life = nil
-	fb.gen++
-	fb.mu.Unlock()
 	w.mark(m, memberExited, why, "exited on its own", fmt.Sprintf(": the fleet fell below min_ready %d and was stopped", fb.minReady()))
 	// Below the quorum the fleet is down: the members still waking are called off and the survivors
 	// stopped before its Life ends, so that the route is asleep for real and its next wake starts them

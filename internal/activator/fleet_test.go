@@ -546,6 +546,114 @@ func TestFleetMemberGoneBeforeQuorum(t *testing.T) {
 	})
 }
 
+// lateEndBackend is a fakeBackend whose Sleep leaves the Life it puts to sleep open, held for the test
+// to End: a member's Life from before a sleep that ends only once the fleet's next wake has woken the
+// member again. tenant.Backend.Sleep does not ask a backend to End the Life within Sleep; and with one
+// that does, this is the order in which the scheduler may run the old Life's watcher.
+type lateEndBackend struct {
+	*fakeBackend
+	held []*tenant.Life // guarded by fakeBackend.mu
+}
+
+func (b *lateEndBackend) Sleep(context.Context) error {
+	b.sleeps.Add(1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.life != nil {
+		b.held, b.life = append(b.held, b.life), nil
+	}
+	return nil
+}
+
+// endHeld Ends the Lives that b's sleeps held open.
+func (b *lateEndBackend) endHeld() {
+	b.mu.Lock()
+	held := b.held
+	b.held = nil
+	b.mu.Unlock()
+	for _, l := range held {
+		l.End(tenant.ErrSlept)
+	}
+}
+
+// TestFleetStaleWatcherLeavesTheNextWakeAlone: the members' Lives of a wake the fleet has been put to
+// sleep since end only once its next wake has woken them again. Their watchers are the earlier wake's:
+// they must change nothing of the later one. They marked the members they watched not ready, so that a
+// wake after a sleep failed with "exited after it had passed its health gate, before the quorum was up"
+// (during), or the fleet stayed awake with no member to serve its requests (after). Found as an
+// occasional failure of TestReloadHandedFleetUsesTheNewHealth: its Sleep ended the Lives, but the
+// watchers ran after the next wake's members had come up.
+func TestFleetStaleWatcherLeavesTheNextWakeAlone(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		during bool // the old Lives end after a is up again and before the quorum is; else after the wake
+	}{
+		{"during the next wake", true},
+		{"after the next wake", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ms := map[string]*lateEndBackend{}
+				p := byName{}
+				for _, n := range []string{"a", "b", "c"} {
+					ms[n] = &lateEndBackend{fakeBackend: &fakeBackend{}}
+					p["pool."+n] = ms[n]
+				}
+				s := newChainServer(t, p, &registry.Config{Routes: []*registry.Route{fleetRoute(2, false, "a", "b", "c")}})
+				if err := s.Wake(t.Context(), "pool"); err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait() // c, which the quorum did not wait for, joins
+				if err := s.Sleep(t.Context(), "pool"); err != nil {
+					t.Fatal(err)
+				}
+				endOld := func() {
+					for _, m := range ms {
+						m.endHeld()
+					}
+					synctest.Wait() // every old watcher has run
+				}
+				if c.during {
+					gb, gc := make(chan struct{}), make(chan struct{})
+					ms["b"].set(func(f *fakeBackend) { f.wakeGate = gb })
+					ms["c"].set(func(f *fakeBackend) { f.wakeGate = gc })
+					errc := make(chan error, 1)
+					go func() { errc <- s.Wake(t.Context(), "pool") }()
+					synctest.Wait() // a is up again; b and c wait in their Wake
+					endOld()
+					close(gb) // b makes the quorum with a
+					if err := <-errc; err != nil {
+						t.Fatalf("the wake after the sleep: %v", err)
+					}
+					close(gc)
+				} else {
+					if err := s.Wake(t.Context(), "pool"); err != nil {
+						t.Fatal(err)
+					}
+					synctest.Wait()
+					endOld()
+				}
+				synctest.Wait()
+				st := s.instance("pool").status()
+				if st.State != Awake.String() {
+					t.Errorf("the fleet is %s, want awake", st.State)
+				}
+				for _, m := range st.Members {
+					if !m.Ready {
+						t.Errorf("member %s is not ready: the earlier wake's watcher of its slept Life marked it", m.Name)
+					}
+				}
+				if st.LastWake == nil {
+					t.Fatal("no last wake")
+				}
+				if got, want := memberStatuses(st.LastWake.Members), []string{"up", "up", "up"}; !slices.Equal(got, want) {
+					t.Errorf("the wake's rows %q, want %q", got, want)
+				}
+			})
+		})
+	}
+}
+
 // TestFleetDegradedIsLogged: a fleet that comes up without one of its members says so in the log,
 // naming the member and why. Found by an operator trial: the log's "woke" line was all there was.
 func TestFleetDegradedIsLogged(t *testing.T) {
