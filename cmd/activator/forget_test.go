@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/activator/activator/internal/activator"
 	"github.com/activator/activator/internal/testenv"
@@ -47,10 +49,10 @@ func TestReloadRemovesTheGuestsSnapshot(t *testing.T) {
 	if code, out := runMain(t, "sleep", "vm", "--admin", s.admin); code != 0 {
 		t.Fatalf("sleep: exit %d:\n%s", code, out)
 	}
-	saved := snapshotIn(t, snap)
-	if len(saved) == 0 {
-		t.Fatalf("the snapshot sleep left nothing in %s", snap)
-	}
+	// The sleep returns once the device state is saved; its QEMU quits and the RAM file's binding (the
+	// sidecars) is put in place after, off the sleep's path (kvm's retire). The whole snapshot is
+	// what the reloads must keep.
+	saved := waitSnapshot(t, snap, []string{"guest.ram", "guest.ram.gen", "guest.dev", "guest.dev.gen"})
 
 	// An edge key (the heir takes the backend), then the guest's own sleep_budget (a new backend):
 	// the route stays, and so does its snapshot.
@@ -90,6 +92,26 @@ func TestReloadRemovesTheGuestsSnapshot(t *testing.T) {
 
 // snapshotIn lists the snapshot files of the kvm backing in dir: the device state and RAM file or
 // the copy, with their sidecars.
+// waitSnapshot waits, within patience, until dir holds want (snapshotIn's order), and returns it.
+func waitSnapshot(t *testing.T, dir string, want []string) []string {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(patience)
+	defer deadline.Stop()
+	for {
+		got := snapshotIn(t, dir)
+		if slices.Equal(got, want) {
+			return got
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s holds %q after the sleep, want %q within %v", dir, got, want, patience)
+		}
+	}
+}
+
 func snapshotIn(t *testing.T, dir string) []string {
 	t.Helper()
 	var got []string
