@@ -27,11 +27,14 @@ const untrustedSource = "127.0.0.2"
 
 // forwardingEdge is a Server whose config trusts 127.0.0.1, in front of a tenant that records each
 // request's forwarding fields, served on three edge listeners as cmd/activator would serve them: plain
-// HTTP, plain HTTP with the PROXY protocol, and TLS with the PROXY protocol.
+// HTTP with the event loop on (serveWithLoop), plain HTTP with the PROXY protocol, and TLS with the
+// PROXY protocol. The loop takes connections from the plain listener alone: the others are not a
+// socket under the framing record (socketUnder).
 type forwardingEdge struct {
 	s                *Server
-	route            *registry.Route
+	route, warm      *registry.Route
 	plain, pp, ppTLS string
+	both             *conformEdge  // the plain listener, for its two paths
 	got              chan []string // forwarding fields of each request the tenant got
 }
 
@@ -42,8 +45,10 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 		e.got <- forwardingFields(r.Header)
 	}))
 	t.Cleanup(tenant.Close)
-	e.route = testRoute("app")
-	e.route.Upstream.Address = tenant.Listener.Addr().String()
+	warmUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "warm") }))
+	t.Cleanup(warmUp.Close)
+	e.route, e.warm = testRoute("app"), testRoute("warm")
+	e.route.Upstream.Address, e.warm.Upstream.Address = tenant.Listener.Addr().String(), warmUp.Listener.Addr().String()
 	e.s = New(Options{
 		Opener:  fakeProvider{&fakeBackend{}},
 		Logger:  slog.New(slog.DiscardHandler),
@@ -51,15 +56,16 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 	})
 	e.apply(t, "127.0.0.1/32")
 	t.Cleanup(func() { _ = e.s.Shutdown(t.Context()) })
+	e.both = &conformEdge{s: e.s}
+	e.plain = serveWithLoop(t, e.s, registry.EdgeLimits{SendTimeout: registry.DefaultSendTimeout}, e.both.pause.hook)
+	e.both.addr = e.plain
 	for _, l := range []struct {
-		addr       *string
-		proxy, tls bool
-	}{{&e.plain, false, false}, {&e.pp, true, false}, {&e.ppTLS, true, true}} {
+		addr *string
+		tls  bool
+	}{{&e.pp, false}, {&e.ppTLS, true}} {
 		srv := httptest.NewUnstartedServer(e.s)
 		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-		if l.proxy {
-			srv.Listener = trust.Wrap(srv.Listener, func() bool { return true }, e.s.TrustedProxy)
-		}
+		srv.Listener = trust.Wrap(srv.Listener, func() bool { return true }, e.s.TrustedProxy)
 		if l.tls {
 			srv.StartTLS()
 		} else {
@@ -75,7 +81,7 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 // apply makes the config's trusted_proxies prefixes (none for "").
 func (e *forwardingEdge) apply(t *testing.T, prefixes ...string) {
 	t.Helper()
-	cfg := &registry.Config{Routes: []*registry.Route{e.route}}
+	cfg := &registry.Config{Routes: []*registry.Route{e.route, e.warm}}
 	for _, p := range prefixes {
 		cfg.TrustedProxies = append(cfg.TrustedProxies, netip.MustParsePrefix(p))
 	}
@@ -103,37 +109,51 @@ func want(xff, host, proto, fwd string) []string {
 
 // sendVia connects to addr from source ("" for the trusted proxy), writes preface (a PROXY header), then
 // over TLS when tlsOn a GET for app.test with the header lines; it returns the answer's status, or 0
-// when the edge closed the connection without one.
-func sendVia(t *testing.T, addr, source, preface string, tlsOn bool, header string) int {
+// when the edge closed the connection without one. On the loop's path (e.plain only) the GET goes on a
+// connection the loop owns.
+func (e *forwardingEdge) sendVia(t *testing.T, p edgePath, addr, source, preface string, tlsOn bool, header string) int {
 	t.Helper()
-	var d net.Dialer
-	if source != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
-	}
-	raw, err := d.Dial("tcp", addr)
-	if err != nil {
-		if source != "" {
-			t.Skipf("cannot connect from %s: %v", source, err)
+	var c net.Conn
+	var br *bufio.Reader
+	if p.loop {
+		if addr != e.plain || preface != "" || tlsOn {
+			t.Fatal("the loop takes connections from the plain listener alone")
 		}
-		t.Fatal(err)
+		rc := e.both.conn(t, p, source)
+		c, br = rc.c, rc.br
+	} else {
+		var d net.Dialer
+		if source != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
+		}
+		raw, err := d.Dial("tcp", addr)
+		if err != nil {
+			if source != "" {
+				t.Skipf("cannot connect from %s: %v", source, err)
+			}
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(raw, preface); err != nil {
+			t.Fatal(err)
+		}
+		c = raw
+		if tlsOn {
+			c = tls.Client(raw, &tls.Config{InsecureSkipVerify: true, ServerName: "app.test"}) // httptest's certificate
+		}
+		br = bufio.NewReader(c)
 	}
-	defer raw.Close()
-	_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(raw, preface); err != nil {
-		t.Fatal(err)
-	}
-	c := raw
-	if tlsOn {
-		c = tls.Client(raw, &tls.Config{InsecureSkipVerify: true, ServerName: "app.test"}) // httptest's certificate
-	}
-	req := "GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n"
+	// Kept alive: a request the loop serves itself asks to be, and the edge's answer must not depend on
+	// it.
+	req := "GET / HTTP/1.1\r\nHost: app.test\r\n"
 	for line := range strings.Lines(header) {
 		req += strings.TrimSpace(line) + "\r\n"
 	}
 	if _, err := io.WriteString(c, req+"\r\n"); err != nil {
 		return 0 // refused during the TLS handshake
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		return 0
 	}
@@ -156,6 +176,8 @@ func proxyHeader(t *testing.T, version byte, src, dst string) string {
 // never an untrusted client's forged fields, the PROXY header's source from a trusted proxy (v1 and
 // v2, plain and TLS); a PROXY header from an untrusted peer, and a trusted proxy's connection without
 // one, are refused unanswered. A reload that drops the proxy from trusted_proxies applies at once.
+// The cases on the plain listener run on both paths: the loop serves a request without forwarding
+// fields itself, and hands back every other.
 func TestTenantLearnsClient(t *testing.T) {
 	e := newForwardingEdge(t)
 	forged := "X-Forwarded-For: 203.0.113.66\nX-Forwarded-Proto: https\nX-Forwarded-Host: evil.example\nForwarded: for=203.0.113.66;proto=https"
@@ -171,6 +193,8 @@ func TestTenantLearnsClient(t *testing.T) {
 		reloadUntrusts bool     // apply a config without trusted_proxies first
 	}{
 		{name: "direct client", addr: &e.plain, source: untrustedSource, want: untrusted},
+		{name: "trusted proxy without fields", addr: &e.plain,
+			want: want("127.0.0.1", "app.test", "http", "for=127.0.0.1;host=app.test;proto=http")},
 		{name: "trusted proxy with X-Forwarded-*", addr: &e.plain, header: "X-Forwarded-For: 203.0.113.9\nX-Forwarded-Proto: https",
 			want: want("203.0.113.9, 127.0.0.1", "app.test", "https", "for=203.0.113.9;host=app.test;proto=https, for=127.0.0.1")},
 		{name: "trusted proxy with Forwarded", addr: &e.plain, header: "Forwarded: for=\"[2001:db8::9]\";proto=https\nX-Forwarded-For: 2001:db8::9",
@@ -189,29 +213,35 @@ func TestTenantLearnsClient(t *testing.T) {
 		{name: "proxy untrusted by a reload", addr: &e.plain, header: forged, reloadUntrusts: true,
 			want: want("127.0.0.1", "app.test", "http", "for=127.0.0.1;host=app.test;proto=http")},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.reloadUntrusts {
-				e.apply(t)
-				t.Cleanup(func() { e.apply(t, "127.0.0.1/32") })
-			}
-			code := sendVia(t, *tc.addr, tc.source, tc.preface, tc.tls, tc.header)
-			if tc.want == nil {
-				if code != 0 {
-					t.Fatalf("answered %d, want the connection closed unanswered", code)
+		paths := netHTTPOnly
+		if tc.addr == &e.plain {
+			paths = edgePaths
+		}
+		for _, p := range paths {
+			t.Run(p.name+" "+tc.name, func(t *testing.T) {
+				if tc.reloadUntrusts {
+					e.apply(t)
+					t.Cleanup(func() { e.apply(t, "127.0.0.1/32") })
 				}
-				select {
-				case got := <-e.got:
-					t.Fatalf("the tenant got a request %q", got)
-				default:
+				code := e.sendVia(t, p, *tc.addr, tc.source, tc.preface, tc.tls, tc.header)
+				if tc.want == nil {
+					if code != 0 {
+						t.Fatalf("answered %d, want the connection closed unanswered", code)
+					}
+					select {
+					case got := <-e.got:
+						t.Fatalf("the tenant got a request %q", got)
+					default:
+					}
+					return
 				}
-				return
-			}
-			if code != http.StatusOK {
-				t.Fatalf("answered %d, want 200", code)
-			}
-			if got := <-e.got; !slices.Equal(got, tc.want) {
-				t.Errorf("the tenant got\n  %q\nwant\n  %q", got, tc.want)
-			}
-		})
+				if code != http.StatusOK {
+					t.Fatalf("answered %d, want 200", code)
+				}
+				if got := <-e.got; !slices.Equal(got, tc.want) {
+					t.Errorf("the tenant got\n  %q\nwant\n  %q", got, tc.want)
+				}
+			})
+		}
 	}
 }

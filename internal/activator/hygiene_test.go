@@ -135,22 +135,35 @@ func serveRoutes(t *testing.T, b *fakeBackend, gate Gate, logs io.Writer, routes
 	return s
 }
 
-// twoRoutes is a Server with routes "api" (app.test, prefix /api) and "root" (app.test, no prefix)
-// over b, each to its own tenant.
+// twoRoutes is a Server with twoRouteList's routes over b.
 func twoRoutes(t *testing.T, b *fakeBackend) *Server {
+	t.Helper()
+	return serveRoutes(t, b, passGate{}, nil, twoRouteList(t)...)
+}
+
+// twoRouteList is routes "api" (app.test, prefix /api) and "root" (app.test, no prefix), each to its
+// own echoTenant.
+func twoRouteList(t *testing.T) []*registry.Route {
 	t.Helper()
 	api, root := testRoute("api"), testRoute("root")
 	api.Hosts, root.Hosts = []string{"app.test"}, []string{"app.test"}
 	api.PathPrefix = "/api"
 	api.Upstream.Address, root.Upstream.Address = echoTenant(t, "api"), echoTenant(t, "root")
-	return serveRoutes(t, b, passGate{}, nil, api, root)
+	return []*registry.Route{api, root}
+}
+
+// twoRoutesBothPaths is a conformEdge with twoRouteList's routes over b.
+func twoRoutesBothPaths(t *testing.T, b *fakeBackend) *conformEdge {
+	t.Helper()
+	return newConformEdge(t, conformConfig{b: b, routes: twoRouteList(t)})
 }
 
 // TestEdgeRefusesWithoutWaking: CONNECT and TRACE get 501, an encoded slash and a target that is no
 // path get 400, all before routing: no tenant wakes. CONNECT's connection is closed after the answer.
+// On both paths: the loop hands each back to net/http.
 func TestEdgeRefusesWithoutWaking(t *testing.T) {
 	b := &fakeBackend{}
-	addr := edgeListen(t, twoRoutes(t, b), true)
+	e := twoRoutesBothPaths(t, b)
 	for _, tc := range []struct {
 		raw   string
 		code  int
@@ -165,15 +178,17 @@ func TestEdgeRefusesWithoutWaking(t *testing.T) {
 		{"GET * HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
 		{"GET http:x HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
 	} {
-		t.Run(strings.Fields(tc.raw)[0]+" "+strings.Fields(tc.raw)[1], func(t *testing.T) {
-			resp, body := exchange(t, addr, tc.raw)
-			if resp.StatusCode != tc.code {
-				t.Errorf("status %d, want %d; body %q", resp.StatusCode, tc.code, body)
-			}
-			if resp.Close != tc.close {
-				t.Errorf("connection close = %v, want %v", resp.Close, tc.close)
-			}
-		})
+		for _, p := range edgePaths {
+			t.Run(p.name+" "+strings.Fields(tc.raw)[0]+" "+strings.Fields(tc.raw)[1], func(t *testing.T) {
+				resp, body := e.exchange(t, p, tc.raw)
+				if resp.StatusCode != tc.code {
+					t.Errorf("status %d, want %d; body %q", resp.StatusCode, tc.code, body)
+				}
+				if resp.Close != tc.close {
+					t.Errorf("connection close = %v, want %v", resp.Close, tc.close)
+				}
+			})
+		}
 	}
 	if n := b.wakes.Load(); n != 0 {
 		t.Fatalf("requests refused at the edge woke the backend %d times, want 0", n)
@@ -182,9 +197,10 @@ func TestEdgeRefusesWithoutWaking(t *testing.T) {
 
 // TestOnePathForRouteAndTenant: the route is chosen on the path after dot-segment removal, and the
 // tenant is sent that same path (raw segments byte for byte), on the fast path (GET) and through the
-// ReverseProxy (POST) alike.
+// ReverseProxy (POST) alike, and on the loop's path, which serves a plain path itself and hands the
+// others back.
 func TestOnePathForRouteAndTenant(t *testing.T) {
-	addr := edgeListen(t, twoRoutes(t, &fakeBackend{}), true)
+	e := twoRoutesBothPaths(t, &fakeBackend{})
 	for _, tc := range []struct{ target, want string }{
 		{"/public/../api/x", "api /api/x"},
 		{"/api/../secret", "root /secret"},
@@ -203,42 +219,52 @@ func TestOnePathForRouteAndTenant(t *testing.T) {
 		{"/api//../x", "api /api/x"},
 		{"/api/../s?a=/../b", "root /s?a=/../b"},
 		{"http://app.test/api/../y", "root /y"},
+		{"/api/x", "api /api/x"},
+		{"/api/x?q=/../y", "api /api/x?q=/../y"},
 	} {
 		for _, method := range []string{http.MethodGet, http.MethodPost} {
-			t.Run(method+" "+tc.target, func(t *testing.T) {
-				raw := method + " " + tc.target + " HTTP/1.1\r\nHost: app.test\r\n"
-				if method == http.MethodPost {
-					raw += "Content-Length: 2\r\n\r\nhi"
-				} else {
-					raw += "\r\n"
-				}
-				resp, body := exchange(t, addr, raw)
-				if want := tc.want + " host=app.test"; resp.StatusCode != http.StatusOK || body != want {
-					t.Errorf("got %d %q, want 200 %q", resp.StatusCode, body, want)
-				}
-			})
+			for _, p := range edgePaths {
+				t.Run(p.name+" "+method+" "+tc.target, func(t *testing.T) {
+					raw := method + " " + tc.target + " HTTP/1.1\r\nHost: app.test\r\n"
+					if method == http.MethodPost {
+						raw += "Content-Length: 2\r\n\r\nhi"
+					} else {
+						raw += "\r\n"
+					}
+					resp, body := e.exchange(t, p, raw)
+					if want := tc.want + " host=app.test"; resp.StatusCode != http.StatusOK || body != want {
+						t.Errorf("got %d %q, want 200 %q", resp.StatusCode, body, want)
+					}
+				})
+			}
 		}
 	}
 }
 
 // TestAbsoluteFormWinsOverHost: a request-target in absolute form routes by its own host, not the
-// Host header (RFC 9112 §3.2.2), and the tenant sees that host.
+// Host header (RFC 9112 §3.2.2), and the tenant sees that host; on both paths.
 func TestAbsoluteFormWinsOverHost(t *testing.T) {
-	addr := edgeListen(t, twoRoutes(t, &fakeBackend{}), true)
-	resp, body := exchange(t, addr, "GET http://app.test/api/x HTTP/1.1\r\nHost: other.test\r\n\r\n")
-	if want := "api /api/x host=app.test"; resp.StatusCode != http.StatusOK || body != want {
-		t.Errorf("absolute form app.test, Host other.test: %d %q, want 200 %q", resp.StatusCode, body, want)
-	}
-	resp, body = exchange(t, addr, "GET http://other.test/api/x HTTP/1.1\r\nHost: app.test\r\n\r\n")
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("absolute form other.test, Host app.test: %d %q, want 404", resp.StatusCode, body)
+	e := twoRoutesBothPaths(t, &fakeBackend{})
+	for _, p := range edgePaths {
+		t.Run(p.name, func(t *testing.T) {
+			resp, body := e.exchange(t, p, "GET http://app.test/api/x HTTP/1.1\r\nHost: other.test\r\n\r\n")
+			if want := "api /api/x host=app.test"; resp.StatusCode != http.StatusOK || body != want {
+				t.Errorf("absolute form app.test, Host other.test: %d %q, want 200 %q", resp.StatusCode, body, want)
+			}
+			resp, body = e.exchange(t, p, "GET http://other.test/api/x HTTP/1.1\r\nHost: app.test\r\n\r\n")
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("absolute form other.test, Host app.test: %d %q, want 404", resp.StatusCode, body)
+			}
+		})
 	}
 }
 
 // TestAmbiguousFramingClosesConnection: a request framed by both Content-Length and Transfer-Encoding
 // (HTTP/1.1), or by Transfer-Encoding in HTTP/1.0, is answered with "Connection: close" and the
 // pipelined request after it is never answered. Requests framed one way keep their connection, when
-// the edge is wired as cmd/activator wires it; without the wiring every chunked request closes.
+// the edge is wired as cmd/activator wires it; without the wiring every chunked request closes. The
+// wired cases run on both paths (the loop hands each back to net/http, whose framing record has seen
+// the bytes the loop read); the loop takes no connection from an edge without the wiring.
 func TestAmbiguousFramingClosesConnection(t *testing.T) {
 	const next = "GET /api/next HTTP/1.1\r\nHost: app.test\r\n\r\n"
 	for _, tc := range []struct {
@@ -256,29 +282,39 @@ func TestAmbiguousFramingClosesConnection(t *testing.T) {
 		{"HTTP/1.0 CL", "POST /api/x HTTP/1.0\r\nHost: app.test\r\nConnection: keep-alive\r\nContent-Length: 5\r\n\r\nhello", true, false},
 		{"TE alone, not wired", "POST /api/x HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", false, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr := edgeListen(t, twoRoutes(t, &fakeBackend{}), tc.wired)
-			rc := dialRaw(t, addr)
-			rc.send(tc.first + next)
-			resp, body, err := rc.next()
-			if err != nil {
-				t.Fatalf("first answer: %v", err)
-			}
-			if resp.Close != tc.close {
-				t.Errorf("first answer %d %q: Connection: close = %v, want %v", resp.StatusCode, body, resp.Close, tc.close)
-			}
-			resp, body, err = rc.next()
-			switch {
-			case tc.close && err == nil:
-				t.Errorf("the pipelined request was answered (%d %q); the connection should have closed", resp.StatusCode, body)
-			case tc.close && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !isReset(err):
-				t.Errorf("after the first answer: %v, want the connection closed", err)
-			case !tc.close && err != nil:
-				t.Errorf("the pipelined request: %v, want its answer", err)
-			case !tc.close && body != "api /api/next host=app.test":
-				t.Errorf("the pipelined request: %d %q", resp.StatusCode, body)
-			}
-		})
+		paths := edgePaths
+		if !tc.wired {
+			paths = netHTTPOnly
+		}
+		for _, p := range paths {
+			t.Run(p.name+" "+tc.name, func(t *testing.T) {
+				var rc *rawConn
+				if tc.wired {
+					rc = twoRoutesBothPaths(t, &fakeBackend{}).conn(t, p, "")
+				} else {
+					rc = dialRaw(t, edgeListen(t, twoRoutes(t, &fakeBackend{}), false))
+				}
+				rc.send(tc.first + next)
+				resp, body, err := rc.next()
+				if err != nil {
+					t.Fatalf("first answer: %v", err)
+				}
+				if resp.Close != tc.close {
+					t.Errorf("first answer %d %q: Connection: close = %v, want %v", resp.StatusCode, body, resp.Close, tc.close)
+				}
+				resp, body, err = rc.next()
+				switch {
+				case tc.close && err == nil:
+					t.Errorf("the pipelined request was answered (%d %q); the connection should have closed", resp.StatusCode, body)
+				case tc.close && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !isReset(err):
+					t.Errorf("after the first answer: %v, want the connection closed", err)
+				case !tc.close && err != nil:
+					t.Errorf("the pipelined request: %v, want its answer", err)
+				case !tc.close && body != "api /api/next host=app.test":
+					t.Errorf("the pipelined request: %d %q", resp.StatusCode, body)
+				}
+			})
+		}
 	}
 }
 

@@ -9,13 +9,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/activator/activator/internal/registry"
 )
 
 // TestNoHTTPUpgradeAskedOfTenant: an Upgrade to h2c (or h2, or HTTP/x) never reaches the tenant; the
 // request goes on as a plain one, its body with it, and the client gets the tenant's plain answer.
 // WebSocket upgrades, and the rest of a list that named h2c beside them, pass as they came. On
 // 59746f8 the tenant was sent "Upgrade: h2c" and HTTP2-Settings, and hypercorn upgraded on them
-// (TestH2CSmugglingStopped in cmd/activator has that end to end).
+// (TestH2CSmugglingStopped in cmd/activator has that end to end). On both paths: the loop hands each
+// upgrade back to net/http.
 func TestNoHTTPUpgradeAskedOfTenant(t *testing.T) {
 	type seen struct {
 		upgrade, connection, settings, body string
@@ -30,7 +33,7 @@ func TestNoHTTPUpgradeAskedOfTenant(t *testing.T) {
 	r := testRoute("app")
 	r.Hosts = []string{"app.test"}
 	r.Upstream.Address = up.Listener.Addr().String()
-	addr := edgeListen(t, serveRoutes(t, &fakeBackend{}, passGate{}, nil, r), true)
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}})
 	const settings = "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
 	for _, tc := range []struct {
 		name, fields string
@@ -45,24 +48,26 @@ func TestNoHTTPUpgradeAskedOfTenant(t *testing.T) {
 		{"websocket alone", "Connection: Upgrade\r\nUpgrade: websocket\r\n", seen{upgrade: "websocket", connection: "Upgrade"}},
 	} {
 		for _, method := range []string{"GET", "POST"} {
-			t.Run(method+" "+tc.name, func(t *testing.T) {
-				raw := method + " /x HTTP/1.1\r\nHost: app.test\r\n" + tc.fields
-				want := tc.want
-				if method == "POST" {
-					raw += "Content-Length: 4\r\n\r\nbody"
-					want.body = "body"
-				} else {
-					raw += "\r\n"
-				}
-				resp, body := exchange(t, addr, raw)
-				s := <-got
-				if s != want {
-					t.Errorf("the tenant saw %+v, want %+v", s, want)
-				}
-				if resp.StatusCode != http.StatusOK || body != "plain" {
-					t.Errorf("answer %d %q, want 200 %q", resp.StatusCode, body, "plain")
-				}
-			})
+			for _, p := range edgePaths {
+				t.Run(p.name+" "+method+" "+tc.name, func(t *testing.T) {
+					raw := method + " /x HTTP/1.1\r\nHost: app.test\r\n" + tc.fields
+					want := tc.want
+					if method == "POST" {
+						raw += "Content-Length: 4\r\n\r\nbody"
+						want.body = "body"
+					} else {
+						raw += "\r\n"
+					}
+					resp, body := e.exchange(t, p, raw)
+					s := <-got
+					if s != want {
+						t.Errorf("the tenant saw %+v, want %+v", s, want)
+					}
+					if resp.StatusCode != http.StatusOK || body != "plain" {
+						t.Errorf("answer %d %q, want 200 %q", resp.StatusCode, body, "plain")
+					}
+				})
+			}
 		}
 	}
 }

@@ -1,0 +1,265 @@
+package activator
+
+// The edge's two HTTP/1.1 paths under one set of tests. With edge.event_loops on, a keep-alive
+// connection's later requests are read by the event loop (loop.go, internal/warmloop), which serves a
+// strict subset itself and hands everything else back to net/http. Issue 17: any HTTP/1.1 server path
+// of our own must pass the same conformance and fuzz tests as the rest of the edge. So the conformance
+// tests take each case over both paths: net/http's, the reference (the request under test is the first
+// on a new connection, which net/http reads), and the loop's (the request under test follows, on the
+// same connection, requests the loop has served). conformEdge is an edge built for both.
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/tenant"
+	"github.com/activator/activator/internal/warmloop"
+)
+
+// edgePath is one way a request under test reaches the edge.
+type edgePath struct {
+	name string
+	loop bool // on a connection the loop owns; else the first request of a new connection, net/http's
+}
+
+// edgePaths are both paths; netHTTPOnly is for the cases that cannot reach the loop (a listener it
+// never takes connections from: PROXY protocol, TLS, no framing record).
+var (
+	edgePaths   = []edgePath{{"net/http", false}, {"loop", true}}
+	netHTTPOnly = []edgePath{{"net/http", false}}
+)
+
+// conformEdge is an edge with its event loop on, served as cmd/activator serves its plain listener with
+// edge.event_loops set: the framing record, ConnContext, the resume server of parking (which serves
+// what the loop gives back) and EnableLoop, with both http.Servers as newEdgeServer makes them. Its
+// config has, beside the routes under test, a route "warm" (Host warm.test) with a tenant and a
+// backing of its own: the requests that give a connection to the loop go there, so that they wake
+// nothing a test counts, reach no tenant a test watches, and leave every route under test free to do
+// what it likes (a route whose answer went back to net/http is left to net/http for a minute: loopOff).
+type conformEdge struct {
+	s     *Server
+	addr  string
+	warm  *fakeBackend // the warm route's backing
+	cfg   registry.Config
+	pause loopPause
+}
+
+// conformConfig is what a conformEdge is built of.
+type conformConfig struct {
+	routes  []*registry.Route
+	b       *fakeBackend // the routes' backing; nil: a new one
+	gate    Gate         // the routes' health gate; nil: passGate
+	logs    io.Writer    // nil: nowhere
+	edge    registry.EdgeLimits
+	trusted []netip.Prefix
+	metrics *Metrics         // nil: none
+	now     func() time.Time // the Server's clock; nil: time.Now
+}
+
+// warmOpener opens the warm route on its own backing and the others on theirs.
+type warmOpener struct {
+	warm, rest tenant.Backend
+}
+
+func (o warmOpener) Open(r *registry.Route) (tenant.Backend, error) {
+	if r.Name == "warm" {
+		return o.warm, nil
+	}
+	return o.rest, nil
+}
+
+// newConformEdge serves c on a loopback port until cleanup.
+func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
+	t.Helper()
+	if c.b == nil {
+		c.b = &fakeBackend{}
+	}
+	if c.gate == nil {
+		c.gate = passGate{}
+	}
+	if c.logs == nil {
+		c.logs = io.Discard
+	}
+	warmUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "warm") // net/http frames it by its length, as the loop needs
+	}))
+	t.Cleanup(warmUp.Close)
+	warm := testRoute("warm")
+	warm.Upstream.Address = warmUp.Listener.Addr().String()
+
+	e := &conformEdge{warm: &fakeBackend{}}
+	e.s = New(Options{
+		Opener:  warmOpener{warm: e.warm, rest: c.b},
+		Logger:  slog.New(slog.NewTextHandler(c.logs, nil)),
+		NewGate: func(*registry.Route) Gate { return c.gate },
+		Metrics: c.metrics,
+		Now:     c.now,
+	})
+	e.cfg = registry.Config{Edge: c.edge, TrustedProxies: c.trusted, Routes: append(c.routes, warm)}
+	if err := e.s.Apply(&e.cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.addr = serveWithLoop(t, e.s, c.edge, e.pause.hook)
+	return e
+}
+
+// serveWithLoop serves s on a loopback port, with its event loop, as cmd/activator serves its plain
+// listener (serve.go: newEdgeServers, edgeParts, loopLimits) with edge's limits, until cleanup; hook
+// hears the states of the connections the loop has, as the connection cap would. It returns the
+// address.
+func serveWithLoop(t testing.TB, s *Server, edge registry.EdgeLimits, hook func(net.Conn, http.ConnState)) string {
+	t.Helper()
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	server := func(h http.Handler) *http.Server {
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: hygienePatience, IdleTimeout: time.Minute, Protocols: &protocols,
+			ConnContext: ConnContext}
+		if edge.MaxHeaderBytes > 0 {
+			hs.MaxHeaderBytes = int(max(edge.MaxHeaderBytes-4096-14, 1)) // cmd/activator's edgeMaxHeaderBytes
+		}
+		return hs
+	}
+	front, resume := server(s), server(nil)
+	s.EnableParking(resume, s)
+	maxHead := int64(8 << 10)
+	if edge.MaxHeaderBytes > 0 {
+		maxHead = min(edge.MaxHeaderBytes, maxHead)
+	}
+	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: hygienePatience, IdleTimeout: time.Minute, SendTimeout: edge.SendTimeout}
+	if err := s.EnableLoop(1, lim, hook); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- front.Serve(Listener(ln, edge.SendTimeout)) }()
+	t.Cleanup(func() {
+		front.Close()
+		<-served
+		ctx, cancel := context.WithTimeout(context.Background(), patience)
+		defer cancel()
+		_ = s.Shutdown(ctx) // a request in progress at the cut may end unanswered: not what these tests check
+		_ = resume.Close()
+	})
+	return ln.Addr().String()
+}
+
+// conn opens a connection from source ("": the loopback's default address) whose next request takes
+// path p. On the loop's path the connection has carried two GETs of the warm route, the second served
+// by the loop: the loop owns it.
+func (e *conformEdge) conn(t *testing.T, p edgePath, source string) *rawConn {
+	t.Helper()
+	d := net.Dialer{}
+	if source != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
+	}
+	c, err := d.Dial("tcp", e.addr)
+	if err != nil {
+		if source != "" {
+			t.Skipf("cannot connect from %s: %v", source, err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.SetDeadline(time.Now().Add(hygienePatience)); err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+	if p.loop {
+		e.giveToLoop(t, rc)
+	}
+	return rc
+}
+
+// giveToLoop sends two GETs of the warm route on rc: net/http serves the first and hands the
+// connection to the loop, which serves the second. It fails the test when the loop did not serve it.
+func (e *conformEdge) giveToLoop(t *testing.T, rc *rawConn) {
+	t.Helper()
+	before := e.s.loops.Served()
+	for range 2 {
+		rc.send("GET /warm HTTP/1.1\r\nHost: warm.test\r\n\r\n")
+		resp, body, err := rc.next()
+		if err != nil {
+			t.Fatalf("a warm GET: %v", err)
+		}
+		if resp.StatusCode != http.StatusOK || body != "warm" || resp.Close {
+			t.Fatalf("a warm GET: %d %q, close %v", resp.StatusCode, body, resp.Close)
+		}
+	}
+	// The loop counts an answer before the client can read it.
+	if e.s.loops.Served() == before {
+		t.Fatal("the loop did not serve the second warm GET: it does not own the connection")
+	}
+}
+
+// exchange sends raw on a connection of path p and reads one answer.
+func (e *conformEdge) exchange(t *testing.T, p edgePath, raw string) (*http.Response, string) {
+	t.Helper()
+	rc := e.conn(t, p, "")
+	rc.send(raw)
+	resp, body, err := rc.next()
+	if err != nil {
+		t.Fatalf("%q: %v", raw, err)
+	}
+	return resp, body
+}
+
+// apply applies the config again with mut's changes (the warm route stays).
+func (e *conformEdge) apply(t *testing.T, mut func(*registry.Config)) {
+	t.Helper()
+	cfg := e.cfg
+	cfg.Routes = append([]*registry.Route(nil), e.cfg.Routes...)
+	mut(&cfg)
+	if err := e.s.Apply(&cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loopPause stops the loop's thread, once armed, at its next report of a connection's state (the
+// Owner's Idle, which the loop calls on its thread as a request begins and ends), until resumed: what
+// arrives meanwhile waits in the sockets, as it does under load while the loop serves others. Its hook
+// is a conformEdge's connection-state hook.
+type loopPause struct {
+	mu      sync.Mutex // guards the fields below
+	stopped chan struct{}
+	resume  chan struct{}
+}
+
+// arm stops the loop at its next report; stopped is closed once it is stopped, and resume lets it go
+// on (by patience at the latest).
+func (p *loopPause) arm() (stopped <-chan struct{}, resume func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopped, p.resume = make(chan struct{}), make(chan struct{})
+	r := p.resume
+	var once sync.Once
+	return p.stopped, func() { once.Do(func() { close(r) }) }
+}
+
+func (p *loopPause) hook(net.Conn, http.ConnState) {
+	p.mu.Lock()
+	stopped, resume := p.stopped, p.resume
+	p.stopped, p.resume = nil, nil
+	p.mu.Unlock()
+	if stopped == nil {
+		return
+	}
+	close(stopped)
+	select {
+	case <-resume:
+	case <-time.After(patience):
+	}
+}
