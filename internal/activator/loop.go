@@ -338,10 +338,10 @@ func (s *Server) serveFinished(w http.ResponseWriter, r *http.Request, x *warmlo
 	f.Close()
 	switch {
 	case err != nil:
-		in.upstreamFailed(sw, r, err)
+		in.client().Fail(sw, r, err)
 	case x.TimedOut:
 		up.Close()
-		in.upstreamFailed(sw, r, fmt.Errorf("%w (%v)", upstream.ErrResponseTimeout, in.route.ResponseTimeout))
+		in.client().Fail(sw, r, fmt.Errorf("%w (%v)", upstream.ErrResponseTimeout, in.route.ResponseTimeout))
 	default:
 		in.client().Finish(sw, r, up, x.Answer)
 	}

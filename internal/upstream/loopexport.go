@@ -86,6 +86,11 @@ func (c *Client) Finish(w http.ResponseWriter, r *http.Request, conn net.Conn, a
 	c.writeAnswer(w, r, resp)
 }
 
+// Fail answers r, a request the edge's loop sent upstream and whose exchange failed before the
+// answer's head was whole, as Serve answers a failed exchange of its own: through
+// Options.ErrorHandler, so that the client is told the same and the log throttled the same.
+func (c *Client) Fail(w http.ResponseWriter, r *http.Request, err error) { c.onError(w, r, err) }
+
 // prefixed is a connection whose first bytes were read already: prefix, then the connection.
 type prefixed struct {
 	net.Conn

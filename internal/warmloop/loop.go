@@ -60,8 +60,8 @@ type Edge interface {
 	HandBack(fd int, owner Owner, pending []byte)
 	// Finish has net/http finish an exchange the loop began and will not end: t's request (begun,
 	// not yet ended) went upstream on upFD, whose answer so far is answer; timedOut says its
-	// ResponseTimeout passed with no answer. The client's connection fd (the edge now owns both) is
-	// to be served again after it, its request's head first, then pending.
+	// ResponseTimeout passed with no whole head. The client's connection fd (the edge now owns both)
+	// is to be served again after it, its request's head first, then pending.
 	Finish(x *Handover)
 }
 
@@ -74,7 +74,7 @@ type Handover struct {
 	Target   Target // the request's target, begun and not ended
 	UpFD     int    // the upstream connection, the request sent on it
 	Answer   []byte // the answer's bytes read so far
-	TimedOut bool   // the target's ResponseTimeout passed before the answer began
+	TimedOut bool   // the target's ResponseTimeout passed before the answer's head was whole
 }
 
 // Limits are the edge's client limits the loops keep, as net/http keeps them for its connections.
@@ -784,7 +784,9 @@ func (l *loop) closeOwned(owner Owner) {
 // expire acts on the deadlines passed by now.
 func (l *loop) expire(now time.Time) {
 	for _, c := range l.clients {
-		if u := c.up; u != nil && !u.started && !u.deadline.IsZero() && now.After(u.deadline) {
+		// The bound is on the whole head, as the fast path's (upstream.Conn's headBy): a tenant that
+		// sends a status line and stops must not hold the client for ever.
+		if u := c.up; u != nil && c.ans.Status() == 0 && !u.deadline.IsZero() && now.After(u.deadline) {
 			l.finish(c, u, true) // net/http answers the 504, as for its own exchanges
 			continue
 		}
