@@ -217,6 +217,20 @@ func (e *conformEdge) exchange(t *testing.T, p edgePath, raw string) (*http.Resp
 	return resp, body
 }
 
+// wake wakes the named routes by the admin API's way, without a request: so that the loop serves
+// theirs itself (it hands back a request to a route that is not awake, for net/http to hold), and
+// without an upstream connection made for it.
+func (e *conformEdge) wake(t *testing.T, routes ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	for _, r := range routes {
+		if err := e.s.Wake(ctx, r); err != nil {
+			t.Fatalf("waking %s: %v", r, err)
+		}
+	}
+}
+
 // apply applies the config again with mut's changes (the warm route stays).
 func (e *conformEdge) apply(t *testing.T, mut func(*registry.Config)) {
 	t.Helper()

@@ -311,7 +311,9 @@ func (s *Server) giveBack(fd int, o *loopOwner, prefix []byte, x *warmloop.Hando
 	f.Close()
 	if err != nil {
 		if x != nil {
-			unix.Close(x.UpFD)
+			if x.UpFD >= 0 {
+				unix.Close(x.UpFD)
+			}
 			x.Target.End(0)
 		}
 		o.Closed()
@@ -333,6 +335,10 @@ func (s *Server) serveFinished(w http.ResponseWriter, r *http.Request, x *warmlo
 	lt.offUntil.Store(time.Now().Add(loopOff).UnixNano())
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { x.Target.End(sw.statusCode()) }()
+	if x.Err != nil {
+		in.client().Fail(sw, r, x.Err)
+		return
+	}
 	f := os.NewFile(uintptr(x.UpFD), "upstream connection")
 	up, err := net.FileConn(f)
 	f.Close()

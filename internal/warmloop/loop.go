@@ -16,6 +16,8 @@ package warmloop
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -33,8 +35,10 @@ type Target interface {
 	Sockaddr() unix.Sockaddr
 	// ResponseTimeout bounds the wait for the answer's head once the request is sent; 0: none.
 	ResponseTimeout() time.Duration
-	// End ends a request Begin admitted, answered with status by the loop (0: not answered by the
-	// loop: its connection went back to the edge, or the client left).
+	// End ends a request Begin admitted: status is the answer's, which the loop gave the client
+	// whole, or cut short when the client's connection was closed after the answer's head came;
+	// StatusClientClosed for a connection closed before that; 0 for a request the loop did not answer
+	// (it went back to the edge, which answers and counts it).
 	End(status int)
 	// Unasked is told of an idle upstream connection closed for bytes no request asked for.
 	Unasked()
@@ -60,8 +64,9 @@ type Edge interface {
 	HandBack(fd int, owner Owner, pending []byte)
 	// Finish has net/http finish an exchange the loop began and will not end: t's request (begun,
 	// not yet ended) went upstream on upFD, whose answer so far is answer; timedOut says its
-	// ResponseTimeout passed with no whole head. The client's connection fd (the edge now owns both)
-	// is to be served again after it, its request's head first, then pending.
+	// ResponseTimeout passed with no whole head, err that the exchange failed (and upFD is -1). The
+	// client's connection fd (the edge now owns both) is to be served again after it, its request's
+	// head first, then pending.
 	Finish(x *Handover)
 }
 
@@ -75,6 +80,9 @@ type Handover struct {
 	UpFD     int    // the upstream connection, the request sent on it
 	Answer   []byte // the answer's bytes read so far
 	TimedOut bool   // the target's ResponseTimeout passed before the answer's head was whole
+	// Err is the exchange's failure before the answer's head was whole (UpFD is then -1): net/http
+	// answers it as the failure of an exchange of its own, and does not send the request again.
+	Err error
 }
 
 // Limits are the edge's client limits the loops keep, as net/http keeps them for its connections.
@@ -507,7 +515,7 @@ func (l *loop) flushUp(u *upconn) {
 		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOTCONN):
 			return // connecting, or the socket is full: EPOLLOUT goes on
 		case err != nil:
-			l.upFailed(u)
+			l.upFailed(u, fmt.Errorf("warmloop: writing the request upstream: %w", err))
 			return
 		}
 		u.out = u.out[n:]
@@ -555,8 +563,11 @@ func (l *loop) readUp(u *upconn) {
 			continue
 		case errors.Is(err, unix.EAGAIN):
 			return
-		case err != nil || n == 0:
-			l.upFailed(u)
+		case err != nil:
+			l.upFailed(u, fmt.Errorf("warmloop: reading the answer: %w", err))
+			return
+		case n == 0:
+			l.upFailed(u, io.EOF)
 			return
 		}
 		got := l.rb[:n]
@@ -658,33 +669,46 @@ func (l *loop) afterAnswer(c *client) {
 	}
 }
 
-// upFailed handles u failing (a write or read error, or its close) while it carries a request.
-func (l *loop) upFailed(u *upconn) {
-	c := u.c
+// upFailed handles u failing with err (a write or read error, or io.EOF for its close) while it
+// carries a request, as the fast path (upstream's pool) handles its own exchange failing: a kept
+// connection that failed before any byte of the answer came is tried again, once, on a new one (the
+// tenant closed it meanwhile). Any other failure ends the exchange, and the request is not sent
+// again: the tenant may have acted on it. Before the answer's head was whole, net/http answers the
+// failure as its own (Finish, with the error); after, the client's connection is closed, as net/http
+// aborts it, with the answer cut short or not begun.
+func (l *loop) upFailed(u *upconn, err error) {
+	c, reused, started := u.c, u.reused, u.started
 	l.closeUp(u)
-	if c == nil || c.gone {
-		return
-	}
-	if c.ans.Started() {
+	switch {
+	case c == nil || c.gone:
+	case c.ans.Status() != 0:
 		l.closeClient(c) // a cut answer must not pass for a whole one
-		return
-	}
-	if u.reused && !u.started {
-		// As the fast path: a kept connection the tenant closed meanwhile; the request goes again,
-		// once, on a new one.
+	case reused && !started:
 		l.send(c, l.upstream(c, c.t, true))
-		return
+	default:
+		if started && errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // a head cut short, as http.ReadResponse reports it
+		}
+		l.failed(c, err)
 	}
-	l.giveUp(c)
 }
 
-// giveUp hands c's begun request back to net/http, which answers it (its own exchange, or its
-// error): nothing of an answer has reached the client.
+// giveUp hands c's begun request back to net/http, which serves it as its own: nothing of it has gone
+// upstream.
 func (l *loop) giveUp(c *client) {
 	t := c.t
 	c.t, c.busy = nil, false
 	t.End(0)
 	l.handBack(c, c.in)
+}
+
+// failed hands c's exchange, which failed with err before the answer's head was whole, to net/http to
+// answer (Edge.Finish).
+func (l *loop) failed(c *client, err error) {
+	x := &Handover{FD: c.fd, Owner: c.owner, Head: append([]byte(nil), c.in[:c.n]...),
+		Pending: append([]byte(nil), c.in[c.n:]...), Target: c.t, UpFD: -1, Err: err}
+	l.forgetClient(c)
+	l.edge.Finish(x)
 }
 
 // finish hands c's exchange on u to net/http (Edge.Finish).
@@ -725,7 +749,13 @@ func (l *loop) closeClient(c *client) {
 		l.closeUp(u)
 	}
 	if c.t != nil {
-		c.t.End(0)
+		// Counted as net/http counts a request it aborts: by its answer's status once the head
+		// came, else as one whose client left.
+		st := c.ans.Status()
+		if st == 0 {
+			st = StatusClientClosed
+		}
+		c.t.End(st)
 		c.t = nil
 	}
 	l.forgetClient(c)

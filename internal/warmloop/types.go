@@ -40,3 +40,8 @@ const (
 	// HandBack: a request the loop does not serve (or bytes that are no request): net/http decides.
 	HandBack
 )
+
+// StatusClientClosed is the status Target.End is given for a request whose client's connection the
+// loop closed before the answer's head came: nginx's 499, "client closed request", which the edge's
+// net/http path counts for a client that left too.
+const StatusClientClosed = 499
