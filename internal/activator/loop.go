@@ -391,11 +391,9 @@ func (t *loopTarget) End(status int) {
 	}
 }
 
-func (t *loopTarget) Unasked() {
-	if c := t.in.up.Load(); c != nil {
-		c.TellUnasked()
-	}
-}
+// Unasked tells the route's upstream client, built for it if the loop's requests were the route's
+// first: the client's OnUnasked logs it, as for the fast path's own connections.
+func (t *loopTarget) Unasked() { t.in.client().TellUnasked() }
 
 // drainLoops closes the loops' idle connections and waits, within ctx, for their requests in
 // progress; then closes the loops.

@@ -5,18 +5,22 @@ package activator
 // upgrades, the hold, the send and header limits.
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/activator/activator/internal/registry"
+	"github.com/activator/activator/internal/testenv"
 )
 
 // hits counts a tenant's requests by path.
@@ -106,6 +110,146 @@ func TestFailingTenantAskedOnce(t *testing.T) {
 				until(t, func() (bool, string) {
 					got := routeSeries(t, m.Gatherer(reg), "app")
 					return got[series] == 1, fmt.Sprintf("request series %v, want %s 1", got, series)
+				})
+			})
+		}
+	}
+}
+
+// unaskedTenant is a tenant that answers /first with "first" and, with /first?same, a second answer
+// no request asked for in the same write; after its answer to /first (without ?same) it writes that
+// unasked answer when told (evil), and says when it has (wrote). Any other path gets "second".
+type unaskedTenant struct {
+	addr        string
+	evil, wrote chan struct{}
+}
+
+const unaskedAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"
+
+func newUnaskedTenant(t *testing.T) *unaskedTenant {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unaskedTenant{addr: ln.Addr().String(), evil: make(chan struct{}, 1), wrote: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	var conns sync.Map
+	t.Cleanup(func() {
+		conns.Range(func(c, _ any) bool { c.(net.Conn).Close(); return true })
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Store(c, nil)
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					switch {
+					case r.URL.Path == "/first" && r.URL.RawQuery == "same":
+						_, err = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"+unaskedAnswer)
+					case r.URL.Path == "/first":
+						if _, err = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"); err != nil {
+							return
+						}
+						select {
+						case <-u.evil:
+						case <-time.After(patience):
+							return
+						}
+						_, err = io.WriteString(c, unaskedAnswer)
+						u.wrote <- struct{}{}
+					default:
+						_, err = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return u
+}
+
+// TestUnaskedBytesNeverAnswerAnotherClient: bytes a tenant sends on a kept-alive connection with no
+// request pending (a body longer than its Content-Length, in the same write or after it) are never
+// read as the next request's answer, on either path; the connection is closed unused, and the route's
+// log says so. On the loop's path the next request comes while the loop is held up (loopPause), so
+// that the bytes wait unseen in the idle upstream connection's socket, as they do under load until
+// the loop reads its events: the loop took that connection for the next request without looking, and
+// its client got "EVIL". The fast path asks the kernel first (upstream.Conn.idle); so does the loop
+// now.
+func TestUnaskedBytesNeverAnswerAnotherClient(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		for _, p := range edgePaths {
+			name := p.name + " after the answer"
+			if same {
+				name = p.name + " in the answer's write"
+			}
+			t.Run(name, func(t *testing.T) {
+				ten := newUnaskedTenant(t)
+				r := testRoute("app")
+				r.Upstream.Address = ten.addr
+				var logs testenv.SyncBuffer
+				e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, logs: &logs})
+				e.wake(t, "app")
+				first := "GET /first HTTP/1.1\r\nHost: app.test\r\n\r\n"
+				if same {
+					first = "GET /first?same HTTP/1.1\r\nHost: app.test\r\n\r\n"
+				}
+				rc := e.conn(t, p, "")
+				rc.send(first)
+				if resp, body, err := rc.next(); err != nil || resp.StatusCode != http.StatusOK || body != "first" {
+					t.Fatalf("the first answer: %v %v %q", err, resp, body)
+				}
+				second := "GET /second HTTP/1.1\r\nHost: app.test\r\n\r\n"
+				if !p.loop {
+					rc = e.conn(t, p, "") // another client
+				}
+				if !same {
+					var resume func()
+					if p.loop {
+						var stopped <-chan struct{}
+						stopped, resume = e.pause.arm()
+						defer resume()
+						rc.send(second)
+						select {
+						case <-stopped:
+						case <-time.After(patience):
+							t.Fatal("the loop did not begin the second request")
+						}
+					}
+					ten.evil <- struct{}{}
+					select {
+					case <-ten.wrote:
+					case <-time.After(patience):
+						t.Fatal("the tenant did not write its unasked answer")
+					}
+					if p.loop {
+						resume()
+					} else {
+						rc.send(second)
+					}
+				} else {
+					rc.send(second)
+				}
+				resp, body, err := rc.next()
+				if err != nil || resp.StatusCode != http.StatusOK || body != "second" {
+					t.Fatalf("the second answer: %v %v %q, want 200 %q", err, resp, body, "second")
+				}
+				until(t, func() (bool, string) {
+					return strings.Contains(logs.String(), "the tenant sent bytes no request asked for"),
+						"the log has no line for the connection closed unused:\n" + logs.String()
 				})
 			})
 		}

@@ -6,7 +6,9 @@ package warmloop
 // Per request a loop reads the client's socket once epoll says it is readable, writes the upstream
 // request with one write, reads the answer once epoll says it has come, and writes it with one write:
 // two reads and two writes, where net/http and Go's netpoller make about four reads and wake two
-// goroutines (docs/benchmarks.md, sessions 24 and 31). Everything a loop does not do itself goes back to
+// goroutines (docs/benchmarks.md, sessions 24 and 31). A kept upstream connection is also peeked at
+// before it carries the request, as the fast path peeks (upstream): a system call that takes no byte,
+// which keeps bytes a tenant sent unasked from being read as another client's answer. Everything a loop does not do itself goes back to
 // the edge's net/http servers, through Edge: a request outside Parse's subset, a route that is not
 // awake, an answer that is not plain, a failed exchange. The loop never writes an error of its own:
 // net/http's path writes them all, so both paths answer alike.
@@ -452,10 +454,22 @@ func (l *loop) serve(c *client) {
 
 // upstream returns an upstream connection to t for c: an idle one, unless fresh, or a new one
 // (connecting). nil when none could be opened.
+//
+// An idle connection is looked at first, as the fast path looks (upstream.Conn.idle): bytes that came
+// on it since its last answer, which the loop has not read yet (their event waits behind others),
+// would otherwise be read as c's answer. One that spoke is closed and t told; one the tenant closed
+// is closed.
 func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
 	if !fresh {
 		for list := l.idle[t]; len(list) > 0; list = l.idle[t] {
 			u := list[len(list)-1]
+			if st := idleState(u.fd); st != idleQuiet {
+				if st == idleSpoke {
+					t.Unasked()
+				}
+				l.closeUp(u)
+				continue
+			}
 			l.idle[t] = list[:len(list)-1]
 			u.c, u.in, u.started = c, u.in[:0], false
 			return u
@@ -545,6 +559,27 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 		return
 	}
 	l.readUp(u)
+}
+
+// What an idle upstream connection's tenant did since its last answer (idleState).
+const (
+	idleQuiet  = iota // nothing: it can carry a request
+	idleClosed        // closed it, or the socket failed
+	idleSpoke         // sent bytes no request asked for
+)
+
+// idleState asks the kernel, without waiting or taking anything, what came on the idle connection
+// fd: one byte peeked.
+func idleState(fd int) int {
+	var b [1]byte
+	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, unix.EAGAIN):
+		return idleQuiet
+	case err == nil && n > 0:
+		return idleSpoke
+	}
+	return idleClosed
 }
 
 // readUnasked reports whether an idle connection had bytes to read (not only its close).
