@@ -254,10 +254,10 @@ func (c *prefixConn) NetConn() net.Conn { return c.Conn }
 // loopEdge is the Server as the loop's warmloop.Edge.
 type loopEdge Server
 
-// Begin admits req to its route's tenant when the loop can serve it: the route awake, not a fleet,
-// not filtered, its upstream an address the loop dials; counted in flight and holding an upstream
-// slot, as acquireRequest and admit would. Otherwise nil: net/http serves it (and holds it, wakes,
-// or answers 404).
+// Begin admits req to its route's tenant when the loop can serve it: its head within the running
+// edge.max_header_bytes, the route awake, not a fleet, not filtered, its upstream an address the loop
+// dials; counted in flight and holding an upstream slot, as acquireRequest and admit would. Otherwise
+// nil: net/http serves it (and holds it, wakes, or answers 404 or 431).
 func (e *loopEdge) Begin(req *warmloop.Request) warmloop.Target {
 	s := (*Server)(e)
 	// The strings are read for the lookup alone, while req's bytes stand still.
@@ -266,7 +266,14 @@ func (e *loopEdge) Begin(req *warmloop.Request) warmloop.Target {
 	if path == waitpage.EventsPath {
 		return nil
 	}
-	rt := s.table.Load().lookup(host, path)
+	t := s.table.Load()
+	// edge.max_header_bytes follows reloads (measureHeader), the loop's MaxHead does not: a longer head
+	// goes to net/http to be measured. Its measure never exceeds the head's bytes, so a head within
+	// the limit here is within it there.
+	if m := t.edge.MaxHeaderBytes; m > 0 && int64(len(req.Head)) > m {
+		return nil
+	}
+	rt := t.lookup(host, path)
 	if rt == nil {
 		return nil
 	}

@@ -255,3 +255,34 @@ func TestUnaskedBytesNeverAnswerAnotherClient(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderLimitFollowsReload: a reload that lowers edge.max_header_bytes holds the next request to
+// the new limit on both paths (431), and one within it is served. The edge measures each request
+// against the running config (measureHeader); the loop read heads up to the limit it was started with,
+// and served a head over the reloaded one. It now hands back a head longer than the running limit,
+// for net/http to measure.
+func TestHeaderLimitFollowsReload(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, edge: registry.EdgeLimits{MaxHeaderBytes: 8 << 10}})
+	e.wake(t, "app")
+	e.apply(t, func(c *registry.Config) { c.Edge.MaxHeaderBytes = 1 << 10 })
+	head := func(size int) string {
+		h := "GET / HTTP/1.1\r\nHost: app.test\r\nX-Pad: "
+		return h + strings.Repeat("a", size-len(h)-len("\r\n\r\n")) + "\r\n\r\n"
+	}
+	for _, tc := range []struct {
+		size, code int
+	}{{1 << 10, http.StatusOK}, {1<<10 + 1, http.StatusRequestHeaderFieldsTooLarge}, {4 << 10, http.StatusRequestHeaderFieldsTooLarge}} {
+		for _, p := range edgePaths {
+			t.Run(fmt.Sprintf("%s %d bytes", p.name, tc.size), func(t *testing.T) {
+				resp, body := e.exchange(t, p, head(tc.size))
+				if resp.StatusCode != tc.code {
+					t.Errorf("a head of %d bytes under a limit reloaded to 1024: %d %q, want %d", tc.size, resp.StatusCode, body, tc.code)
+				}
+			})
+		}
+	}
+}
