@@ -6,6 +6,7 @@ package activator
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/activator/activator/internal/registry"
@@ -284,5 +286,245 @@ func TestHeaderLimitFollowsReload(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWebSocketOnBothPaths: a WebSocket upgrade on a connection the loop owns is handed back and
+// tunnels as on net/http's path: messages pass both ways.
+func TestWebSocketOnBothPaths(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		for {
+			typ, msg, err := ws.Read(r.Context())
+			if err != nil {
+				return
+			}
+			if err := ws.Write(r.Context(), typ, append([]byte("echo "), msg...)); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}})
+	e.wake(t, "app")
+	for _, p := range edgePaths {
+		t.Run(p.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), patience)
+			defer cancel()
+			rc := e.conn(t, p, "")
+			once := make(chan net.Conn, 1)
+			once <- rc.c
+			// The client's transport dials this one connection, and no other.
+			dial := func(context.Context, string, string) (net.Conn, error) {
+				select {
+				case c := <-once:
+					return c, nil
+				default:
+					return nil, errors.New("one connection only")
+				}
+			}
+			ws, resp, err := websocket.Dial(ctx, "ws://"+e.addr+"/ws", &websocket.DialOptions{Host: "app.test",
+				HTTPClient: &http.Client{Transport: &http.Transport{DialContext: dial}}})
+			if err != nil {
+				t.Fatalf("websocket through the edge: %v", err)
+			}
+			defer ws.CloseNow()
+			if resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("answered %d, want 101", resp.StatusCode)
+			}
+			for _, m := range []string{"one", "two"} {
+				if err := ws.Write(ctx, websocket.MessageText, []byte(m)); err != nil {
+					t.Fatal(err)
+				}
+				if _, got, err := ws.Read(ctx); err != nil || string(got) != "echo "+m {
+					t.Fatalf("echo of %q: %q, %v", m, got, err)
+				}
+			}
+			if err := ws.Close(websocket.StatusNormalClosure, ""); err != nil {
+				t.Errorf("closing: %v", err)
+			}
+		})
+	}
+}
+
+// TestEventStreamOnBothPaths: an event stream's head and first event reach the client before the
+// tenant writes the rest, whether it declares a length (which the loop relays itself, as it comes) or
+// not (which it hands to net/http with the exchange); the rest follows, and the stream ends whole.
+func TestEventStreamOnBothPaths(t *testing.T) {
+	const first, rest = "data: one\n\n", "data: two\n\n"
+	more := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if r.URL.Query().Has("length") {
+			w.Header().Set("Content-Length", fmt.Sprint(len(first+rest)))
+		}
+		io.WriteString(w, first)
+		w.(http.Flusher).Flush()
+		select {
+		case <-more:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, rest)
+	}))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}})
+	e.wake(t, "app")
+	for _, target := range []string{"/events?length", "/events"} {
+		for _, p := range edgePaths {
+			t.Run(p.name+" "+target, func(t *testing.T) {
+				rc := e.conn(t, p, "")
+				served := e.s.loops.Served()
+				rc.send("GET " + target + " HTTP/1.1\r\nHost: app.test\r\nAccept: text/event-stream\r\n\r\n")
+				resp, err := http.ReadResponse(rc.br, nil)
+				if err != nil {
+					t.Fatalf("no head before the stream's end: %v", err)
+				}
+				defer resp.Body.Close()
+				body := bufio.NewReader(resp.Body)
+				var got string
+				for !strings.HasSuffix(got, "\n\n") {
+					line, err := body.ReadString('\n')
+					got += line
+					if err != nil {
+						t.Fatalf("the first event before the stream's end: %q, %v", got, err)
+					}
+				}
+				if got != first {
+					t.Fatalf("first event %q, want %q", got, first)
+				}
+				more <- struct{}{}
+				tail, err := io.ReadAll(body)
+				if err != nil || string(tail) != rest {
+					t.Fatalf("the rest: %q, %v; want %q", tail, err, rest)
+				}
+				if relayed := e.s.loops.Served() > served; relayed != (p.loop && strings.Contains(target, "length")) {
+					t.Errorf("relayed by the loop itself: %v; want it for a stream with a length on the loop's path alone", relayed)
+				}
+			})
+		}
+	}
+}
+
+// TestHoldOnBothPaths: a request to a route asleep is held until its wake and then answered, on a
+// connection the loop owns as on a new one, for a GET and a POST with its body. On the loop's path the
+// connection has just carried a GET of the same route, which the loop served before the route was put
+// to sleep: the loop hands the next request back, and net/http holds it.
+func TestHoldOnBothPaths(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s", r.Method, r.URL.Path, b)
+	}))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	b := &fakeBackend{}
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, b: b})
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		for _, p := range edgePaths {
+			t.Run(p.name+" "+method, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), patience)
+				defer cancel()
+				e.wake(t, "app")
+				rc := e.conn(t, p, "")
+				if p.loop {
+					served := e.s.loops.Served()
+					rc.send("GET /before HTTP/1.1\r\nHost: app.test\r\n\r\n")
+					if resp, body, err := rc.next(); err != nil || resp.StatusCode != http.StatusOK || body != "GET /before " {
+						t.Fatalf("GET /before: %v %v %q", err, resp, body)
+					}
+					if e.s.loops.Served() == served {
+						t.Fatal("the loop did not serve GET /before")
+					}
+				}
+				if err := e.s.Sleep(ctx, "app"); err != nil {
+					t.Fatal(err)
+				}
+				gate := make(chan struct{})
+				b.set(func(f *fakeBackend) { f.wakeGate = gate })
+				defer b.set(func(f *fakeBackend) { f.wakeGate = nil })
+				raw := method + " /held HTTP/1.1\r\nHost: app.test\r\n"
+				if method == http.MethodPost {
+					raw += "Content-Length: 4\r\n\r\nbody"
+				} else {
+					raw += "\r\n"
+				}
+				rc.send(raw)
+				until(t, func() (bool, string) {
+					n := e.s.held.n.Load()
+					return n == 1, fmt.Sprintf("%d requests held, want 1", n)
+				})
+				close(gate)
+				resp, body, err := rc.next()
+				want := method + " /held "
+				if method == http.MethodPost {
+					want += "body"
+				}
+				if err != nil || resp.StatusCode != http.StatusOK || body != want {
+					t.Fatalf("the held request: %v %v %q, want 200 %q", err, resp, body, want)
+				}
+			})
+		}
+	}
+}
+
+// TestStalledClientFreesSlotOnBothPaths: a client that asks for a large answer and stops reading it
+// has its connection closed once edge.send_timeout passes with no progress, on both paths, and the
+// route's only upstream slot (max_upstream_conns 1) comes free for the next request; the request is
+// counted by its answer's status. Without the bound the stalled client kept the slot for ever and
+// every other request got 503.
+func TestStalledClientFreesSlotOnBothPaths(t *testing.T) {
+	const size = 64 << 20
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/big" {
+			io.WriteString(w, "small")
+			return
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		chunk := make([]byte, 32<<10)
+		for left := size; left > 0; left -= len(chunk) {
+			if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	for _, p := range edgePaths {
+		t.Run(p.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m := NewMetrics(reg)
+			r := testRoute("app")
+			r.Upstream.Address = up.Listener.Addr().String()
+			r.MaxUpstreamConns = 1
+			e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, metrics: m,
+				edge: registry.EdgeLimits{SendTimeout: 200 * time.Millisecond}})
+			e.wake(t, "app")
+			in := e.s.instance("app")
+			rc := e.conn(t, p, "")
+			_ = rc.c.(*net.TCPConn).SetReadBuffer(4096)
+			rc.send("GET /big HTTP/1.1\r\nHost: app.test\r\n\r\n")
+			// Not read: the client has stalled. Its connection is closed, and the slot freed.
+			until(t, func() (bool, string) {
+				in.mu.Lock()
+				defer in.mu.Unlock()
+				return in.inflight == 0 && len(in.slots) == 0,
+					fmt.Sprintf("%d requests in flight, %d upstream slots taken, with the client stalled", in.inflight, len(in.slots))
+			})
+			if resp, body := e.exchange(t, edgePaths[0], "GET /small HTTP/1.1\r\nHost: app.test\r\n\r\n"); resp.StatusCode != http.StatusOK {
+				t.Errorf("the next request: %d %q, want 200", resp.StatusCode, body)
+			}
+			until(t, func() (bool, string) {
+				got := routeSeries(t, m.Gatherer(reg), "app")
+				return got[`activator_requests_total{code="200"}`] == 2, fmt.Sprintf("request series %v, want 2 of code 200", got)
+			})
+		})
 	}
 }
