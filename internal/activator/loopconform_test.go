@@ -528,3 +528,41 @@ func TestStalledClientFreesSlotOnBothPaths(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelinedOnBothPaths: requests a client sends in one write are answered in order, each once:
+// on the loop's path two GETs the loop serves, then a POST it hands back with the GET after it.
+func TestPipelinedOnBothPaths(t *testing.T) {
+	var got hits
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.add(r.URL.Path)
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s", r.Method, r.URL.Path, b)
+	}))
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}})
+	e.wake(t, "app")
+	for _, p := range edgePaths {
+		t.Run(p.name, func(t *testing.T) {
+			rc := e.conn(t, p, "")
+			prefix := "/" + strings.ReplaceAll(p.name, "/", "")
+			rc.send("GET " + prefix + "/a HTTP/1.1\r\nHost: app.test\r\n\r\n" +
+				"GET " + prefix + "/b HTTP/1.1\r\nHost: app.test\r\n\r\n" +
+				"POST " + prefix + "/c HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\n\r\nhi" +
+				"GET " + prefix + "/d HTTP/1.1\r\nHost: app.test\r\n\r\n")
+			for _, want := range []string{"GET /a ", "GET /b ", "POST /c hi", "GET /d "} {
+				want = strings.Replace(want, "/", prefix+"/", 1)
+				resp, body, err := rc.next()
+				if err != nil || resp.StatusCode != http.StatusOK || body != want {
+					t.Fatalf("%v %v %q, want 200 %q", err, resp, body, want)
+				}
+			}
+			for _, path := range []string{"/a", "/b", "/c", "/d"} {
+				if n := got.of(prefix + path); n != 1 {
+					t.Errorf("the tenant got %s %d times, want once", prefix+path, n)
+				}
+			}
+		})
+	}
+}
