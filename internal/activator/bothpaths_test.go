@@ -64,6 +64,10 @@ type conformConfig struct {
 	trusted []netip.Prefix
 	metrics *Metrics         // nil: none
 	now     func() time.Time // the Server's clock; nil: time.Now
+	// sendBuffer, when above 0, is each client connection's send buffer (SO_SNDBUF): with a small
+	// one the edge's writes wait for the client's reads, a few KiB at a time, rather than filling
+	// megabytes.
+	sendBuffer int
 }
 
 // warmOpener opens the warm route on its own backing and the others on theirs.
@@ -109,15 +113,21 @@ func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
 	if err := e.s.Apply(&e.cfg); err != nil {
 		t.Fatal(err)
 	}
-	e.addr = serveWithLoop(t, e.s, c.edge, e.pause.hook)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.sendBuffer > 0 {
+		ln = sendBufferListener{ln, c.sendBuffer}
+	}
+	e.addr = serveWithLoop(t, e.s, ln, c.edge, e.pause.hook)
 	return e
 }
 
-// serveWithLoop serves s on a loopback port, with its event loop, as cmd/activator serves its plain
-// listener (serve.go: newEdgeServers, edgeParts, loopLimits) with edge's limits, until cleanup; hook
-// hears the states of the connections the loop has, as the connection cap would. It returns the
-// address.
-func serveWithLoop(t testing.TB, s *Server, edge registry.EdgeLimits, hook func(net.Conn, http.ConnState)) string {
+// serveWithLoop serves s on ln, with its event loop, as cmd/activator serves its plain listener
+// (serve.go: newEdgeServers, edgeParts, loopLimits) with edge's limits, until cleanup; hook hears the
+// states of the connections the loop has, as the connection cap would. It returns ln's address.
+func serveWithLoop(t testing.TB, s *Server, ln net.Listener, edge registry.EdgeLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -140,10 +150,6 @@ func serveWithLoop(t testing.TB, s *Server, edge registry.EdgeLimits, hook func(
 	if err := s.EnableLoop(1, lim, hook); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	served := make(chan error, 1)
 	go func() { served <- front.Serve(Listener(ln, edge.SendTimeout)) }()
 	t.Cleanup(func() {
@@ -162,14 +168,21 @@ func serveWithLoop(t testing.TB, s *Server, edge registry.EdgeLimits, hook func(
 // by the loop: the loop owns it.
 func (e *conformEdge) conn(t *testing.T, p edgePath, source string) *rawConn {
 	t.Helper()
-	d := net.Dialer{}
+	d := &net.Dialer{}
 	if source != "" {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
 	}
+	return e.dialConn(t, p, d)
+}
+
+// dialConn is conn with a dialer of the caller's; one with a LocalAddr that cannot be had skips the
+// test.
+func (e *conformEdge) dialConn(t *testing.T, p edgePath, d *net.Dialer) *rawConn {
+	t.Helper()
 	c, err := d.Dial("tcp", e.addr)
 	if err != nil {
-		if source != "" {
-			t.Skipf("cannot connect from %s: %v", source, err)
+		if d.LocalAddr != nil {
+			t.Skipf("cannot connect from %s: %v", d.LocalAddr, err)
 		}
 		t.Fatal(err)
 	}
@@ -240,6 +253,20 @@ func (e *conformEdge) apply(t *testing.T, mut func(*registry.Config)) {
 	if err := e.s.Apply(&cfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sendBufferListener gives each TCP connection it accepts a send buffer of size bytes.
+type sendBufferListener struct {
+	net.Listener
+	size int
+}
+
+func (l sendBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(l.size)
+	}
+	return c, err
 }
 
 // loopPause stops the loop's thread, once armed, at its next report of a connection's state (the

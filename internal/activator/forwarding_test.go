@@ -57,7 +57,11 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 	e.apply(t, "127.0.0.1/32")
 	t.Cleanup(func() { _ = e.s.Shutdown(t.Context()) })
 	e.both = &conformEdge{s: e.s}
-	e.plain = serveWithLoop(t, e.s, registry.EdgeLimits{SendTimeout: registry.DefaultSendTimeout}, e.both.pause.hook)
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.plain = serveWithLoop(t, e.s, plain, registry.EdgeLimits{SendTimeout: registry.DefaultSendTimeout}, e.both.pause.hook)
 	e.both.addr = e.plain
 	for _, l := range []struct {
 		addr *string

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -564,5 +565,115 @@ func TestPipelinedOnBothPaths(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSlowReaderClosedOnBothPaths: edge.send_timeout bounds progress by the piece, not by the byte:
+// a client that keeps taking its answer, but slower than 16 KiB a send_timeout (here 8 KiB a second,
+// against 16 KiB in 1.6 s), has its connection closed on both paths, freeing the route's only upstream
+// slot; one that takes it faster (80 KiB a second) gets all of an answer that takes it longer than the
+// timeout. The loop's path restarted its clock at every write the client's socket took, so a slow
+// client kept its connection, and the slot, for as long as it trickled: the attack send_timeout is
+// there to stop. (The edge's send buffer and the client's receive buffer are small, so that the
+// edge's socket takes a write at the pace of the client's reads, a few KiB at a time.)
+func TestSlowReaderClosedOnBothPaths(t *testing.T) {
+	const timeout = 1600 * time.Millisecond
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		size := 64 << 20
+		if r.URL.Path == "/steady" {
+			size = 160 << 10 // 2 s at the steady pace: longer than the timeout
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		chunk := make([]byte, 32<<10)
+		for left := size; left > 0; left -= len(chunk) {
+			if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	for _, tc := range []struct {
+		path        string
+		read, every int // the client takes read bytes every every ms
+	}{
+		{"/slow", 2 << 10, 250},
+		{"/steady", 8 << 10, 100},
+	} {
+		for _, p := range edgePaths {
+			t.Run(p.name+" "+tc.path, func(t *testing.T) {
+				r := testRoute("app")
+				r.Upstream.Address = up.Listener.Addr().String()
+				r.MaxUpstreamConns = 1
+				e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, sendBuffer: 4096,
+					edge: registry.EdgeLimits{SendTimeout: timeout}})
+				e.wake(t, "app")
+				in := e.s.instance("app")
+				// A receive buffer of 4 KiB from the handshake on: a small window, which the edge's
+				// kernel fills with small segments.
+				rc := e.dialConn(t, p, &net.Dialer{Control: func(_, _ string, raw syscall.RawConn) error {
+					return raw.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+				}})
+				_ = rc.c.SetDeadline(time.Now().Add(2 * patience)) // it reads past the waits below
+				rc.send("GET " + tc.path + " HTTP/1.1\r\nHost: app.test\r\n\r\n")
+				// The client reads at its pace until the answer ends or the test does. What the edge
+				// wrote before it closed the connection still reaches the client, so the edge's side
+				// tells the close.
+				stop := make(chan struct{})
+				done := make(chan error, 1)
+				start := time.Now()
+				go func() {
+					tick := time.NewTicker(time.Duration(tc.every) * time.Millisecond)
+					defer tick.Stop()
+					resp, err := http.ReadResponse(rc.br, nil)
+					if err != nil {
+						done <- err
+						return
+					}
+					buf := make([]byte, tc.read)
+					for got := int64(0); ; {
+						n, err := io.ReadFull(resp.Body, buf)
+						if got += int64(n); err != nil {
+							if errors.Is(err, io.EOF) && got == resp.ContentLength {
+								err = nil
+							}
+							done <- err
+							return
+						}
+						select {
+						case <-tick.C:
+						case <-stop:
+							done <- nil
+							return
+						}
+					}
+				}()
+				defer func() { close(stop); <-done }()
+				if tc.path == "/steady" {
+					select {
+					case err := <-done:
+						done <- err // for the deferred wait
+						if err != nil {
+							t.Fatalf("a client taking 80 KiB a second did not get all of its answer: %v", err)
+						}
+					case <-time.After(patience):
+						t.Fatal("a client taking 80 KiB a second did not get its answer of 160 KiB")
+					}
+					if took := time.Since(start); took < timeout {
+						t.Logf("the answer took only %v: this run did not outlast send_timeout", took)
+					}
+					return
+				}
+				slot := func(taken bool) func() (bool, string) {
+					return func() (bool, string) {
+						in.mu.Lock()
+						defer in.mu.Unlock()
+						return (in.inflight == 1 && len(in.slots) == 1) == taken,
+							fmt.Sprintf("%d requests in flight, %d upstream slots taken, with a client taking 8 KiB a second (send_timeout %v)", in.inflight, len(in.slots), timeout)
+					}
+				}
+				until(t, slot(true))  // the request is begun
+				until(t, slot(false)) // and ended
+			})
+		}
 	}
 }

@@ -92,7 +92,7 @@ type Limits struct {
 	MaxHead       int           // the longest request head the loop reads before handing back
 	HeaderTimeout time.Duration // from a request's first byte to its whole head; 0: none
 	IdleTimeout   time.Duration // a keep-alive connection's wait for its next request; 0: none
-	SendTimeout   time.Duration // a stalled write to a client; 0: none
+	SendTimeout   time.Duration // a client that takes less than 16 KiB of its answer in it; 0: none
 }
 
 // A Group is the edge's loops. Its methods are safe for concurrent use.
@@ -198,6 +198,8 @@ type client struct {
 	// When the client's deadline falls: its head's (a request begun), its idle one, or the stalled
 	// write's; zero for none. The response's is on the upconn.
 	deadline time.Time
+	stalled  bool // deadline is the stalled write's (sendPiece)
+	took     int  // bytes the socket took since it was set
 	busy     bool // a request is in progress
 	unread   bool // epoll said readable while busy: read once idle
 	closing  bool // close once the answer is out (draining)
@@ -281,6 +283,12 @@ func (l *loop) post(f func()) bool {
 	return true
 }
 
+// sendPiece is how much of an answer a client must take within SendTimeout once its socket is full,
+// for the clock to start again: the piece by which the edge's framing layer bounds net/http's writes
+// (activator's sendChunk). Restarted at every byte taken, the clock let a client that takes a few
+// bytes at a time keep its connection, and its route's upstream slot, for as long as it trickled.
+const sendPiece = 16 << 10
+
 // tick is how often a loop looks for deadlines passed: the timeouts it keeps are seconds long, and
 // a quarter of a second late is within what net/http keeps too.
 const tick = 250 * time.Millisecond
@@ -363,7 +371,7 @@ func (l *loop) take(c *client) {
 }
 
 func (l *loop) idleDeadline(c *client) {
-	c.deadline = time.Time{}
+	c.deadline, c.stalled = time.Time{}, false
 	if l.lim.IdleTimeout > 0 {
 		c.deadline = time.Now().Add(l.lim.IdleTimeout)
 	}
@@ -415,7 +423,7 @@ func (l *loop) readClient(c *client) {
 		}
 		c.in = c.in[:len(c.in)+n]
 		if len(c.in) == n && l.lim.HeaderTimeout > 0 {
-			c.deadline = time.Now().Add(l.lim.HeaderTimeout) // a request has begun
+			c.deadline, c.stalled = time.Now().Add(l.lim.HeaderTimeout), false // a request has begun
 		}
 		l.serve(c)
 		if c.busy {
@@ -446,7 +454,7 @@ func (l *loop) serve(c *client) {
 		l.handBack(c, c.in)
 		return
 	}
-	c.busy, c.t, c.n, c.deadline = true, t, n, time.Time{}
+	c.busy, c.t, c.n, c.deadline, c.stalled = true, t, n, time.Time{}, false
 	c.owner.Idle(false)
 	c.ans.Reset()
 	l.send(c, l.upstream(c, t, false))
@@ -641,7 +649,7 @@ func (l *loop) flushClient(c *client) {
 			continue
 		case errors.Is(err, unix.EAGAIN):
 			if l.lim.SendTimeout > 0 && c.deadline.IsZero() {
-				c.deadline = time.Now().Add(l.lim.SendTimeout)
+				c.deadline, c.stalled, c.took = time.Now().Add(l.lim.SendTimeout), true, 0
 			}
 			return
 		case err != nil:
@@ -649,8 +657,10 @@ func (l *loop) flushClient(c *client) {
 			return
 		}
 		c.out = c.out[n:]
-		if c.busy && l.lim.SendTimeout > 0 {
-			c.deadline = time.Time{} // it took bytes: the stall's clock starts again
+		if c.stalled {
+			if c.took += n; c.took >= sendPiece {
+				c.deadline, c.stalled = time.Time{}, false // it took a piece: the stall's clock starts again
+			}
 		}
 	}
 	if len(c.out) == 0 {
