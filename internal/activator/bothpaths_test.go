@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/activator/activator/internal/connlimit"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/warmloop"
@@ -120,14 +121,22 @@ func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
 	if c.sendBuffer > 0 {
 		ln = sendBufferListener{ln, c.sendBuffer}
 	}
-	e.addr = serveWithLoop(t, e.s, ln, c.edge, e.pause.hook)
+	e.addr = serveWithLoop(t, e.s, ln, loopWiring{edge: c.edge, hook: e.pause.hook})
 	return e
 }
 
-// serveWithLoop serves s on ln, with its event loop, as cmd/activator serves its plain listener
-// (serve.go: newEdgeServers, edgeParts, loopLimits) with edge's limits, until cleanup; hook hears the
-// states of the connections the loop has, as the connection cap would. It returns ln's address.
-func serveWithLoop(t testing.TB, s *Server, ln net.Listener, edge registry.EdgeLimits, hook func(net.Conn, http.ConnState)) string {
+// loopWiring is how serveWithLoop serves an edge: with edge's limits, behind a connection cap (nil:
+// none), and with hook (nil: none) hearing, beside the cap, the states of the connections the loop has.
+type loopWiring struct {
+	edge registry.EdgeLimits
+	cap  *connlimit.Limit
+	hook func(net.Conn, http.ConnState)
+}
+
+// serveWithLoop serves s on ln, with one event loop, as cmd/activator serves its plain listener with
+// edge.event_loops set (serve.go: newEdgeServers, edgeParts, loopLimits), until cleanup, which shuts s
+// down and fails the test if that fails. It returns ln's address.
+func serveWithLoop(t testing.TB, s *Server, ln net.Listener, w loopWiring) string {
 	t.Helper()
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -135,29 +144,42 @@ func serveWithLoop(t testing.TB, s *Server, ln net.Listener, edge registry.EdgeL
 	server := func(h http.Handler) *http.Server {
 		hs := &http.Server{Handler: h, ReadHeaderTimeout: hygienePatience, IdleTimeout: time.Minute, Protocols: &protocols,
 			ConnContext: ConnContext}
-		if edge.MaxHeaderBytes > 0 {
-			hs.MaxHeaderBytes = int(max(edge.MaxHeaderBytes-4096-14, 1)) // cmd/activator's edgeMaxHeaderBytes
+		if w.edge.MaxHeaderBytes > 0 {
+			hs.MaxHeaderBytes = int(max(w.edge.MaxHeaderBytes-4096-14, 1)) // cmd/activator's edgeMaxHeaderBytes
 		}
 		return hs
 	}
 	front, resume := server(s), server(nil)
 	s.EnableParking(resume, s)
-	maxHead := int64(8 << 10)
-	if edge.MaxHeaderBytes > 0 {
-		maxHead = min(edge.MaxHeaderBytes, maxHead)
+	state := w.hook
+	if w.cap != nil {
+		ln = w.cap.Listener(ln)
+		front.ConnState, resume.ConnState = w.cap.ConnState, w.cap.ResumedConnState
+		state = func(c net.Conn, st http.ConnState) {
+			if w.hook != nil {
+				w.hook(c, st)
+			}
+			w.cap.ResumedConnState(c, st)
+		}
 	}
-	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: hygienePatience, IdleTimeout: time.Minute, SendTimeout: edge.SendTimeout}
-	if err := s.EnableLoop(1, lim, hook); err != nil {
+	maxHead := int64(8 << 10)
+	if w.edge.MaxHeaderBytes > 0 {
+		maxHead = min(w.edge.MaxHeaderBytes, maxHead)
+	}
+	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: hygienePatience, IdleTimeout: time.Minute, SendTimeout: w.edge.SendTimeout}
+	if err := s.EnableLoop(1, lim, state); err != nil {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- front.Serve(Listener(ln, edge.SendTimeout)) }()
+	go func() { served <- front.Serve(Listener(ln, w.edge.SendTimeout)) }()
 	t.Cleanup(func() {
 		front.Close()
 		<-served
 		ctx, cancel := context.WithTimeout(context.Background(), patience)
 		defer cancel()
-		_ = s.Shutdown(ctx) // a request in progress at the cut may end unanswered: not what these tests check
+		if err := s.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
 		_ = resume.Close()
 	})
 	return ln.Addr().String()

@@ -61,7 +61,7 @@ func newForwardingEdge(t *testing.T) *forwardingEdge {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.plain = serveWithLoop(t, e.s, plain, registry.EdgeLimits{SendTimeout: registry.DefaultSendTimeout}, e.both.pause.hook)
+	e.plain = serveWithLoop(t, e.s, plain, loopWiring{edge: registry.EdgeLimits{SendTimeout: registry.DefaultSendTimeout}, hook: e.both.pause.hook})
 	e.both.addr = e.plain
 	for _, l := range []struct {
 		addr *string

@@ -2,7 +2,6 @@ package activator
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,11 +15,10 @@ import (
 
 	"github.com/activator/activator/internal/connlimit"
 	"github.com/activator/activator/internal/registry"
-	"github.com/activator/activator/internal/warmloop"
 )
 
-// loopRig is one route behind an edge with its event loop (EnableLoop), as cmd/activator builds it:
-// the framing listener, a connection cap of capN (0: none) and the resume server.
+// loopRig is one route behind an edge with its event loop (EnableLoop), as cmd/activator builds it
+// (serveWithLoop): the framing listener, a connection cap of capN (0: none) and the resume server.
 func loopRig(t *testing.T, upstream http.Handler, capN int) (*edgeRig, *connlimit.Limit) {
 	t.Helper()
 	up := httptest.NewServer(upstream)
@@ -34,34 +32,15 @@ func loopRig(t *testing.T, upstream http.Handler, capN int) (*edgeRig, *connlimi
 		t.Fatal(err)
 	}
 	g := &edgeRig{s: s, in: s.instance("app"), b: b, closed: make(chan struct{}, 4096)}
-	front := httptest.NewUnstartedServer(s)
-	resume := &http.Server{ConnContext: ConnContext}
-	s.EnableParking(resume, s)
-	front.Config.ConnContext = ConnContext
 	var lim *connlimit.Limit
-	var state func(net.Conn, http.ConnState)
-	ln := front.Listener
 	if capN > 0 {
 		lim = connlimit.New(capN, nil)
-		ln = lim.Listener(ln)
-		front.Config.ConnState, resume.ConnState, state = lim.ConnState, lim.ResumedConnState, lim.ResumedConnState
 	}
-	front.Listener = Listener(ln, time.Minute)
-	if err := s.EnableLoop(1, warmloop.Limits{MaxHead: 8192, HeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, SendTimeout: time.Minute}, state); err != nil {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	front.Start()
-	t.Cleanup(func() {
-		front.CloseClientConnections()
-		front.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), patience)
-		defer cancel()
-		if err := s.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-		_ = resume.Close()
-	})
-	g.addr = front.Listener.Addr().String()
+	g.addr = serveWithLoop(t, s, ln, loopWiring{edge: registry.EdgeLimits{SendTimeout: time.Minute}, cap: lim})
 	return g, lim
 }
 
