@@ -12,8 +12,10 @@ package activator
 // loop serves the requests it can (warmloop.Parse's subset, to routes awake and not fleets or
 // filtered: Begin) and gives anything else back, with the bytes it has read, to the resume server
 // (park.go's), which serves the connection as net/http would have: the request first (HandBack).
-// An exchange whose answer the loop does not relay (not plain, or no head within response_timeout)
-// goes back with its upstream connection, and net/http passes that answer on (Finish). A connection
+// An exchange whose answer the loop does not relay (not plain, or no whole head within
+// response_timeout) goes back with its upstream connection, and net/http passes that answer on
+// (Finish); one that failed before a whole head goes back with its error, which net/http answers as
+// its own exchange's, without sending the request again. A connection
 // the loop gave back is not taken again: a client whose requests fall outside the loop's subset would
 // otherwise go back and forth.
 
@@ -335,7 +337,8 @@ func (s *Server) giveBack(fd int, o *loopOwner, prefix []byte, x *warmloop.Hando
 }
 
 // serveFinished answers the first request of a connection the loop gave back with an exchange: from
-// the exchange's upstream connection, which has the request already.
+// the exchange's upstream connection, which has the request already, or with the exchange's failure
+// (its timeout, its error) through the route's upstream client, as the fast path answers its own.
 func (s *Server) serveFinished(w http.ResponseWriter, r *http.Request, x *warmloop.Handover) {
 	lt := x.Target.(*loopTarget)
 	in := lt.in
