@@ -16,7 +16,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -41,8 +40,7 @@ var (
 )
 
 // conformEdge is an edge with its event loop on, served as cmd/activator serves its plain listener with
-// edge.event_loops set: the framing record, ConnContext, the resume server of parking (which serves
-// what the loop gives back) and EnableLoop, with both http.Servers as newEdgeServer makes them. Its
+// edge.event_loops set (serveWithLoop). Its
 // config has, beside the routes under test, a route "warm" (Host warm.test) with a tenant and a
 // backing of its own: the requests that give a connection to the loop go there, so that they wake
 // nothing a test counts, reach no tenant a test watches, and leave every route under test free to do
@@ -50,7 +48,6 @@ var (
 type conformEdge struct {
 	s     *Server
 	addr  string
-	warm  *fakeBackend // the warm route's backing
 	cfg   registry.Config
 	pause loopPause
 }
@@ -58,11 +55,9 @@ type conformEdge struct {
 // conformConfig is what a conformEdge is built of.
 type conformConfig struct {
 	routes  []*registry.Route
-	b       *fakeBackend // the routes' backing; nil: a new one
-	gate    Gate         // the routes' health gate; nil: passGate
+	b       *fakeBackend // the routes' backing, whose health gates pass; nil: a new one
 	logs    io.Writer    // nil: nowhere
 	edge    registry.EdgeLimits
-	trusted []netip.Prefix
 	metrics *Metrics         // nil: none
 	now     func() time.Time // the Server's clock; nil: time.Now
 	// sendBuffer, when above 0, is each client connection's send buffer (SO_SNDBUF): with a small
@@ -89,9 +84,6 @@ func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
 	if c.b == nil {
 		c.b = &fakeBackend{}
 	}
-	if c.gate == nil {
-		c.gate = passGate{}
-	}
 	if c.logs == nil {
 		c.logs = io.Discard
 	}
@@ -102,15 +94,15 @@ func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
 	warm := testRoute("warm")
 	warm.Upstream.Address = warmUp.Listener.Addr().String()
 
-	e := &conformEdge{warm: &fakeBackend{}}
+	e := &conformEdge{}
 	e.s = New(Options{
-		Opener:  warmOpener{warm: e.warm, rest: c.b},
+		Opener:  warmOpener{warm: &fakeBackend{}, rest: c.b},
 		Logger:  slog.New(slog.NewTextHandler(c.logs, nil)),
-		NewGate: func(*registry.Route) Gate { return c.gate },
+		NewGate: func(*registry.Route) Gate { return passGate{} },
 		Metrics: c.metrics,
 		Now:     c.now,
 	})
-	e.cfg = registry.Config{Edge: c.edge, TrustedProxies: c.trusted, Routes: append(c.routes, warm)}
+	e.cfg = registry.Config{Edge: c.edge, Routes: append(c.routes, warm)}
 	if err := e.s.Apply(&e.cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +126,11 @@ type loopWiring struct {
 }
 
 // serveWithLoop serves s on ln, with one event loop, as cmd/activator serves its plain listener with
-// edge.event_loops set (serve.go: newEdgeServers, edgeParts, loopLimits), until cleanup, which shuts s
-// down and fails the test if that fails. It returns ln's address.
+// edge.event_loops set (serve.go: newEdgeServers, edgeParts, loopLimits): the framing record,
+// ConnContext, HTTP/1 and h2c, max_header_bytes as edgeMaxHeaderBytes sets it, the resume server of
+// parking (which serves what the loop gives back) and EnableLoop; the header timeout is
+// hygienePatience and the keep-alive timeout a minute, whatever edge says. It serves until cleanup,
+// which shuts s down and fails the test if that fails, and returns ln's address.
 func serveWithLoop(t testing.TB, s *Server, ln net.Listener, w loopWiring) string {
 	t.Helper()
 	var protocols http.Protocols

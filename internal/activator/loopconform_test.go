@@ -53,8 +53,9 @@ func (h *hits) of(path string) int {
 // pass on), or, once the head had come, a connection closed without an answer, as net/http aborts it;
 // and the route counts each request by the status net/http counts. The loop's path handed each of
 // these back to net/http, which sent the request again: a tenant got a request that made it fail
-// twice, and the client the second attempt's outcome; a request cut off once its head had come was
-// not counted at all.
+// twice, and the client the second attempt's outcome. And a request whose connection the loop closed
+// once the answer's head had come went uncounted (so did a stalled client's:
+// TestStalledClientFreesSlotOnBothPaths).
 func TestFailingTenantAskedOnce(t *testing.T) {
 	var got hits
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
