@@ -143,7 +143,7 @@ type loopOwner struct {
 	top  net.Conn     // the connection as net/http served it
 	fc   *framingConn // the edge's layer, under top or top itself
 	sock *loopSock    // what stands in for the socket under the layers while the loop has it
-	// The loop's thread's own: whether the connection is in the cap's books (Idle has been called).
+	// The loop goroutine's own: whether the connection is in the cap's books (Idle has been called).
 	listed bool
 	closed atomic.Bool // the loop closed the connection (Closed)
 }

@@ -111,7 +111,7 @@ type EdgeLimits struct {
 	EventLoops int
 }
 
-// MaxEventLoops bounds edge.event_loops: each is a thread of its own, and more than the CPUs gain
+// MaxEventLoops bounds edge.event_loops: each is an epoll instance and a goroutine, and more than the CPUs gain
 // nothing.
 const MaxEventLoops = 64
 

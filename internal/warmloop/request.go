@@ -290,10 +290,13 @@ func AppendUpstreamHead(dst []byte, req *Request, peer string) []byte {
 		dst = append(dst, req.Head[f.Value[0]:f.Value[1]]...)
 		dst = append(dst, "\r\n"...)
 	}
-	if req.hostString != string(req.Host) {
-		req.hostString = string(req.Host)
+	// The forwarding fields depend on the peer and the Host alone: made once for a connection's
+	// requests while both stay the same (each making costs an address parse and a few allocations).
+	if req.hostString != string(req.Host) || req.fwdPeer != peer || req.fwd == nil {
+		req.hostString, req.fwdPeer = string(req.Host), peer
+		req.fwd = upstream.AppendForwardingFields(req.fwd[:0], peer, req.hostString)
 	}
-	dst = upstream.AppendForwardingFields(dst, peer, req.hostString)
+	dst = append(dst, req.fwd...)
 	return append(dst, "\r\n"...)
 }
 

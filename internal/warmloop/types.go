@@ -21,6 +21,8 @@ type Request struct {
 	N      int // Fields in use
 
 	hostString string // string(Host) as AppendUpstreamHead last made it, reused while Host is the same
+	fwdPeer    string // the peer AppendUpstreamHead last made fwd for
+	fwd        []byte // the forwarding field lines for hostString and fwdPeer
 }
 
 // Field is one header field of a Request: offsets into its Head of the name (as sent) and the value
