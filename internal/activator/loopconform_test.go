@@ -490,13 +490,7 @@ func TestStalledClientFreesSlotOnBothPaths(t *testing.T) {
 			io.WriteString(w, "small")
 			return
 		}
-		w.Header().Set("Content-Length", fmt.Sprint(size))
-		chunk := make([]byte, 32<<10)
-		for left := size; left > 0; left -= len(chunk) {
-			if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
-				return
-			}
-		}
+		writeSized(w, size)
 	}))
 	t.Cleanup(up.Close)
 	for _, p := range edgePaths {
@@ -584,13 +578,7 @@ func TestSlowReaderClosedOnBothPaths(t *testing.T) {
 		if r.URL.Path == "/steady" {
 			size = 160 << 10 // 2 s at the steady pace: longer than the timeout
 		}
-		w.Header().Set("Content-Length", fmt.Sprint(size))
-		chunk := make([]byte, 32<<10)
-		for left := size; left > 0; left -= len(chunk) {
-			if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
-				return
-			}
-		}
+		writeSized(w, size)
 	}))
 	t.Cleanup(up.Close)
 	for _, tc := range []struct {
@@ -675,6 +663,18 @@ func TestSlowReaderClosedOnBothPaths(t *testing.T) {
 				until(t, slot(true))  // the request is begun
 				until(t, slot(false)) // and ended
 			})
+		}
+	}
+}
+
+// writeSized answers with size zero bytes framed by their Content-Length, 32 KiB a write, until the
+// client stops taking them.
+func writeSized(w http.ResponseWriter, size int) {
+	w.Header().Set("Content-Length", fmt.Sprint(size))
+	chunk := make([]byte, 32<<10)
+	for left := size; left > 0; left -= len(chunk) {
+		if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
+			return
 		}
 	}
 }
