@@ -220,6 +220,17 @@ func (in *instance) waitFor(ctx context.Context, cond func(status, migration str
 	}
 }
 
+// migrate runs cmd (migrate or migrate-incoming) to uri, first forgetting the status an earlier
+// migration of this QEMU left. That status ("failed" after a full disk) would otherwise be what a
+// wait for this migration sees first: QEMU sends this one's first event before its reply, but drain
+// may not have recorded it by the time the reply is back.
+func (in *instance) migrate(ctx context.Context, cmd, uri string) error {
+	in.mu.Lock()
+	in.migration = ""
+	in.mu.Unlock()
+	return in.mon.run(ctx, nil, cmd, map[string]any{"uri": uri})
+}
+
 // queryStatus asks QEMU for its run state and records it.
 func (in *instance) queryStatus(ctx context.Context) (string, error) {
 	var st struct {

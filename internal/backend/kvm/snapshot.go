@@ -142,7 +142,7 @@ func (b *Backend) saveCopy(ctx context.Context, inst *instance) (savedState, err
 	_ = os.Remove(b.p.writer)
 	defer os.Remove(b.p.writer)
 	uri := fmt.Sprintf("exec:trap '' TERM; %s > %s 2>%s && mv -f %s %s", writer, shellQuote(tmp), shellQuote(b.p.writer), shellQuote(tmp), shellQuote(final))
-	if err := inst.mon.run(ctx, nil, "migrate", map[string]any{"uri": uri}); err != nil {
+	if err := inst.migrate(ctx, "migrate", uri); err != nil {
 		return saved, err
 	}
 	if err := waitMigrated(ctx, inst); err != nil {
@@ -454,7 +454,7 @@ func (b *Backend) loadSnapshot(ctx context.Context, inst *instance, src snapshot
 			reader = "zstd -q -d -c"
 		}
 		uri := fmt.Sprintf("exec:%s %s", reader, shellQuote(src.file))
-		if err := inst.mon.run(ctx, nil, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
+		if err := inst.migrate(ctx, "migrate-incoming", uri); err != nil {
 			return err
 		}
 	}

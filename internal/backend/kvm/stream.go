@@ -28,7 +28,7 @@ func (b *Backend) receiveDevice(ctx context.Context, inst *instance, file string
 	}
 	defer ln.Close() // and unlinks the socket
 	_ = ln.SetDeadline(deadline)
-	if err := inst.mon.run(ctx, nil, "migrate", map[string]any{"uri": "unix:" + b.p.mig}); err != nil {
+	if err := inst.migrate(ctx, "migrate", "unix:"+b.p.mig); err != nil {
 		return devSidecar{}, err
 	}
 	dev, rerr := receiveStream(ln, file+".tmp", deadline)
@@ -91,7 +91,7 @@ func (b *Backend) sendDevice(ctx context.Context, inst *instance, file string) e
 	defer f.Close()
 	_ = os.Remove(b.p.mig)
 	defer os.Remove(b.p.mig)
-	if err := inst.mon.run(ctx, nil, "migrate-incoming", map[string]any{"uri": "unix:" + b.p.mig}); err != nil {
+	if err := inst.migrate(ctx, "migrate-incoming", "unix:"+b.p.mig); err != nil {
 		return err
 	}
 	var d net.Dialer
