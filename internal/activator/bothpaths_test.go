@@ -128,16 +128,23 @@ type loopWiring struct {
 // serveWithLoop serves s on ln, with one event loop, as cmd/activator serves its plain listener with
 // edge.event_loops set (serve.go: newEdgeServers, edgeParts, loopLimits): the framing record,
 // ConnContext, HTTP/1 and h2c, max_header_bytes as edgeMaxHeaderBytes sets it, the resume server of
-// parking (which serves what the loop gives back) and EnableLoop; the header timeout is
-// hygienePatience and the keep-alive timeout a minute, whatever edge says. It serves until cleanup,
+// parking (which serves what the loop gives back) and EnableLoop; the header timeout is edge's, or
+// hygienePatience when edge has none, and the keep-alive timeout edge's, or a minute. It serves until cleanup,
 // which shuts s down and fails the test if that fails, and returns ln's address.
 func serveWithLoop(t testing.TB, s *Server, ln net.Listener, w loopWiring) string {
 	t.Helper()
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
+	headerTimeout, idleTimeout := hygienePatience, time.Minute
+	if w.edge.HeaderTimeout > 0 {
+		headerTimeout = w.edge.HeaderTimeout
+	}
+	if w.edge.KeepAliveTimeout > 0 {
+		idleTimeout = w.edge.KeepAliveTimeout
+	}
 	server := func(h http.Handler) *http.Server {
-		hs := &http.Server{Handler: h, ReadHeaderTimeout: hygienePatience, IdleTimeout: time.Minute, Protocols: &protocols,
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, Protocols: &protocols,
 			ConnContext: ConnContext}
 		if w.edge.MaxHeaderBytes > 0 {
 			hs.MaxHeaderBytes = int(max(w.edge.MaxHeaderBytes-4096-14, 1)) // cmd/activator's edgeMaxHeaderBytes
@@ -161,7 +168,7 @@ func serveWithLoop(t testing.TB, s *Server, ln net.Listener, w loopWiring) strin
 	if w.edge.MaxHeaderBytes > 0 {
 		maxHead = min(w.edge.MaxHeaderBytes, maxHead)
 	}
-	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: hygienePatience, IdleTimeout: time.Minute, SendTimeout: w.edge.SendTimeout}
+	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, SendTimeout: w.edge.SendTimeout}
 	if err := s.EnableLoop(1, lim, state); err != nil {
 		t.Fatal(err)
 	}

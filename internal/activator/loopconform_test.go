@@ -678,3 +678,107 @@ func writeSized(w http.ResponseWriter, size int) {
 		}
 	}
 }
+
+// TestClientLeavingMidRequest: a client that leaves while its request is upstream, by closing its
+// connection or only its writing side (a FIN: net/http's background read takes it for a departure),
+// gets no answer on either path, and the exchange is given up at once: the tenant sees its request's
+// connection close, the route counts the request as one whose client left (499), and nothing stays in
+// flight. The loop's path noticed the FIN only once the tenant answered, and so held the route's
+// upstream slot, and the tenant's connection, for as long as the tenant took.
+func TestClientLeavingMidRequest(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	left := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done() // answers nothing until the edge gives the request up
+		left <- struct{}{}
+	}))
+	t.Cleanup(up.Close)
+	for _, how := range []string{"half-close", "close"} {
+		for _, p := range edgePaths {
+			t.Run(p.name+" "+how, func(t *testing.T) {
+				reg := prometheus.NewPedanticRegistry()
+				m := NewMetrics(reg)
+				r := testRoute("app")
+				r.Upstream.Address = up.Listener.Addr().String()
+				e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, metrics: m})
+				e.wake(t, "app")
+				rc := e.conn(t, p, "")
+				served := e.s.loops.Served()
+				rc.send("GET /slow HTTP/1.1\r\nHost: app.test\r\n\r\n")
+				<-arrived
+				if how == "close" {
+					rc.c.(*net.TCPConn).SetLinger(0) // an RST, so the edge's next read fails outright
+					rc.c.Close()
+				} else {
+					if err := rc.c.(*net.TCPConn).CloseWrite(); err != nil {
+						t.Fatal(err)
+					}
+					got, err := io.ReadAll(rc.c)
+					if len(got) != 0 {
+						t.Errorf("the half-closed client read %q (%v), want no answer: it left", got, err)
+					}
+				}
+				select {
+				case <-left:
+				case <-time.After(hygienePatience):
+					t.Fatal("the tenant's request was not given up after its client left")
+				}
+				const series = `activator_requests_total{code="499"}`
+				until(t, func() (bool, string) {
+					got := routeSeries(t, m.Gatherer(reg), "app")
+					return got[series] == 1, fmt.Sprintf("request series %v, want %s 1", got, series)
+				})
+				until(t, func() (bool, string) {
+					st := e.s.instance("app").status()
+					return st.InFlight == 0, fmt.Sprintf("in flight %d", st.InFlight)
+				})
+				if p.loop && e.s.loops.Served() != served {
+					t.Errorf("the loop counted the request as served")
+				}
+			})
+		}
+	}
+}
+
+// TestClientTimeoutsOnBothPaths: edge.header_timeout and edge.keep_alive_timeout close a connection
+// alike on both paths: a head begun and not finished, and a connection idle after an answer, are
+// closed without a byte written (net/http writes no 408 for a head that timed out), and not before
+// their timeout. On net/http's path the idle connection's answer is one net/http keeps (a 404 for a
+// Host no route serves: the loop takes connections only after a tenant's answer). The loop checks its
+// deadlines every 250 ms, so it may close a connection up to that much later than net/http.
+func TestClientTimeoutsOnBothPaths(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	for _, c := range []struct {
+		name string
+		send string // after which the connection is left alone
+		edge registry.EdgeLimits
+	}{
+		{"header", "GET /x HTTP/1.1\r\nHost: app", registry.EdgeLimits{HeaderTimeout: timeout}},
+		{"keep-alive", "", registry.EdgeLimits{KeepAliveTimeout: timeout}},
+	} {
+		for _, p := range edgePaths {
+			t.Run(c.name+" "+p.name, func(t *testing.T) {
+				e := newConformEdge(t, conformConfig{routes: []*registry.Route{testRoute("app")}, edge: c.edge})
+				rc := e.conn(t, p, "")
+				if !p.loop && c.send == "" {
+					rc.send("GET / HTTP/1.1\r\nHost: nosuch.test\r\n\r\n")
+					if resp, _, err := rc.next(); err != nil || resp.StatusCode != http.StatusNotFound {
+						t.Fatalf("%v %v, want the edge's 404", resp, err)
+					}
+				}
+				start := time.Now()
+				if c.send != "" {
+					rc.send(c.send)
+				}
+				got, err := io.ReadAll(rc.br)
+				if took := time.Since(start); took < timeout {
+					t.Errorf("closed after %v, before the %v timeout", took, timeout)
+				}
+				if len(got) != 0 || err != nil {
+					t.Errorf("read %q (%v) before the close, want nothing", got, err)
+				}
+			})
+		}
+	}
+}

@@ -68,22 +68,26 @@ func dumpTenant(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// FuzzLoopMatchesNetHTTP: a request head sent on a connection the loop owns gets the client what it
-// gets as the first request of a new connection, which net/http reads (status, header fields but
-// Date, body, whether the connection closes), and the tenant receives the same request (its dump,
-// which the answer carries). Both connections are to one edge, whose route app (app.test, awake)
-// answers with dumpTenant; another host gets the edge's 404.
+// FuzzLoopMatchesNetHTTP: a request sent on a connection the loop owns gets the client what it gets
+// as the first request of a new connection, which net/http reads (status, header fields but Date,
+// body, whether the connection closes), and the tenant receives the same request (its dump, which the
+// answer carries). Both connections are to one edge, whose route app (app.test, awake) answers with
+// dumpTenant; another host gets the edge's 404. The request is a head (line and fields), with body
+// after it when body is not empty, framed by a Content-Length the harness adds; with twice, the same
+// request is sent again right behind it (pipelined), in one write, and both answers compared: so the
+// bytes the loop or net/http read past one request must reach the next, through every hand-over
+// between them.
 //
-// What is left out, and why. A head with a body (Content-Length, Transfer-Encoding): the loop hands
-// every one back to net/http, and the fuzzer would have to make a body to match; the hand-back of
-// bodies is TestHoldOnBothPaths's and TestOnePathForRouteAndTenant's. A head with a blank line inside
-// (a second request) or a request line of its own lines: each input is one head, so that each side
-// answers once and no read waits for bytes that never come. A head shorter than "PRI * HTTP/2.0", or
-// one that starts with "PRI": on a new connection net/http waits for that many bytes to tell HTTP/2's
-// preface, and for the rest of the preface after it (on both paths: the loop's hands-back are new
-// connections to the resume server). The field order the tenant sees: net/http's
-// path writes the header from a map, in no order, the loop writes fields in the client's order;
-// both are one header (RFC 9110 §5.3), and the dump compares the map.
+// What is left out, and why. A head with framing fields of its own (Content-Length,
+// Transfer-Encoding): the fuzzer would have to make a body to match them, and a body that does not
+// match leaves one side waiting for bytes that never come. A head with a blank line inside (a second
+// request) or a request line of its own lines: each input is one head, so that each side answers once
+// per head and no read waits. A head shorter than "PRI * HTTP/2.0", or one that starts with "PRI": on
+// a new connection net/http waits for that many bytes to tell HTTP/2's preface, and for the rest of
+// the preface after it (on both paths: the loop's hands-back are new connections to the resume
+// server). The field order the tenant sees: net/http's path writes the header from a map, in no order,
+// the loop writes fields in the client's order; both are one header (RFC 9110 §5.3), and the dump
+// compares the map.
 func FuzzLoopMatchesNetHTTP(f *testing.F) {
 	for _, s := range [][2]string{
 		// Realistic: curl, a browser, wrk, a keep-alive client.
@@ -139,14 +143,22 @@ func FuzzLoopMatchesNetHTTP(f *testing.F) {
 		{"GET / HTTP/2.0", "Host: app.test\r\n"},
 		{"get / HTTP/1.1", "Host: app.test\r\n"},
 	} {
-		f.Add(s[0], s[1])
+		f.Add(s[0], s[1], []byte(nil), false)
 	}
+	// A body, and requests behind one another: the loop hands a head with a body back to net/http,
+	// and reads the next head a connection has, wherever the last one was served.
+	f.Add("POST /form HTTP/1.1", "Host: app.test\r\nContent-Type: application/x-www-form-urlencoded\r\n", []byte("a=1&b=2"), false)
+	f.Add("GET / HTTP/1.1", "Host: app.test\r\n", []byte(nil), true)
+	f.Add("GET /x HTTP/1.1", "Host: app.test\r\n", []byte("xyz"), true)
+	f.Add("GET /x HTTP/1.1", "Host: app.test\r\nConnection: close\r\n", []byte(nil), true)
+	f.Add("GET /x HTTP/1.1", "Host: other.test\r\n", []byte(nil), true)
+	f.Add("GET /chunked HTTP/1.1", "Host: app.test\r\n", []byte(nil), true)
 	up := httptest.NewServer(http.HandlerFunc(dumpTenant))
 	f.Cleanup(up.Close)
 	r := testRoute("app")
 	r.Upstream.Address = up.Listener.Addr().String()
 	e := newConformEdge(f, conformConfig{routes: []*registry.Route{r}})
-	f.Fuzz(func(t *testing.T, line, fields string) {
+	f.Fuzz(func(t *testing.T, line, fields string, body []byte, twice bool) {
 		if strings.ContainsAny(line, "\n") || strings.HasPrefix(line, "PRI") ||
 			fields != "" && !strings.HasSuffix(fields, "\n") ||
 			strings.Contains("\n"+fields, "\n\n") || strings.Contains("\n"+fields, "\n\r\n") {
@@ -155,9 +167,16 @@ func FuzzLoopMatchesNetHTTP(f *testing.F) {
 		if lower := strings.ToLower(fields); strings.Contains(lower, "content-length") || strings.Contains(lower, "transfer-encoding") {
 			return // a body (see above)
 		}
-		raw := line + "\r\n" + fields + "\r\n"
-		if len(raw) < len("PRI * HTTP/2.0") {
+		if len(line+"\r\n"+fields+"\r\n") < len("PRI * HTTP/2.0") {
 			return // net/http waits for more (see above)
+		}
+		if len(body) > 0 {
+			fields += fmt.Sprintf("Content-Length: %d\r\n", len(body))
+		}
+		raw := line + "\r\n" + fields + "\r\n" + string(body)
+		answers := 1
+		if twice {
+			raw, answers = raw+raw, 2
 		}
 		e.wake(t, "app") // the loop serves only an awake route's requests itself
 		method, _, _ := strings.Cut(line, " ")
@@ -165,7 +184,9 @@ func FuzzLoopMatchesNetHTTP(f *testing.F) {
 		for i, p := range edgePaths {
 			rc := e.conn(t, p, "")
 			rc.send(raw)
-			got[i] = answerSeen(rc, method)
+			for range answers {
+				got[i] += answerSeen(rc, method) + "\n--\n"
+			}
 			rc.c.Close()
 		}
 		if got[0] != got[1] {

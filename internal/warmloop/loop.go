@@ -423,11 +423,14 @@ func (l *loop) clientEvent(c *client, ev uint32) {
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		if c.busy {
-			if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				l.closeClient(c) // gone for good: net/http's background read would cancel the request
+			if ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0 || ev&unix.EPOLLRDHUP != 0 && idleState(c.fd) == idleClosed {
+				// Gone, or a FIN with no byte before it unread (idleState peeks one): net/http's
+				// background read, which reads one byte, takes either for the client's departure
+				// and gives the request up.
+				l.closeClient(c)
 				return
 			}
-			c.unread = true // the next request, or a half-close: looked at once this one is answered
+			c.unread = true // the next request: read once this one is answered
 			return
 		}
 		l.readClient(c)
@@ -621,7 +624,8 @@ const (
 )
 
 // idleState asks the kernel, without waiting or taking anything, what came on the idle connection
-// fd: one byte peeked.
+// fd: one byte peeked. It serves for a busy client's connection too (clientEvent), whose peer sent
+// nothing more (idleQuiet), its next request (idleSpoke), or its FIN (idleClosed).
 func idleState(fd int) int {
 	var b [1]byte
 	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
