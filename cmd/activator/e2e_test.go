@@ -549,7 +549,8 @@ func TestReloadRejectsBadConfig(t *testing.T) {
 	stopped := make(chan error, 1)
 	o := serveOptions{configPath: path}
 	triggers := watchReloads(h.log, o)
-	go func() { stopped <- reloader(ctx, h.log, o, h.bk, h.srv, running, triggers) }()
+	run := reloader(ctx, h.log, o, h.bk, h.srv, running, triggers)
+	go func() { stopped <- run() }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-stopped; err != nil {

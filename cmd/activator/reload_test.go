@@ -3,13 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/activator/activator/internal/registry"
 )
 
 // loopHarness runs a reloadLoop on channels the test drives: SIGHUPs, file events, the settle
@@ -212,5 +217,39 @@ func TestRejectedReloadIsAMetric(t *testing.T) {
 	s.rewrite(good, 1)
 	if got := scrape(t, s.admin, ok, at); got[ok] != 1 || got[at] <= start[at] {
 		t.Errorf("after a good reload: %v, want 1 and a time after %v", got, start[at])
+	}
+}
+
+// certFilesApplier is an applier whose config serves certificate files (fileWatcher), and applies
+// anything.
+type certFilesApplier []string
+
+func (certFilesApplier) Apply(*registry.Config) error { return nil }
+func (certFilesApplier) SetCheckError(string, error)  {}
+func (f certFilesApplier) watchedFiles() []string     { return f }
+
+// TestCertDirsWatchedBeforeServing: the certificate files' directory is watched once reloader returns,
+// before serve logs "activator listening" and tells systemd READY, not once its goroutine has begun:
+// a renewal written just after the start went unseen until the next SIGHUP when it came first
+// (TestTLSRenewalThroughSymlinks failed so on a loaded machine).
+func TestCertDirsWatchedBeforeServing(t *testing.T) {
+	certs := filepath.Join(t.TempDir(), "live")
+	if err := os.Mkdir(certs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := serveOptions{configPath: filepath.Join(t.TempDir(), "activator.yaml")}
+	log := slog.New(slog.DiscardHandler)
+	tr := watchReloads(log, o)
+	if tr.w == nil {
+		t.Fatal("the config's directory is not watched")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	run := reloader(ctx, log, o, nil, certFilesApplier{filepath.Join(certs, "tls.crt")}, &registry.Config{}, tr)
+	if watched := tr.w.WatchList(); !slices.Contains(watched, certs) {
+		t.Errorf("watched %q before the reload loop runs, want %s among them", watched, certs)
+	}
+	cancel()
+	if err := run(); err != nil {
+		t.Fatal(err)
 	}
 }

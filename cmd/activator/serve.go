@@ -233,7 +233,7 @@ func serve(o serveOptions) int {
 	applied.grace.Store(int64(cfg.ShutdownGrace))
 	ap := tlsEdge.applier(adminApplier{applied, access})
 	triggers := watchReloads(log, o) // before "activator listening" and READY: see reloadTriggers
-	g.Go(func() error { return reloader(gctx, log, o, bk, ap, cfg, triggers) })
+	g.Go(reloader(gctx, log, o, bk, ap, cfg, triggers))
 	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, activated, cfg)...)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
@@ -518,15 +518,20 @@ func (tr *reloadTriggers) close(log *slog.Logger) {
 	log.Debug("reloads stopped for the shutdown", "sighup", "ignored until the process exits")
 }
 
-// reloader reloads on tr's triggers, SIGHUP and changes of the config file (see reloadLoop for how
-// bursts of them coalesce; newReload for what one reload does), and closes tr when ctx ends; with tr
-// nil it only waits for that. running is the config serve started with.
-func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config, tr *reloadTriggers) error {
+// reloader returns what reloads on tr's triggers, SIGHUP and changes of the config file (see
+// reloadLoop for how bursts of them coalesce; newReload for what one reload does), until ctx ends,
+// and then closes tr; with tr nil it only waits for that. running is the config serve started with.
+// The certificate directories are watched before it returns, and so before "activator listening" and
+// READY: armed in the returned function's goroutine, a renewal written right after the start could
+// come before the watch and go unseen until the next SIGHUP (found as a flaky test,
+// TestTLSRenewalThroughSymlinks, once the event loops' start changed the timing).
+func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backings, srv applier, running *registry.Config, tr *reloadTriggers) func() error {
 	if tr == nil {
-		<-ctx.Done()
-		return nil
+		return func() error {
+			<-ctx.Done()
+			return nil
+		}
 	}
-	defer tr.close(log)
 	w, events := tr.w, tr.events
 	l := &reloadLoop{
 		hup:    tr.hup,
@@ -542,8 +547,11 @@ func reloader(ctx context.Context, log *slog.Logger, o serveOptions, bk *backing
 	if fw, ok := srv.(fileWatcher); ok && events != nil {
 		watchCertDirs(l, w, fw, log)
 	}
-	l.run(ctx)
-	return nil
+	return func() error {
+		defer tr.close(log)
+		l.run(ctx)
+		return nil
+	}
 }
 
 // fileWatcher is an applier whose config names more files that a change to should reload: the TLS
