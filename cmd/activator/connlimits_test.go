@@ -87,17 +87,9 @@ func underFileLimit(t *testing.T, n int) func(*exec.Cmd) {
 // names (a metric name with its labels, as the text format writes them); a series missing fails t.
 func scrape(t *testing.T, admin string, names ...string) map[string]float64 {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: patience}).Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
+	body := metricsText(t, admin)
 	got := map[string]float64{}
-	for line := range strings.Lines(string(body)) {
+	for line := range strings.Lines(body) {
 		for _, n := range names {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(line), n+" "); ok {
 				f, err := strconv.ParseFloat(v, 64)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -189,12 +190,16 @@ func serve(o serveOptions) int {
 	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
 	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ResumedConnState // before watchEdge, which wraps it
-	if n := cfg.Edge.EventLoops; n > 0 {
+	if n := eventLoops(cfg.Edge.EventLoops); n > 0 {
 		if err := srv.EnableLoop(n, loopLimits(cfg.Edge), edgeConns.ResumedConnState); err != nil {
 			log.Error("cannot start the event loops (edge.event_loops)", "err", err)
 			_ = srv.Shutdown(context.Background())
 			return 1
 		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "activator_event_loop_requests_total",
+			Help: "Requests the edge's event loops answered themselves (edge.event_loops); the rest were net/http's.",
+		}, func() float64 { return float64(srv.LoopServed()) }))
 	}
 	// The door lets the shutdown stop accepting, on both edge listeners, before it stops the edge.
 	door := watchEdge(edge, ln)
@@ -323,6 +328,17 @@ func edgeMaxHeaderBytes(n int64) int {
 	return int(max(n-goHeaderSlack-int64(h2cPeek), 1))
 }
 
+// eventLoops is how many event loops edge.event_loops asks for: left out (registry.EventLoopsAuto),
+// one per CPU Go schedules the process on (GOMAXPROCS, which follows its CPU affinity and its cgroup's
+// CPU quota), at most registry.MaxEventLoops. More loops than that gain nothing: each is a goroutine
+// that wants a CPU of its own while the warm path is busy.
+func eventLoops(n int) int {
+	if n == registry.EventLoopsAuto {
+		return min(runtime.GOMAXPROCS(0), registry.MaxEventLoops)
+	}
+	return n
+}
+
 // loopLimits are the event loops' client limits (edge.event_loops): the edge server's. The longest
 // head a loop reads is at most 8 KiB: a request with a longer one goes back to net/http, which holds
 // it to edge.max_header_bytes.
@@ -378,7 +394,8 @@ func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]stri
 	if edgeTLS != nil {
 		attrs = append(attrs, "edge_tls", edgeTLS.Addr().String())
 	}
-	attrs = append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances))
+	attrs = append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances),
+		"event_loops", eventLoops(cfg.Edge.EventLoops))
 	var names []string
 	for _, n := range []string{"edge", "edge-tls", "admin"} {
 		if activated[n] != "" {

@@ -85,7 +85,11 @@ func startOnly(cfg *registry.Config, o serveOptions) []startValue {
 		maxConns = strconv.Itoa(e.MaxConns)
 	}
 	add("edge.max_conns", "edge.max_conns", maxConns)
-	add("edge.event_loops", "edge.event_loops", strconv.Itoa(e.EventLoops))
+	loops := strconv.Itoa(e.EventLoops)
+	if e.EventLoops == registry.EventLoopsAuto {
+		loops = "the default (one per CPU)"
+	}
+	add("edge.event_loops", "edge.event_loops", loops)
 	if cfg.ListenTLS != "" {
 		add("edge.tls_handshake_timeout", "edge.tls_handshake_timeout", e.TLSHandshakeTimeout.String())
 		add("edge.max_tls_handshakes", "edge.max_tls_handshakes", strconv.Itoa(e.MaxTLSHandshakes))

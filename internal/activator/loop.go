@@ -39,6 +39,15 @@ import (
 	"github.com/activator/activator/internal/warmloop"
 )
 
+// LoopServed is how many requests the event loops have answered themselves (0 without loops): the
+// rest of the edge's requests were net/http's.
+func (s *Server) LoopServed() uint64 {
+	if s.loops == nil {
+		return 0
+	}
+	return s.loops.Served()
+}
+
 // EnableLoop makes the edge hand warm keep-alive connections to loops (see above). connState is the
 // connection cap's hook for connections handed over mid-request (connlimit's ResumedConnState), nil
 // for none. Call it after EnableParking, whose resume server serves what the loop gives back, and

@@ -699,13 +699,13 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		TLSHandshakeTimeout: c.duration("edge.tls_handshake_timeout", ek.TLSHandshake, DefaultTLSHandshakeTimeout),
 		MaxTLSHandshakes:    valueOr(ek.MaxTLSHandshakes, DefaultMaxTLSHandshakes),
 		MaxConns:            valueOr(ek.MaxConns, 0),
-		EventLoops:          valueOr(ek.EventLoops, 0),
+		EventLoops:          valueOr(ek.EventLoops, EventLoopsAuto),
 	}
 	if d := e.TunnelTimeout; d > 0 && d < minTunnelTimeout {
 		c.add("edge.tunnel_timeout", "%v would close WebSockets between their messages: 0 for no bound, or at least %v", d, minTunnelTimeout)
 	}
-	if e.EventLoops < 0 || e.EventLoops > MaxEventLoops {
-		c.add("edge.event_loops", "must be between 0 (off) and %d, got %d", MaxEventLoops, e.EventLoops)
+	if ek.EventLoops != nil && (e.EventLoops < 0 || e.EventLoops > MaxEventLoops) {
+		c.add("edge.event_loops", "must be between 0 (off) and %d, got %d (leave the key out for one per CPU)", MaxEventLoops, e.EventLoops)
 	}
 	if ek.MaxConns != nil && e.MaxConns <= 0 {
 		c.add("edge.max_conns", "must be positive, got %d (leave the key out to derive it from the open-file limit)", e.MaxConns)

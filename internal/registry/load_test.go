@@ -860,6 +860,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 		// The TLS listener's limits.
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxTLSHandshakes:    256,
+		EventLoops:          registry.EventLoopsAuto,
 	}
 	for _, top := range []string{"", "edge:\n", "edge: {}\n", "edge: ~\n"} {
 		cfg, err := registry.Load([]byte(top+oneRoute("hosts: [a.localhost]")), backings)
@@ -1039,4 +1040,26 @@ func TestLoadCgroupRoot(t *testing.T) {
 			{value: "[a]", problem: "cannot unmarshal !!seq into string"},
 		}},
 	})
+}
+
+// TestLoadEventLoops: edge.event_loops left out is EventLoopsAuto (one loop per CPU, which the serving
+// process counts); 0 turns the loops off and any value up to MaxEventLoops is kept as written.
+func TestLoadEventLoops(t *testing.T) {
+	for _, c := range []struct {
+		edge string
+		want int
+	}{
+		{"", registry.EventLoopsAuto},
+		{"edge: {event_loops: 0}\n", 0},
+		{"edge: {event_loops: 1}\n", 1},
+		{"edge: {event_loops: 64}\n", registry.MaxEventLoops},
+	} {
+		cfg, err := registry.Load([]byte(c.edge+oneRoute("hosts: [a.localhost]")), backings)
+		if err != nil {
+			t.Fatalf("Load with %q: %v", c.edge, err)
+		}
+		if cfg.Edge.EventLoops != c.want {
+			t.Errorf("Load with %q: edge.event_loops %d, want %d", c.edge, cfg.Edge.EventLoops, c.want)
+		}
+	}
 }

@@ -55,8 +55,8 @@ func TestLoadTLSProblems(t *testing.T) {
 		{"edge: {max_tls_handshakes: 0}\n", `edge.max_tls_handshakes: must be positive, got 0`},
 		{"edge: {max_conns: 0}\n", `edge.max_conns: must be positive, got 0 (leave the key out to derive it from the open-file limit)`},
 		{"edge: {max_conns: -3}\n", `edge.max_conns: must be positive, got -3`},
-		{"edge: {event_loops: -1}\n", `edge.event_loops: must be between 0 (off) and 64, got -1`},
-		{"edge: {event_loops: 65}\n", `edge.event_loops: must be between 0 (off) and 64, got 65`},
+		{"edge: {event_loops: -1}\n", `edge.event_loops: must be between 0 (off) and 64, got -1 (leave the key out for one per CPU)`},
+		{"edge: {event_loops: 65}\n", `edge.event_loops: must be between 0 (off) and 64, got 65 (leave the key out for one per CPU)`},
 		{"listen_tls: 127.0.0.1:8443\ntls: {acme: {}}\nroutes:\n  - name: a\n    hosts: [a.localhost]\n    backing: exec\n    upstream: 127.0.0.1:8443\n    exec: {argv: [/bin/a]}\n",
 			`the activator's own listen_tls address`},
 	} {

@@ -106,10 +106,15 @@ type EdgeLimits struct {
 	// (cmd/activator).
 	MaxConns int
 	// EventLoops is how many event loops serve warm keep-alive HTTP/1.1 connections beside net/http
-	// (internal/warmloop; issue 17's warm path): 0, the default, for none; at most MaxEventLoops. Read
-	// at start.
+	// (internal/warmloop; issue 17's warm path): EventLoopsAuto, the default (the key left out), for
+	// one per CPU the serving process may use, which it decides (cmd/activator); 0 for none; at most
+	// MaxEventLoops. Read at start.
 	EventLoops int
 }
+
+// EventLoopsAuto is edge.event_loops left out: the serving process starts one loop per CPU it may
+// use. It cannot be written in a config.
+const EventLoopsAuto = -1
 
 // MaxEventLoops bounds edge.event_loops: each is an epoll instance and a goroutine, and more than the CPUs gain
 // nothing.
