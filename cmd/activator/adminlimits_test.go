@@ -98,14 +98,17 @@ func TestAdminConnectionCapKeepsTheEdge(t *testing.T) {
 	hs := openHogs(t, s.admin, healthz, "admin connection", hogs)
 	edgeGet("with the admin API at its cap")
 	s.waitLogged(adminCapMsg, 1)
-	// Opened one after another, each closed the oldest: the first are closed, and the newest max are
-	// open and answer again (only the newest may have been still in its request as the next came).
-	for i := range hogs - max - 1 {
+	// Opened one after another, each closed the one idle longest: the first are closed, and the newest
+	// are open and answer again. Which of those near the cap's edge were closed depends on when the
+	// server marked each one idle, which its goroutine may do some connections late on a loaded
+	// machine (CI once left connection 50 of 60 open and closed a younger one): so the oldest all but
+	// 2*max must be closed, and the newest max/2 open.
+	for i := range hogs - 2*max {
 		if !hs[i].closedByActivator() {
 			t.Fatalf("admin connection %d, of the oldest, was not closed for room", i)
 		}
 	}
-	for i := hogs - max + 1; i < hogs; i++ {
+	for i := hogs - max/2; i < hogs; i++ {
 		if err := hs[i].ask(healthz); err != nil {
 			t.Fatalf("admin connection %d, of the newest, got no second answer: %v", i, err)
 		}

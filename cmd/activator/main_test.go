@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -491,24 +490,8 @@ func (h *recHandler) WithGroup(name string) slog.Handler {
 	return &recHandler{r: h.r, attrs: h.attrs, prefix: h.prefix + name + "."}
 }
 
-// freeLoopbackAddr returns a free TCP address on a random address of 127.0.0.0/8 (all of it is
-// loopback on Linux). A free port on 127.0.0.1 alone is released before the child binds it, and other
-// test packages running at the same time (or a benchmark on the box) may take it meanwhile: then the
-// health gate passes against their server, which is exactly the flake this avoids.
-func freeLoopbackAddr(t testing.TB) string {
-	t.Helper()
-	var b [3]byte
-	if _, err := crand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	ip := fmt.Sprintf("127.%d.%d.%d", 1+int(b[0])%254, b[1], 1+int(b[2])%254)
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatalf("no free port on %s: %v", ip, err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+// freeLoopbackAddr is testenv.FreeLoopbackAddr: a free port on a random address of 127.0.0.0/8.
+func freeLoopbackAddr(t testing.TB) string { return testenv.FreeLoopbackAddr(t) }
 
 // TestShimSkipsHeavyInit: started as the listen_fds shim, this binary (which links every package the
 // activator does) must exec the tenant from package shim's init, before the initialisers of net/http,

@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"bytes"
+	crand "crypto/rand"
 	"fmt"
 	"net"
 	"os"
@@ -40,6 +41,26 @@ func FreeAddrs(t testing.TB, ip string, n int) []string {
 		addrs = append(addrs, ln.Addr().String())
 	}
 	return addrs
+}
+
+// FreeLoopbackAddr returns a TCP address whose port was free a moment ago, on a random address of
+// 127.0.0.0/8 (all of it is loopback on Linux). A free port on 127.0.0.1 alone is released before the
+// tenant binds it, and other test packages running at the same time (or a benchmark on the box) may
+// take it meanwhile: QEMU then fails to set up its host forwarding, or a health gate passes against
+// another test's server. Across the 16 million addresses, a collision is left to chance alone.
+func FreeLoopbackAddr(t testing.TB) string {
+	t.Helper()
+	var b [3]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	ip := fmt.Sprintf("127.%d.%d.%d", 1+int(b[0])%254, b[1], 1+int(b[2])%254)
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("no free port on %s: %v", ip, err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.

@@ -81,7 +81,7 @@ sleep: %s
 runtime_dir: %s
 snapshot_dir: %s
 %s`, g.kernel, g.initrd, g.append, sleep, filepath.Join(rt, "run"), filepath.Join(rt, "snap"), extra)
-	return decodeRoute(tb, "guest", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(tb)), doc)
+	return decodeRoute(tb, "guest", testenv.FreeLoopbackAddr(tb), doc) // not 127.0.0.1: see FreeLoopbackAddr
 }
 
 func decodeRoute(tb testing.TB, name, upstream, doc string) *registry.Route {
