@@ -324,7 +324,7 @@ func (l *loop) run() {
 	// collect takes the events ready now, without waiting: the wait is Go's netpoller's, on the
 	// epoll fd's own readiness (RawConn.Read calls collect again once it is readable).
 	collect := func(fd uintptr) bool {
-		n, waitErr = unix.EpollWait(int(fd), evs, 0)
+		n, waitErr = rawEpollReady(int(fd), evs)
 		return n > 0 || waitErr != nil && !errors.Is(waitErr, unix.EINTR)
 	}
 	for {
@@ -448,7 +448,7 @@ func (l *loop) readClient(c *client) {
 			c.in = append(c.in, make([]byte, 4096)...)[:len(c.in)]
 		}
 		room := c.in[len(c.in):cap(c.in)][:min(cap(c.in)-len(c.in), l.lim.MaxHead-len(c.in))]
-		n, err := unix.Read(c.fd, room)
+		n, err := rawRead(c.fd, room)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -577,7 +577,7 @@ func (l *loop) send(c *client, u *upconn) {
 // flushUp writes what u still has to send.
 func (l *loop) flushUp(u *upconn) {
 	for len(u.out) > 0 {
-		n, err := unix.Write(u.fd, u.out)
+		n, err := rawWrite(u.fd, u.out)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -628,7 +628,7 @@ const (
 // nothing more (idleQuiet), its next request (idleSpoke), or its FIN (idleClosed).
 func idleState(fd int) int {
 	var b [1]byte
-	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	n, err := rawPeek(fd, &b)
 	switch {
 	case errors.Is(err, unix.EAGAIN):
 		return idleQuiet
@@ -640,7 +640,7 @@ func idleState(fd int) int {
 
 // readUnasked reports whether an idle connection had bytes to read (not only its close).
 func (l *loop) readUnasked(u *upconn) bool {
-	n, _ := unix.Read(u.fd, l.rb[:1])
+	n, _ := rawRead(u.fd, l.rb[:1])
 	return n > 0
 }
 
@@ -648,7 +648,7 @@ func (l *loop) readUnasked(u *upconn) bool {
 func (l *loop) readUp(u *upconn) {
 	c := u.c
 	for !u.gone && c != nil && len(c.out) == 0 {
-		n, err := unix.Read(u.fd, l.rb)
+		n, err := rawRead(u.fd, l.rb)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -691,7 +691,7 @@ func (l *loop) readUp(u *upconn) {
 // flushClient writes what c still has to be sent.
 func (l *loop) flushClient(c *client) {
 	for len(c.out) > 0 && !c.gone {
-		n, err := unix.Write(c.fd, c.out)
+		n, err := rawWrite(c.fd, c.out)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
