@@ -180,8 +180,8 @@ func setErr(mu *sync.Mutex, dst *error, err error) {
 //	post     = first byte - bound_ns             listening → health gate passes → release → proxy → first byte
 //	overhead = TTFB - app = pre + post
 //
-// post is split at the moment the wake is logged as done ("woke": the gate passed, waiters about to be
-// released): bound-to-gate (health probing notices the app) and gate-to-first-byte (release, proxy
+// post is split at the moment the wake is logged as done ("woke": the gate passed, the waiters just
+// released, the first of them on its way upstream): bound-to-gate (health probing notices the app) and gate-to-first-byte (release, proxy
 // dial, the app's answer). spawn is the wake record's spawn phase (fork and exec).
 //
 // pre includes the cost of exec'ing the app and of its runtime initialising before main(), which is the

@@ -195,12 +195,15 @@ func TestWokeLogNamesTheWake(t *testing.T) {
 	if err := s.Apply(&registry.Config{Routes: []*registry.Route{testRoute("app")}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
 	if err := s.Wake(context.Background(), "app"); err != nil {
 		t.Fatal(err)
 	}
-	// status takes the instance's lock, under which the wake's end is logged: the line is written.
 	id := s.instance("app").status().LastWake.ID
+	// The line is written just after the waiters are released, by the wake's goroutine, which
+	// Shutdown waits for.
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(logs.String(), `"msg":"woke","route":"app","backing":"fake","wake_id":"`+id+`"`) {
 		t.Errorf("no woke line with wake_id %s in %s", id, logs.String())
 	}

@@ -16,6 +16,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -427,6 +428,11 @@ type framingListener struct {
 }
 
 func (l framingListener) Accept() (net.Conn, error) {
+	// net/http's Serve calls Accept right after it started the previous connection's goroutine, which
+	// waits on this P: yielding runs it here at once. Left waiting, it is stolen by an idle CPU woken
+	// for it, tens of microseconds later on a virtual machine, before its first request is read: a
+	// cold request's wake starts that much later.
+	runtime.Gosched()
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err

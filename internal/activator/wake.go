@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -208,9 +209,13 @@ func (in *instance) runWake(att *attempt, trig trigger) {
 	defer in.wg.Done()
 	out := in.wakeAndGate(att.rec, trig)
 	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.publishLocked(att, out)
+	woke := in.publishLocked(att, out)
 	in.maybeRetireLocked()
+	in.mu.Unlock()
+	if woke {
+		in.logger().Info("woke", "wake_id", out.rec.ID, "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
+			"joined", out.rec.Joined, "notes", out.rec.Notes)
+	}
 }
 
 // wakeOutcome is what the unlocked part of a wake found, for publishLocked to apply.
@@ -420,7 +425,7 @@ func wakeResult(trig trigger, awake bool, err error) string {
 
 // publishLocked applies a wake's outcome: Failed with a backoff, Asleep (an adopt that found nothing),
 // or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
-func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
+func (in *instance) publishLocked(att *attempt, out wakeOutcome) (woke bool) {
 	if out.err == nil && out.awake && in.checkErr != nil {
 		in.checkWokeLocked()
 	}
@@ -443,10 +448,16 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		in.holds = out.holds
 		in.awakeLocked(att, out.life)
 		close(att.done)
-		// The held requests are on their way; the log line and the metrics are not in their path.
-		if out.rec.Result == ResultOK {
-			in.logger().Info("woke", "wake_id", out.rec.ID, "trigger", out.rec.Trigger, "duration", out.rec.Duration, "phases", phaseAttr(out.rec.Phases),
-				"joined", out.rec.Joined, "notes", out.rec.Notes)
+		if att.waiters > 0 {
+			// The held requests are on their way, and need not the lock: the first of them waits to
+			// run on this CPU, which it gets now. Left waiting while this goroutine went on, it was
+			// stolen by an idle CPU woken for it, tens of microseconds later on a virtual machine.
+			runtime.Gosched()
+		}
+		// Not in their path: the watch on the tenant, the metrics, and the log line (runWake's,
+		// once the lock is let go).
+		in.watchAwakeLocked(att, out.life)
+		if woke = out.rec.Result == ResultOK; woke {
 			in.series.wakeDone(out.rec)
 		} else if out.rec.Trigger == string(triggerReload) || out.handedOver {
 			if in.ho != nil && !in.ho.since.IsZero() {
@@ -461,6 +472,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) {
 		}
 	}
 	in.endProgressLocked(att, out) // after the state: a page that reloads on ready finds the route awake
+	return woke
 }
 
 // checkWokeLocked clears what the host check found at start-up, now that the tenant woke: it (a BMC's
@@ -524,8 +536,7 @@ func (in *instance) failLocked(att *attempt, out wakeOutcome) {
 }
 
 // awakeLocked moves to Awake with the tenant's life: att's waiters are in flight from now on (they leave
-// without the lock), a watcher notices the tenant dying on its own, and with no waiters the idle clock
-// starts.
+// without the lock). watchAwakeLocked, under the same lock once they are released, does the rest.
 func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
 	att.life = life
 	in.fails = 0
@@ -535,6 +546,11 @@ func (in *instance) awakeLocked(att *attempt, life *tenant.Life) {
 	in.inflight += att.waiters + att.quiet
 	att.pending.Store(int64(att.waiters))
 	att.handedOver = true
+}
+
+// watchAwakeLocked is the rest of awakeLocked, done once the waiters are released: the backstop of
+// att's settling, the watch on the tenant, and the idle clock when no request came with the wake.
+func (in *instance) watchAwakeLocked(att *attempt, life *tenant.Life) {
 	if att.waiters == 0 {
 		att.settle()
 	} else {

@@ -322,8 +322,13 @@ func (g Group) killEach(ctx context.Context) error {
 
 // await waits until cgroup.events has key at want, watching the file with inotify (the kernel signals
 // every change to it as a modification). It gives up when ctx ends, or after DefaultWait when ctx has
-// no deadline.
+// no deadline. A group removed meanwhile is empty: a wait for populated 0 ends there without an
+// error. (The exec backing removes a tenant's group once it exits: a Kill racing that exit found the
+// group gone under its wait, and read ENODEV from cgroup.events.)
 func (g Group) await(ctx context.Context, key string, want int) error {
+	removed := func(err error) bool {
+		return key == "populated" && want == 0 && (errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV))
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultWait)
@@ -336,6 +341,9 @@ func (g Group) await(ctx context.Context, key string, want int) error {
 	defer unix.Close(fd)
 	path := filepath.Join(g.dir, "cgroup.events")
 	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_MODIFY); err != nil {
+		if removed(err) {
+			return nil
+		}
 		return fmt.Errorf("cgroup: watch %s: %w", path, err)
 	}
 	buf := make([]byte, 4096)
@@ -343,6 +351,9 @@ func (g Group) await(ctx context.Context, key string, want int) error {
 	for {
 		ev, err := g.events()
 		if err != nil {
+			if removed(err) {
+				return nil
+			}
 			return err
 		}
 		if ev[key] == want {

@@ -200,6 +200,25 @@ func TestAwaitBounded(t *testing.T) {
 	}
 }
 
+// A wait for an empty group ends without an error when the group is removed: Kill racing a tenant's
+// own exit, whose group the exec backing removes, read ENODEV from its cgroup.events (seen as a
+// flaky TestCloseKillsTenantsLeft). Another wait on a removed group is still an error.
+func TestAwaitRemovedGroup(t *testing.T) {
+	g := testGroup(t)
+	if err := g.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.await(t.Context(), "populated", 0); err != nil {
+		t.Errorf("await populated 0 on a removed group = %v, want nil", err)
+	}
+	if err := g.Kill(t.Context()); err != nil {
+		t.Errorf("Kill on a removed group = %v, want nil", err)
+	}
+	if err := g.await(t.Context(), "frozen", 1); err == nil {
+		t.Error("await frozen 1 on a removed group = nil, want an error")
+	}
+}
+
 func TestStatAndChildren(t *testing.T) {
 	g := testGroup(t)
 	kid := g.Child("kid")

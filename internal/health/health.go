@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/activator/activator/internal/registry"
@@ -270,8 +269,9 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 // (ErrGone), FailFastAfter consecutive probes are refused with the same client error (an error
 // wrapping ErrWrongPath; see refusal), or ctx ends (*GateError). A probe in flight when gone closes is
 // cut short, so ErrGone comes promptly even while a probe waits on an upstream that hangs; a probe
-// that passes before Wait sees gone closed still counts. A nil gone never closes. Wait starts no
-// goroutine that outlives it (the Pacer's belongs to the Pacer).
+// that passes before Wait sees gone closed still counts. A nil gone never closes. The goroutine Wait
+// starts to watch gone ends as Wait returns, or, when the gate passed, just after (its end and the
+// gate's lookups closing are left to it, out of the released requests' way).
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	_, err := p.wait(ctx, gone, false)
 	return err
@@ -300,31 +300,45 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 	)
 	// Probes run on pctx, which also ends when gone closes.
 	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var stop chan struct{} // closed to end the goroutine watching gone
 	if gone != nil {
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		defer wg.Wait()
-		defer close(stop)
-		wg.Go(func() {
+		stop = make(chan struct{})
+		go func() {
 			select {
 			case <-gone:
 				cancel()
 			case <-stop:
 			}
-		})
+		}()
 	}
 	// The fast phase pauses on the Pacer's ticks when there are any (tick.go); a gate joins them at
 	// its first pause, so one whose first probe passes costs nothing.
 	var precise, joined bool
+	// While nothing listens at a loopback upstream, probes are counted as refused without a dial. The
+	// lookups are opened after the first probe is refused: a tenant already listening (one whose socket
+	// the activator holds: listen_fds) never needs them.
+	var lc *listenCheck
+	passed := false
 	defer func() {
 		if precise {
 			p.pacer.leave()
 		}
+		end := func() {
+			if stop != nil {
+				close(stop)
+			}
+			lc.close()
+			cancel()
+		}
+		if !passed {
+			end()
+			return
+		}
+		// The gate passed: its caller releases the held requests next, and this is not in their way.
+		// (Each is a system call, or a goroutine made ready, which wakes an idle CPU: tens of
+		// microseconds on a virtual machine.)
+		go end()
 	}()
-	// While nothing listens at a loopback upstream, probes are counted as refused without a dial.
-	lc := p.listen.openCheck()
-	defer lc.close()
 	gateErr := func() (net.Conn, error) {
 		// ctx.Err() may still be nil when ended(ctx) saw the deadline pass before ctx's timer fired.
 		return nil, &GateError{Probes: probes, Last: last, Err: cmp.Or(ctx.Err(), context.DeadlineExceeded)}
@@ -334,7 +348,8 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		final := passes+1 >= p.cfg.Passes // only the probe that can pass the gate keeps its connection
 		var c net.Conn
 		var err error
-		if now := time.Now(); lc.skip(now) {
+		now := time.Now()
+		if lc.skip(now) {
 			err = p.listen.refused
 		} else {
 			c, err = p.probeConn(pctx, keep && final)
@@ -342,7 +357,12 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		}
 		if err == nil && final {
 			// The gate passes on this probe, even if gone closed meanwhile (see the doc above).
+			passed = true
 			return c, nil
+		}
+		if probes == 1 && err != nil {
+			lc = p.listen.openCheck()
+			lc.dialedAt(now)
 		}
 		if c != nil {
 			c.Close()

@@ -15,9 +15,10 @@ import (
 // While a gate waits for a tenant on a loopback TCP address, most of its probes are refused: nothing
 // listens yet. A refused connect costs tens of microseconds of CPU (a socket, a SYN through the
 // loopback stack, the RST, the close) every FastPause, on the host where the tenant is starting. So
-// before it dials, the gate asks the kernel whether anything listens there (listenSource: package
-// sockdiag's lookup, a few microseconds) and counts a probe as refused without dialing when nothing
-// does. A real dial still goes out at least every forceDial; one that reaches a listener the lookup
+// once its first probe is refused, the gate asks the kernel before each dial whether anything listens
+// there (listenSource: package sockdiag's lookup, a few microseconds) and counts a probe as refused
+// without dialing when nothing does. (The first probe dials at once: a tenant whose socket the
+// activator holds, listen_fds, answers it, and its gate opens no lookups.) A real dial still goes out at least every forceDial; one that reaches a listener the lookup
 // does not see (a NAT rule, a socket-lookup program) turns the lookups off for the Prober.
 
 // forceDial is the longest time a gate goes without a real dial while the lookups find nothing.
@@ -117,6 +118,14 @@ func (l *listenCheck) dialed(now time.Time, err error) {
 		l.st.off.Store(true)
 		l.src.Close()
 		l.src = nil
+	}
+}
+
+// dialedAt records that a real probe went out at now before the lookups were opened (the gate's
+// first, which dials without a lookup).
+func (l *listenCheck) dialedAt(now time.Time) {
+	if l != nil {
+		l.lastDial = now
 	}
 }
 
