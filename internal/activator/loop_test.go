@@ -183,3 +183,71 @@ func TestLoopConnectionCap(t *testing.T) {
 		t.Errorf("%d connections counted open, cap 1", st.Open)
 	}
 }
+
+// TestLoopSlowClientKeepsItsAnswer: a client whose socket does not take its answer at once gets the
+// rest whole, although the loop answers another client meanwhile. The loop makes each answer in one
+// buffer of its own (warmloop's ob), and a client it could not write all of to keeps a copy; without
+// the copy the other client's answers were written over the first one's rest.
+func TestLoopSlowClientKeepsItsAnswer(t *testing.T) {
+	// Larger than the socket buffers of a loopback connection: the loop's writes to the client that
+	// does not read stall part way through one of its reads from the tenant.
+	const size, others = 16 << 20, 40
+	big := make([]byte, size)
+	for i := range big {
+		big[i] = byte('a' + (i*7+i/4099)%26)
+	}
+	other := []byte(strings.Repeat("Z", 64<<10))
+	var n atomic.Int64
+	count := countingApp(&n)
+	g, _ := loopRig(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/big":
+			w.Header().Set("Content-Length", fmt.Sprint(size))
+			w.Write(big)
+		case "/other":
+			// As long as one read of the loop's, so that it is made over all of the loop's buffer.
+			w.Header().Set("Content-Length", fmt.Sprint(len(other)))
+			w.Write(other)
+		default:
+			count.ServeHTTP(w, r)
+		}
+	}), 0)
+	g.wake(t)
+	served := g.s.loops.Served()
+	slow := g.dial(t)
+	sbr := bufio.NewReader(slow)
+	// A connection's first request is net/http's; the loop takes the next.
+	if err := send(slow, "GET /first HTTP/1.1\nHost: app.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readReply(sbr, "GET"); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(slow, "GET /big HTTP/1.1\nHost: app.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	// Not read yet: the loop's writes to it stall. Another client's answers, meanwhile.
+	var reqs []string
+	for range others {
+		reqs = append(reqs, "GET /other HTTP/1.1\nHost: app.test")
+	}
+	for i, rep := range keepAlive(t, g, reqs...) {
+		if rep.code != 200 || rep.body != string(other) {
+			t.Fatalf("the other client's request %d: %d, %d bytes, want 200 and %d", i, rep.code, len(rep.body), len(other))
+		}
+	}
+	rep, err := readReply(sbr, "GET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.code != 200 || rep.body != string(big) {
+		at := 0
+		for at < min(len(rep.body), size) && rep.body[at] == big[at] {
+			at++
+		}
+		t.Fatalf("the slow client's answer: %d, %d bytes, differing from the tenant's from byte %d, want 200 and its %d bytes", rep.code, len(rep.body), at, size)
+	}
+	if got := g.s.loops.Served() - served; got != 40 {
+		t.Errorf("the loop served %d requests, want 40 (the big one and the other client's after its first)", got)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -191,11 +192,14 @@ type client struct {
 	owner Owner
 	in    []byte // read, not yet served
 	out   []byte // to write, when the socket took less
-	req   Request
-	n     int // length of req's head in in, while it is in progress
-	t     Target
-	up    *upconn
-	ans   Answer
+	// outLoop: out is in the loop's buffer (l.ob), as readUp made it; it is copied if the socket
+	// does not take it all, since the loop's next answer is made there.
+	outLoop bool
+	req     Request
+	n       int // length of req's head in in, while it is in progress
+	t       Target
+	up      *upconn
+	ans     Answer
 	// When the client's deadline falls: its head's (a request begun), its idle one, or the stalled
 	// write's; zero for none. The response's is on the upconn.
 	deadline time.Time
@@ -234,10 +238,17 @@ type loop struct {
 	inbox  []func()
 	closed bool
 	// The loop goroutine's own, below.
-	clients  map[int]*client
-	ups      map[int]*upconn
-	idle     map[Target][]*upconn
-	rb       []byte
+	clients map[int]*client
+	ups     map[int]*upconn
+	idle    map[Target][]*upconn
+	rb      []byte
+	// ob and ub are where an answer for a client and a request for an upstream are made, the
+	// loop's for whichever it serves next: a client or an upstream connection whose socket does not
+	// take it all keeps a copy of the rest. Buffers of each connection's own, emptied by reslicing
+	// as the socket took them, were made again for every request: about 500 bytes a request, a
+	// garbage collection every half second at 14k requests a second (pinned c16), each 1.5 to 2.6
+	// ms of wall clock on the one CPU the pinned benchmark gives the activator.
+	ob, ub   []byte
 	draining func() // called once no client is left, while draining
 	lastID   int32
 }
@@ -565,13 +576,17 @@ func (l *loop) send(c *client, u *upconn) {
 		return
 	}
 	c.up = u
-	u.out = AppendUpstreamHead(u.out[:0], &c.req, c.peer)
+	l.ub = AppendUpstreamHead(l.ub[:0], &c.req, c.peer)
+	u.out = l.ub
 	if d := c.t.ResponseTimeout(); d > 0 {
 		u.deadline = time.Now().Add(d)
 	} else {
 		u.deadline = time.Time{}
 	}
 	l.flushUp(u)
+	if len(u.out) > 0 {
+		u.out = slices.Clone(u.out) // the rest, for EPOLLOUT: l.ub serves the loop's next request
+	}
 }
 
 // flushUp writes what u still has to send.
@@ -666,8 +681,9 @@ func (l *loop) readUp(u *upconn) {
 			u.in = append(u.in, got...) // kept whole until the head is through: Finish needs it all
 		}
 		u.started = true
-		out, st := c.ans.Feed(c.out[:0], got, time.Now())
-		c.out = out
+		out, st := c.ans.Feed(l.ob[:0], got, time.Now())
+		l.ob = out
+		c.out, c.outLoop = out, true
 		switch st {
 		case AnswerNotPlain:
 			l.finish(c, u, false)
@@ -699,6 +715,9 @@ func (l *loop) flushClient(c *client) {
 			if l.lim.SendTimeout > 0 && c.deadline.IsZero() {
 				c.deadline, c.stalled, c.took = time.Now().Add(l.lim.SendTimeout), true, 0
 			}
+			if c.outLoop {
+				c.out, c.outLoop = slices.Clone(c.out), false // the rest, for EPOLLOUT: l.ob serves the next answer
+			}
 			return
 		case err != nil:
 			l.closeClient(c)
@@ -712,7 +731,7 @@ func (l *loop) flushClient(c *client) {
 		}
 	}
 	if len(c.out) == 0 {
-		c.out = c.out[:0:cap(c.out)]
+		c.out, c.outLoop = nil, false
 		if c.up != nil && c.up.unread {
 			c.up.unread = false
 			l.readUp(c.up)
