@@ -190,8 +190,9 @@ func serve(o serveOptions) int {
 	handler, ln := edgeParts(cfg, srv, edgeConns.Listener(edgeLn), limited(edgeConns, tlsLn), tlsEdge, tlsSet)
 	edge, resume := newEdgeServers(handler, srv, cfg.Edge, log)
 	edge.ConnState, resume.ConnState = edgeConns.ConnState, edgeConns.ResumedConnState // before watchEdge, which wraps it
-	if n := eventLoops(cfg.Edge.EventLoops); n > 0 {
-		if err := srv.EnableLoop(n, loopLimits(cfg.Edge), edgeConns.ResumedConnState); err != nil {
+	loops := eventLoops(cfg.Edge.EventLoops)
+	if loops > 0 {
+		if err := srv.EnableLoop(loops, loopLimits(cfg.Edge), edgeConns.ResumedConnState); err != nil {
 			log.Error("cannot start the event loops (edge.event_loops)", "err", err)
 			_ = srv.Shutdown(context.Background())
 			return 1
@@ -239,7 +240,7 @@ func serve(o serveOptions) int {
 	ap := tlsEdge.applier(adminApplier{applied, access})
 	triggers := watchReloads(log, o) // before "activator listening" and READY: see reloadTriggers
 	g.Go(reloader(gctx, log, o, bk, ap, cfg, triggers))
-	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, activated, cfg)...)
+	log.Info("activator listening", listeningAttrs(edgeLn, tlsLn, adminLn, activated, cfg, loops)...)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -388,14 +389,14 @@ func edgeParts(cfg *registry.Config, srv *activator.Server, plain, rawTLS net.Li
 
 // listeningAttrs are the "activator listening" record's attributes; socket_activated names the
 // listeners systemd passed in, when it passed any (their addresses are the socket units', whatever
-// the config says).
-func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]string, cfg *registry.Config) []any {
+// the config says), and event_loops is the count the edge started (eventLoops).
+func listeningAttrs(edge, edgeTLS, admin net.Listener, activated map[string]string, cfg *registry.Config, loops int) []any {
 	attrs := []any{"edge", edge.Addr().String()}
 	if edgeTLS != nil {
 		attrs = append(attrs, "edge_tls", edgeTLS.Addr().String())
 	}
 	attrs = append(attrs, "admin", admin.Addr().String(), "routes", len(cfg.Routes), "instances", len(cfg.Instances),
-		"event_loops", eventLoops(cfg.Edge.EventLoops))
+		"event_loops", loops)
 	var names []string
 	for _, n := range []string{"edge", "edge-tls", "admin"} {
 		if activated[n] != "" {

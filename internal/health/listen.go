@@ -18,8 +18,9 @@ import (
 // once its first probe is refused, the gate asks the kernel before each dial whether anything listens
 // there (listenSource: package sockdiag's lookup, a few microseconds) and counts a probe as refused
 // without dialing when nothing does. (The first probe dials at once: a tenant whose socket the
-// activator holds, listen_fds, answers it, and its gate opens no lookups.) A real dial still goes out at least every forceDial; one that reaches a listener the lookup
-// does not see (a NAT rule, a socket-lookup program) turns the lookups off for the Prober.
+// activator holds, listen_fds, answers it, and its gate opens no lookups.) A real dial still goes
+// out at least every forceDial; one that reaches a listener the lookup does not see (a NAT rule, a
+// socket-lookup program) turns the lookups off for the Prober.
 
 // forceDial is the longest time a gate goes without a real dial while the lookups find nothing.
 const forceDial = 2 * time.Millisecond
