@@ -423,6 +423,11 @@ func wakeResult(trig trigger, awake bool, err error) string {
 	return ResultAdoptAsleep
 }
 
+// yieldBelow bounds the releases after which the wake yields its CPU to the first released request
+// (publishLocked). A herd's release is bounded by the CPU, not by one handoff, and a yield would put
+// this goroutine, holding the instance's lock, behind thousands of runnable ones.
+const yieldBelow = 64
+
 // publishLocked applies a wake's outcome: Failed with a backoff, Asleep (an adopt that found nothing),
 // or Awake with every waiter moved to in flight. It closes att.done, which releases the waiters.
 func (in *instance) publishLocked(att *attempt, out wakeOutcome) (woke bool) {
@@ -448,7 +453,7 @@ func (in *instance) publishLocked(att *attempt, out wakeOutcome) (woke bool) {
 		in.holds = out.holds
 		in.awakeLocked(att, out.life)
 		close(att.done)
-		if att.waiters > 0 {
+		if att.waiters > 0 && att.waiters < yieldBelow {
 			// The held requests are on their way, and need not the lock: the first of them waits to
 			// run on this CPU, which it gets now. Left waiting while this goroutine went on, it was
 			// stolen by an idle CPU woken for it, tens of microseconds later on a virtual machine.
