@@ -54,6 +54,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/backend/exec/shim/native"
 	"github.com/activator/activator/internal/cgroup"
 	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/registry"
@@ -77,8 +78,9 @@ type Options struct {
 	// rate-limited: suppressed N lines" (keys route, stream, pid and suppressed) for the lines beyond
 	// it. Default: slog.Default().
 	Logger *slog.Logger
-	// Shim is the executable re-executed as the listen_fds shim (default: os.Executable()). It must
-	// link package shim, which every program importing this package does.
+	// Shim is the executable re-executed as the listen_fds shim where the native shim and /bin/sh are
+	// not used (default: os.Executable()). It must link package shim, which every program importing
+	// this package does.
 	Shim string
 	// SecretEnv returns the names of the environment variables that hold secrets (a Redfish route's
 	// password_env, the admin token's variable): none reaches a child through the activator's own
@@ -92,6 +94,9 @@ type Options struct {
 	// standbys counts the standbys waiting in all of a Provider's backends, for maxStandbys; set by
 	// Provider.Open. Nil: not counted (tests).
 	standbys *atomic.Int64
+	// native is the path of the native shim (package shim/native), which then starts every child that
+	// needs a shim; set by Provider.Open where the shim opened. "": /bin/sh or Shim.
+	native string
 }
 
 // The contract this backing keeps, checked by the compiler: were a method's signature to drift, the
@@ -117,6 +122,11 @@ type Provider struct {
 	live map[string]*Backend // route -> its latest Backend; closed ones are dropped by Usage
 	// checkRoot is the config's cgroup_root for Check before Contain (CheckRoot).
 	checkRoot string
+	// native is the native shim, opened for the first route that needs a shim (nativeLocked); nil
+	// before, or where it did not open (nativeErr says why).
+	native      *native.Shim
+	nativeErr   error
+	nativeTried bool
 }
 
 // NewProvider returns a Provider. Its backends use o.Containment until Contain sets one.
@@ -146,13 +156,34 @@ func (p *Provider) CheckRoot(root string) {
 	p.checkRoot = root
 }
 
-// Close releases the Containment (tenant.SharedCloser), after every Backend has been closed.
+// Close releases the Containment and the native shim (tenant.SharedCloser), after every Backend has
+// been closed.
 func (p *Provider) Close() error {
 	p.mu.Lock()
-	c := p.cont
-	p.cont = nil
+	c, n := p.cont, p.native
+	p.cont, p.native = nil, nil
 	p.mu.Unlock()
-	return c.Close()
+	return errors.Join(c.Close(), n.Close())
+}
+
+// nativeLocked opens the native shim on its first call and returns it, or nil where it did not open:
+// the exec backing then starts shims through /bin/sh or its own binary, as Options.Shim says, which
+// costs a listen_fds wake about 0.7 ms more. That is logged once, with why.
+func (p *Provider) nativeLocked() *native.Shim {
+	if !p.nativeTried {
+		p.nativeTried = true
+		p.native, p.nativeErr = native.Open()
+		switch {
+		case errors.Is(p.nativeErr, native.ErrUnsupported):
+		case p.nativeErr != nil:
+			log := p.opts.Logger
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("exec: the native shim is unavailable; listen_fds tenants and standbys start through /bin/sh or the activator's own binary instead", "err", p.nativeErr)
+		}
+	}
+	return p.native
 }
 
 // Open returns the Backend of r, whose Settings must be what Decode returned.
@@ -162,6 +193,11 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	o := p.opts
 	o.Containment = p.cont
 	o.standbys = &p.standbys
+	if s, ok := r.Settings.(*Settings); ok && s != nil && needsShim(s) {
+		if n := p.nativeLocked(); n != nil {
+			o.native = n.Path()
+		}
+	}
 	b, err := New(r, o)
 	if err != nil {
 		return nil, err
@@ -232,7 +268,8 @@ type Backend struct {
 	route    string
 	settings *Settings
 	upstream registry.Upstream
-	shim     string
+	shim     string          // the executable that keeps package shim's protocol: Options.native, or Options.Shim
+	native   bool            // shim is the native shim, which every shimmed child uses, without /bin/sh
 	secrets  func() []string // Options.SecretEnv; nil for none
 	cont     *Containment    // nil: process groups only
 	standbys *atomic.Int64   // Options.standbys
@@ -283,7 +320,10 @@ func New(r *registry.Route, o Options) (*Backend, error) {
 		standbys: o.standbys,
 		closing:  make(chan struct{}),
 	}
-	if (s.Listen == ListenFDs || s.Standby) && b.shim == "" {
+	if o.native != "" {
+		b.shim, b.native = o.native, true
+	}
+	if needsShim(s) && b.shim == "" {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("exec: listen_fds and standby need the activator's own executable as a shim: %w", err)
@@ -714,7 +754,7 @@ func (b *Backend) specLocked(gate *os.File) (spec, error) {
 			gateFD = 3 + len(sp.extra)
 			sp.extra = append(sp.extra, gate)
 		}
-		if sh := binSh(); sh != "" && s.Argv[0] == s.Path && shellSafeEnv(env) {
+		if sh := binSh(); !b.native && sh != "" && s.Argv[0] == s.Path && shellSafeEnv(env) {
 			sp.path = sh
 			sp.args = append([]string{"sh", "-c", shellShim(fds, gateFD), s.Path}, s.Argv[1:]...)
 		} else {
@@ -734,14 +774,20 @@ func (b *Backend) specLocked(gate *os.File) (spec, error) {
 	return sp, nil
 }
 
+// needsShim reports whether s's children start through a shim: listen_fds, to set LISTEN_PID, and
+// standbys, which wait at their gate.
+func needsShim(s *Settings) bool { return s.Listen == ListenFDs || s.Standby }
+
 // shellShim is the shim as a /bin/sh script. With a gate (a standby's pipe, at descriptor gate; 0:
 // none) it first reads a line from it, exiting with shim.Cancelled at end of file, and closes it; in
 // listen_fds mode it sets LISTEN_PID to the shell's pid, which exec keeps; then it execs the tenant ($0)
 // with its arguments.
 //
-// Why a shell when package shim exists: that shim is the activator's own 17 MB binary, whose exec and
-// Go runtime start cost about 2.4 ms per listen_fds wake here (page faults, mostly); dash costs about
-// 0.5 ms, and a waiting dash holds 0.1 MiB of its own where a waiting shim holds 1 MiB. The shell is used only
+// The native shim (package shim/native, about 0.1 ms) is preferred to both where it opened; this is
+// the fallback elsewhere. Why a shell when package shim exists: that shim is the activator's own 17 MB
+// binary, whose exec and Go runtime start cost about 2.4 ms per listen_fds wake here (page faults,
+// mostly); dash costs about 0.8 ms, and a waiting dash holds 0.1 MiB of its own where a waiting shim
+// holds 1 MiB. The shell is used only
 // where it changes nothing the tenant can see but PWD (which the shell sets to the working directory):
 // argv[0] must be the resolved path itself, since `exec "$0"` makes it so, and every environment name
 // must be one a POSIX shell passes on (dash drops others, such as "a.b" or "my-var"). Otherwise, or

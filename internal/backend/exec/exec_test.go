@@ -25,6 +25,7 @@ import (
 
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/backend/exec/shim/native"
 	"github.com/activator/activator/internal/demoapp"
 	"github.com/activator/activator/internal/foreign"
 	"github.com/activator/activator/internal/health"
@@ -179,21 +180,27 @@ func tempSocket(t testing.TB) registry.Upstream {
 
 func TestConformance(t *testing.T) {
 	cases := []struct {
-		name  string
-		up    func(t testing.TB) registry.Upstream
-		block string
+		name   string
+		up     func(t testing.TB) registry.Upstream
+		block  string
+		native bool // listen_fds through the native shim, as the Provider starts it; else /bin/sh or the Go shim
 	}{
-		{"tcp_env", testenv.FreeTCP, "listen: env\n"},
-		{"unix_env", tempSocket, ""},
-		{"tcp_listen_fds", testenv.FreeTCP, "listen: listen_fds\n"},
-		{"unix_listen_fds", tempSocket, "listen: listen_fds\n"},
+		{"tcp_env", testenv.FreeTCP, "listen: env\n", false},
+		{"unix_env", tempSocket, "", false},
+		{"tcp_listen_fds", testenv.FreeTCP, "listen: listen_fds\n", true},
+		{"unix_listen_fds", tempSocket, "listen: listen_fds\n", true},
+		{"tcp_listen_fds_shell", testenv.FreeTCP, "listen: listen_fds\n", false},
 		// A variable name no shell passes on: the activator's own binary is the shim instead of /bin/sh.
-		{"tcp_listen_fds_self_shim", testenv.FreeTCP, "listen: listen_fds\nenv: {demo.var: \"1\"}\n"},
+		{"tcp_listen_fds_self_shim", testenv.FreeTCP, "listen: listen_fds\nenv: {demo.var: \"1\"}\n", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			o := Options{Logger: testLogger(t)}
+			if c.native {
+				o.native = nativeShim(t)
+			}
 			backendtest.Run(t, func(t *testing.T) backendtest.Subject {
-				return newFixture(t, c.up(t), c.block).subject()
+				return newFixtureOpts(t, c.up(t), c.block, o).subject()
 			})
 		})
 	}
@@ -593,11 +600,25 @@ func TestProviderOpen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
-	if _, ok := b.(*Backend); !ok {
+	eb, ok := b.(*Backend)
+	if !ok {
 		t.Fatalf("Open returned %T", b)
+	}
+	// The Provider opens the native shim for the first route that needs a shim, where the platform
+	// has one, and Close releases it.
+	if nativeHere() {
+		if !eb.native || !strings.HasPrefix(eb.shim, "/proc/self/fd/") {
+			t.Errorf("a listen_fds Backend's shim is %q (native %v), want the Provider's native shim (%v)", eb.shim, eb.native, p.nativeErr)
+		}
 	}
 	if _, err := p.Open(&registry.Route{Name: "y", Settings: "not exec settings"}); err == nil {
 		t.Fatal("Open accepted a route without exec settings")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Readlink(eb.shim); eb.native && err == nil {
+		t.Errorf("the native shim %s is still open after the Provider's Close", eb.shim)
 	}
 }
 
@@ -643,9 +664,53 @@ func TestTailKeepsTheEnd(t *testing.T) {
 	}
 }
 
-// TestShimChoice: listen_fds children start through /bin/sh when that changes nothing they can see,
-// and through the activator's own binary otherwise.
+// nativeShim opens the native shim for one test and returns its path, or skips the test where the
+// platform has none.
+func nativeShim(t *testing.T) string {
+	t.Helper()
+	n, err := native.Open()
+	if errors.Is(err, native.ErrUnsupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n.Path()
+}
+
+// spec is the command line, environment and files of f's next child.
+func (f *fixture) spec(t *testing.T) spec {
+	t.Helper()
+	f.b.mu.Lock()
+	defer f.b.mu.Unlock()
+	sp, err := f.b.specLocked(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+// nativeHere reports whether this platform has a native shim (linux/amd64).
+func nativeHere() bool {
+	n, err := native.Open()
+	n.Close()
+	return !errors.Is(err, native.ErrUnsupported)
+}
+
+// TestShimChoice: listen_fds children start through the native shim where it opened, whatever their
+// environment and argv[0]; without it through /bin/sh when that changes nothing they can see, and
+// through the activator's own binary otherwise.
 func TestShimChoice(t *testing.T) {
+	t.Run("native", func(t *testing.T) {
+		path := nativeShim(t)
+		f := newFixtureOpts(t, testenv.FreeTCP(t), "listen: listen_fds\nenv: {my-var: \"1\"}\n", Options{Logger: testLogger(t), native: path})
+		f.b.settings.Argv = append([]string{"alias"}, f.b.settings.Argv[1:]...)
+		sp := f.spec(t)
+		if sp.path != path || sp.args[0] != shim.Arg0 || sp.args[1] != f.b.settings.Path || sp.args[2] != "alias" || !slices.Contains(sp.env, shim.Env+"="+shim.ModeListenFDs) {
+			t.Fatalf("shim %s %q env %q: want the native shim %s with package shim's argv and marker", sp.path, sp.args, sp.env, path)
+		}
+	})
 	if binSh() == "" {
 		t.Skip("no /bin/sh: the activator's own binary is always the shim")
 	}
@@ -660,12 +725,7 @@ func TestShimChoice(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, testenv.FreeTCP(t), c.block)
-			f.b.mu.Lock()
-			sp, err := f.b.specLocked(nil)
-			f.b.mu.Unlock()
-			if err != nil {
-				t.Fatal(err)
-			}
+			sp := f.spec(t)
 			want := c.sh && shellSafeEnv(inheritedEnv(nil)) // the test's own environment counts too
 			if got := sp.path == binSh(); got != want {
 				t.Fatalf("shim %s %q, want /bin/sh: %v", sp.path, sp.args, want)
@@ -678,13 +738,7 @@ func TestShimChoice(t *testing.T) {
 	// An argv[0] that is not the resolved path itself: exec "$0" would change what the tenant sees.
 	f := newFixture(t, testenv.FreeTCP(t), "listen: listen_fds\n")
 	f.b.settings.Argv = append([]string{"alias"}, f.b.settings.Argv[1:]...)
-	f.b.mu.Lock()
-	sp, err := f.b.specLocked(nil)
-	f.b.mu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sp.path == binSh() {
+	if sp := f.spec(t); sp.path == binSh() {
 		t.Fatalf("argv[0] %q differs from the path, yet the shim is /bin/sh", "alias")
 	}
 }

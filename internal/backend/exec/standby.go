@@ -8,22 +8,24 @@ import (
 	"slices"
 	"syscall"
 
+	"github.com/activator/activator/internal/backend/exec/shim/native"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
 
 // A standby (`standby: true`) is the route's next child, started with the route (Prepare, before its
-// first wake) and at each sleep, and stopped before its exec: the shim (/bin/sh, or package shim where a shell would change what the tenant sees) is cloned
-// into the tenant's next cgroup with the tenant's environment and files, and blocks reading a pipe, the
-// gate. A wake writes a line to the gate and the shim execs the tenant, keeping its pid. What a cold
-// wake then no longer does on its way to the tenant's exec is the cgroup's mkdir, the command line and
+// first wake) and at each sleep, and stopped before its exec: the shim (the native shim; without it
+// /bin/sh, or package shim where a shell would change what the tenant sees) is cloned into the
+// tenant's next cgroup with the tenant's environment and files, and blocks reading a pipe, the gate. A
+// wake writes a line to the gate and the shim execs the tenant, keeping its pid. What a cold wake then
+// no longer does on its way to the tenant's exec is the cgroup's mkdir, the command line and
 // environment, the pipes, the clone and the shim's own start (the kvm backing's standby QEMU is the
 // same idea).
 //
-// What it costs: while the route sleeps, one waiting process (a dash: 1.7 MiB RSS, 0.1 MiB of it its
-// own) in the tenant's cgroup, counted against its pids_max and memory_max; at most maxStandbys in one
-// activator. Like a running tenant, it holds a thread of the activator's only among the first
-// maxDedicated children (fork.go).
+// What it costs: while the route sleeps, one waiting process (the native shim: 16 KiB RSS; a dash:
+// 1.7 MiB, 0.1 MiB of it its own) in the tenant's cgroup, counted against its pids_max and
+// memory_max; at most maxStandbys in one activator. Like a running tenant, it holds a thread of the
+// activator's only among the first maxDedicated children (fork.go).
 //
 // What it changes nothing about: the foreign-listener check runs at the wake, as without a standby;
 // the secrets scrubbed from the environment are those of the wake (a standby started before a reload
@@ -171,8 +173,14 @@ func (p *Provider) Notes(_ context.Context, r *registry.Route) []string {
 	if !ok || s == nil || !s.Standby {
 		return nil
 	}
+	p.mu.Lock()
+	n := p.nativeLocked()
+	p.mu.Unlock()
 	holder := "the activator's shim"
-	if binSh() != "" && s.Argv[0] == s.Path {
+	switch {
+	case n != nil:
+		holder = "the native shim (" + native.Name + ", 16 KiB RSS)"
+	case binSh() != "" && s.Argv[0] == s.Path:
 		holder = "a /bin/sh (the activator's shim where the environment has names a shell does not pass on)"
 	}
 	return []string{"standby: while the route sleeps, " + holder + " waits in the tenant's next cgroup, one process; a wake lets it exec the tenant"}

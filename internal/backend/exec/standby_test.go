@@ -14,6 +14,7 @@ import (
 
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/backend/exec/shim"
+	"github.com/activator/activator/internal/backend/exec/shim/native"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
@@ -91,19 +92,24 @@ func TestStandby(t *testing.T) {
 		name, block string
 		cgroup      bool
 		gateFD      int
+		native      bool // the native shim is the standby, as the Provider starts it; else /bin/sh or the Go shim
 	}{
-		{"env", "listen: env\n", false, 3},
-		{"listen_fds", "listen: listen_fds\n", false, 4},
-		{"env in a cgroup", "listen: env\n", true, 3},
-		{"listen_fds in a cgroup", "listen: listen_fds\n", true, 4},
+		{"env", "listen: env\n", false, 3, true},
+		{"listen_fds", "listen: listen_fds\n", false, 4, true},
+		{"env in a cgroup", "listen: env\n", true, 3, true},
+		{"listen_fds in a cgroup", "listen: listen_fds\n", true, 4, true},
+		{"the shell", "listen: listen_fds\n", false, 4, false},
 		// A name no shell passes on: package shim is the standby.
-		{"the Go shim", "listen: env\nenv: {my-var: \"1\"}\n", false, 3},
+		{"the Go shim", "listen: env\nenv: {my-var: \"1\"}\n", false, 3, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var o Options
 			if c.cgroup {
 				o.Containment = contained(t)
+			}
+			if c.native {
+				o.native = nativeShim(t)
 			}
 			o.Logger = testLogger(t)
 			f := newFixtureOpts(t, testenv.FreeTCP(t), "standby: true\n"+c.block, o)
@@ -117,15 +123,24 @@ func TestStandby(t *testing.T) {
 			if sb == 0 || !alive(sb) {
 				t.Fatalf("after Sleep: standby pid %d, alive %v", sb, alive(sb))
 			}
-			// The standby is a shim: dash, or package shim (the test binary, as the activator's
-			// binary, links it) where the environment has a name no shell passes on.
+			// The standby is a shim: the native one; without it dash, or package shim (the test
+			// binary, as the activator's binary, links it) where the environment has a name no shell
+			// passes on. The native and Go shims read their mode from the environment.
 			arg0, wantArg0 := cmdline(t, sb)[0], "sh"
-			if strings.Contains(c.block, "my-var") || binSh() == "" {
+			if c.native || strings.Contains(c.block, "my-var") || binSh() == "" {
 				wantArg0 = shim.Arg0
-				if !slices.Contains(environ(t, sb), shim.Env+"="+shim.ModeExec) {
-					t.Errorf("the Go shim standby's environment lacks %s=%s", shim.Env, shim.ModeExec)
+				mode := shim.ModeExec
+				if strings.Contains(c.block, "listen_fds") {
+					mode = shim.ModeListenFDs
 				}
-			} else if got := exe(t, sb); got == self {
+				if !slices.Contains(environ(t, sb), shim.Env+"="+mode) {
+					t.Errorf("the standby's environment lacks %s=%s", shim.Env, mode)
+				}
+			}
+			switch got := exe(t, sb); {
+			case c.native && !strings.Contains(got, native.Name):
+				t.Errorf("the standby runs %s, want the native shim's memfd %s", got, native.Name)
+			case wantArg0 == "sh" && got == self:
 				t.Errorf("the shell standby runs the tenant's executable %s before any wake", got)
 			}
 			if arg0 != wantArg0 {
@@ -310,9 +325,14 @@ func TestStandbyPrepare(t *testing.T) {
 func TestStandbyNotes(t *testing.T) {
 	p := NewProvider(Options{})
 	on := &registry.Route{Name: "a", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true", Standby: true}}
-	if n := p.Notes(context.Background(), on); len(n) != 1 || !strings.HasPrefix(n[0], "standby: ") {
-		t.Errorf("Notes with standby = %q", n)
+	n := p.Notes(context.Background(), on)
+	if len(n) != 1 || !strings.HasPrefix(n[0], "standby: ") {
+		t.Fatalf("Notes with standby = %q", n)
 	}
+	if nativeHere() && !strings.Contains(n[0], "native shim") {
+		t.Errorf("Notes with standby = %q, want it to name the native shim that holds the standby", n)
+	}
+	p.Close()
 	off := &registry.Route{Name: "b", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true"}}
 	if n := p.Notes(context.Background(), off); n != nil {
 		t.Errorf("Notes without standby = %q", n)

@@ -7,35 +7,72 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/activator/activator/internal/backend/exec/shim/native"
 )
 
-func TestRunUsage(t *testing.T) {
-	var stderr bytes.Buffer
-	if code := Run([]string{Arg0}, nil, &stderr); code != 127 {
-		t.Errorf("Run without a command = %d, want 127", code)
-	}
-	if !strings.Contains(stderr.String(), "usage") {
-		t.Errorf("stderr %q does not say how to use it", stderr.String())
-	}
-}
-
-func TestRunExecFails(t *testing.T) {
-	var stderr bytes.Buffer
-	if code := Run([]string{Arg0, "/nonexistent/app", "app"}, nil, &stderr); code != 127 {
-		t.Errorf("Run of a missing program = %d, want 127", code)
-	}
-	if !strings.Contains(stderr.String(), "/nonexistent/app") {
-		t.Errorf("stderr %q does not name the program", stderr.String())
-	}
-}
-
-// TestShimEnv: the test binary, started as the shim, execs env(1), which must see LISTEN_PID equal
-// to its own pid (the shim's: exec keeps it) and must not see the shim marker or a stale LISTEN_PID.
-func TestShimEnv(t *testing.T) {
+// executables are the shims that keep this package's protocol: the test binary, which links this
+// package as the activator's binary does, and the native shim where it exists (linux/amd64). Each
+// process-level test below runs against both, so the two cannot drift apart.
+func executables(t *testing.T) map[string]string {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	shims := map[string]string{"go": self}
+	n, err := native.Open()
+	switch {
+	case errors.Is(err, native.ErrUnsupported):
+		t.Logf("no native shim here: %v", err)
+	case err != nil:
+		t.Fatalf("native.Open: %v", err)
+	default:
+		t.Cleanup(func() { n.Close() })
+		shims["native"] = n.Path()
+	}
+	return shims
+}
+
+// TestShimFails: started wrongly (no command) or on a program that does not exist, a shim exits with
+// status 127 and says why on stderr, naming the program.
+func TestShimFails(t *testing.T) {
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range []struct {
+				args []string
+				want []string
+			}{
+				{[]string{Arg0}, []string{Arg0 + ": usage"}},
+				{[]string{Arg0, "/nonexistent/app", "app"}, []string{"exec /nonexistent/app", "no such file or directory"}},
+			} {
+				cmd := exec.Command(path)
+				cmd.Args = c.args
+				cmd.Env = append(os.Environ(), Env+"=1")
+				out, err := cmd.CombinedOutput()
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 127 {
+					t.Errorf("%q: %v, want exit status 127", c.args, err)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(string(out), w) {
+						t.Errorf("%q: stderr %q lacks %q", c.args, out, w)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestShimEnv: each shim execs sh(1), which must see LISTEN_PID equal
+// to its own pid (the shim's: exec keeps it) and must not see the shim marker or a stale LISTEN_PID.
+func TestShimEnv(t *testing.T) {
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) { testShimEnv(t, path) })
+	}
+}
+
+func testShimEnv(t *testing.T, self string) {
 	sh, err := exec.LookPath("sh")
 	if err != nil {
 		t.Skip("no sh to print the tenant's pid")
@@ -68,10 +105,12 @@ func TestShimEnv(t *testing.T) {
 // Cancelled and exec nothing; a line makes it exec the tenant, which sees neither the gate's descriptor
 // nor the shim's variables, and in ModeExec the environment's LISTEN_PID untouched.
 func TestShimGate(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) { testShimGate(t, path) })
 	}
+}
+
+func testShimGate(t *testing.T, self string) {
 	sh, err := exec.LookPath("sh")
 	if err != nil {
 		t.Skip("no sh to print what the tenant sees")
