@@ -150,25 +150,25 @@ func validHost(h string) bool {
 // gate probes every FastPause while a tenant starts, and a client's dial and read goroutines per probe
 // were CPU taken from the tenant starting on the same cores.
 func (p *Prober) Probe(ctx context.Context) error {
-	_, err := p.probeConn(ctx, false)
+	_, _, err := p.probeConn(ctx, false, false)
 	return err
 }
 
 // probeConn is Probe; with keep set, it asks for a keep-alive answer and returns the connection of a
 // passing probe when it can be used again (the answer kept it alive and was read whole), else nil.
-func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
+// With lateOK set, a probe that its own timeout cut while it waited for the answer to a request that
+// went out whole returns that connection as waiting, still open, for lateAnswer; else waiting is nil.
+func (p *Prober) probeConn(ctx context.Context, keep, lateOK bool) (c net.Conn, waiting *upstream.Conn, err error) {
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	var c net.Conn
-	var err error
 	if p.cfg.TCP {
 		err = p.connect(pctx)
 	} else {
-		c, err = p.probe(pctx, keep)
+		c, waiting, err = p.probe(pctx, keep)
 	}
 	switch {
 	case err == nil:
-		return c, nil
+		return c, nil, nil
 	case !cut(err):
 		// The probe ran its course (refused, reset, an unwanted status): that is its result, even
 		// if ctx ended meanwhile.
@@ -177,8 +177,48 @@ func (p *Prober) probeConn(ctx context.Context, keep bool) (net.Conn, error) {
 		err = cmp.Or(ctx.Err(), context.DeadlineExceeded)
 	case ended(pctx):
 		err = fmt.Errorf("no answer within %v (the probe timeout): %w", p.cfg.Timeout, context.DeadlineExceeded)
+		if lateOK && waiting != nil {
+			return nil, waiting, p.wrap(err)
+		}
 	}
-	return nil, p.wrap(err)
+	if waiting != nil {
+		waiting.Close()
+	}
+	return nil, nil, p.wrap(err)
+}
+
+// lateAnswer waits, until ctx ends, for the answer to the probe whose connection probeConn returned
+// waiting, and sends the probe's result to the channel it returns (buffered: the goroutine never
+// blocks, and ends when ctx does); after a pass it calls cut. The connection is closed either way: a
+// late answer is not handed on.
+//
+// Why: the probe timeout cuts a probe that waits, and the next probe starts the tenant's work over on a
+// new connection. A tenant whose first answer takes a little longer than the timeout then answers
+// only a later probe, a whole timeout or more after it could have passed the gate: a guest restored
+// from a snapshot under TCG answered its first probe 190-240 ms after resuming, against the bench's
+// 250 ms timeout, and the rounds where it took longer took a timeout and another probe more. So the
+// first such probe goes on waiting beside the next ones, and whichever passes first passes the gate.
+func (p *Prober) lateAnswer(ctx context.Context, c *upstream.Conn, cut func()) <-chan error {
+	res := make(chan error, 1)
+	go func() {
+		// The probe's cut set a deadline in the past; ctx bounds the wait from now.
+		_ = c.SetDeadline(time.Time{})
+		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+		defer stop()
+		resp, _, err := c.Answer()
+		if err != nil {
+			c.Close()
+			res <- p.wrap(err)
+			return
+		}
+		if _, err := p.judge(c, resp, false, stop); err != nil { // judge closes c
+			res <- p.wrap(err)
+			return
+		}
+		res <- nil
+		cut() // the probe in flight, if any: the gate has what it waits for
+	}()
+	return res
 }
 
 // wrap words a failed probe's error: what was tried, then why it failed.
@@ -222,19 +262,15 @@ const maxProbeBody = 64 << 10
 
 // probe makes one probe. Its connection is an upstream.Conn and the exchange is the upstream pool's
 // own (Conn.Get), so a kept connection goes to the pool (Client.Adopt) with the reader that read the
-// answer, and the pool's checks of it are the probe's.
-func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
+// answer, and the pool's checks of it are the probe's. When the probe fails while it waits for the
+// answer to a request that went out whole, waiting is its connection, left open for probeConn to judge
+// (which closes it or hands it to lateAnswer); else every connection but a kept one is closed.
+func (p *Prober) probe(ctx context.Context, keep bool) (_ net.Conn, waiting *upstream.Conn, _ error) {
 	nc, err := p.up.Dial(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c := upstream.NewConn(nc)
-	kept := false
-	defer func() {
-		if !kept {
-			c.Close()
-		}
-	}()
 	// ctx ending (timeout, the caller, or the tenant gone) cuts a probe that waits on a hanging
 	// tenant.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
@@ -244,23 +280,36 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 		req = p.keepReq
 	}
 	// Informational answers (100 Continue, 103 Early Hints) before the real one are passed over.
-	resp, err := c.Get(req)
+	resp, sent, err := c.Get(req)
 	if err != nil {
-		return nil, err
+		if sent {
+			return nil, c, err
+		}
+		c.Close()
+		return nil, nil, err
 	}
+	kept, err := p.judge(c, resp, keep, stop)
+	return kept, nil, err
+}
+
+// judge reads the answer resp on c and judges its status. With keep, it returns c when the connection
+// can carry another request; otherwise, and on failure, it closes c. stop is the cut's registration on
+// the probe's context, to tell whether it fired.
+func (p *Prober) judge(c *upstream.Conn, resp *http.Response, keep bool, stop func() bool) (net.Conn, error) {
 	n, rerr := io.Copy(io.Discard, io.LimitReader(resp.Body, maxProbeBody+1))
 	resp.Body.Close()
 	if resp.StatusCode < p.cfg.MinStatus || resp.StatusCode > p.cfg.MaxStatus {
+		c.Close()
 		return nil, &statusError{code: resp.StatusCode, min: p.cfg.MinStatus, max: p.cfg.MaxStatus}
 	}
 	// Keep the connection only when it is clean: the answer read whole, nothing after it, the tenant
 	// willing to keep it, and ctx's deadline not fired on it (stop reports whether it was).
 	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && c.Clean() && stop() {
 		if c.SetDeadline(time.Time{}) == nil {
-			kept = true
 			return c, nil
 		}
 	}
+	c.Close()
 	return nil, nil
 }
 
@@ -269,9 +318,11 @@ func (p *Prober) probe(ctx context.Context, keep bool) (net.Conn, error) {
 // (ErrGone), FailFastAfter consecutive probes are refused with the same client error (an error
 // wrapping ErrWrongPath; see refusal), or ctx ends (*GateError). A probe in flight when gone closes is
 // cut short, so ErrGone comes promptly even while a probe waits on an upstream that hangs; a probe
-// that passes before Wait sees gone closed still counts. A nil gone never closes. The goroutine Wait
-// starts to watch gone ends as Wait returns, or, when the gate passed, just after (its end and the
-// gate's lookups closing are left to it, out of the released requests' way).
+// that passes before Wait sees gone closed still counts. A nil gone never closes. The first probe its
+// timeout cuts while it waits for the answer goes on waiting beside the next ones, and passes the gate
+// if it is answered first (lateAnswer). The goroutines Wait starts (to watch gone, and the late
+// probe's) end as Wait returns, or, when the gate passed, just after (their end and the gate's
+// lookups closing are left to them, out of the released requests' way).
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	_, err := p.wait(ctx, gone, false)
 	return err
@@ -282,7 +333,7 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 // route's proxy for the first released request, saving it a dial and the tenant an accept. Only a
 // probe that can pass the gate asks for keep-alive; the connections of the others are closed. The
 // caller owns the returned connection. In TCP mode the connection is always nil: each probe's is
-// closed at once.
+// closed at once; so it is when a late probe passed the gate.
 func (p *Prober) WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error) {
 	return p.wait(ctx, gone, true)
 }
@@ -318,6 +369,25 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 	// lookups are opened after the first probe is refused: a tenant already listening (one whose socket
 	// the activator holds: listen_fds) never needs them.
 	var lc *listenCheck
+	// late is the result of the one probe that its timeout cut while it waited for its answer, and
+	// that goes on waiting (lateAnswer) while later probes run on lctx, which its pass cancels; nil
+	// when there is none. A late pass counts as a probe that passed when it comes; a late failure says
+	// less than the probes made since, and is dropped.
+	var (
+		late    <-chan error
+		lctx    = pctx
+		lcancel = func() {}
+	)
+	lateCame := func(err error) (pass bool) {
+		late, lctx = nil, pctx
+		lcancel()
+		if err != nil {
+			return false
+		}
+		passes++
+		last = nil
+		return passes >= p.cfg.Passes
+	}
 	passed := false
 	defer func() {
 		if precise {
@@ -343,6 +413,7 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		// ctx.Err() may still be nil when ended(ctx) saw the deadline pass before ctx's timer fired.
 		return nil, &GateError{Probes: probes, Last: last, Err: cmp.Or(ctx.Err(), context.DeadlineExceeded)}
 	}
+probing:
 	for {
 		probes++
 		final := passes+1 >= p.cfg.Passes // only the probe that can pass the gate keeps its connection
@@ -352,13 +423,30 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		if lc.skip(now) {
 			err = p.listen.refused
 		} else {
-			c, err = p.probeConn(pctx, keep && final)
+			var waiting *upstream.Conn
+			c, waiting, err = p.probeConn(lctx, keep && final, late == nil)
+			if waiting != nil {
+				lctx, lcancel = context.WithCancel(pctx)
+				late = p.lateAnswer(pctx, waiting, lcancel)
+			}
 			lc.dialed(now, err)
 		}
 		if err == nil && final {
 			// The gate passes on this probe, even if gone closed meanwhile (see the doc above).
 			passed = true
 			return c, nil
+		}
+		select {
+		case lerr := <-late:
+			// The late probe's pass cut this one.
+			if lateCame(lerr) {
+				if c != nil {
+					c.Close()
+				}
+				passed = true
+				return nil, nil
+			}
+		default:
 		}
 		if probes == 1 && err != nil {
 			lc = p.listen.openCheck()
@@ -429,6 +517,12 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 					return nil, ErrGone
 				case <-ctx.Done():
 					return gateErr()
+				case lerr := <-late:
+					if lateCame(lerr) {
+						passed = true
+						return nil, nil
+					}
+					continue probing
 				case <-tick:
 				}
 			}
@@ -451,6 +545,13 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 			return nil, ErrGone
 		case <-ctx.Done():
 			return gateErr()
+		case lerr := <-late:
+			if lateCame(lerr) {
+				passed = true
+				return nil, nil
+			}
+			// A probe comes next, as after the pause: the timer is reset or drained before its next
+			// use (Go's timers since 1.23 drop a stale tick on Reset).
 		case <-timer.C:
 		}
 	}

@@ -59,7 +59,7 @@ func FuzzProbe(f *testing.F) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			c, err := p.probeConn(context.Background(), keep)
+			c, _, err := p.probeConn(context.Background(), keep, false)
 			done <- result{c, err}
 		}()
 		var res result

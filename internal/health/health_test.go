@@ -684,3 +684,76 @@ func TestWaitConn(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitLateAnswer: a tenant that answers its first probe later than the probe timeout passes the
+// gate with that answer, while the probes after it hang: the first probe that timed out waiting goes
+// on waiting beside them (a guest restored under TCG answered in 190-240 ms against a 250 ms
+// timeout). A late failure is dropped, and a later probe passes the gate. Which probe answers is set
+// by events: the first answer is released once a second probe has arrived.
+func TestWaitLateAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first int // the late answer's status
+		keep  bool
+	}{
+		{"late pass", http.StatusOK, false},
+		{"late pass, WaitConn", http.StatusOK, true},
+		{"late failure", http.StatusServiceUnavailable, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var hits atomic.Int64
+			second := make(chan struct{})
+			release := make(chan struct{})
+			hang := make(chan struct{})
+			up := tcpServer(t, func(w http.ResponseWriter, r *http.Request) {
+				switch hits.Add(1) {
+				case 1:
+					<-release
+					w.WriteHeader(c.first)
+				case 2:
+					close(second)
+					<-hang
+				default:
+					if c.first == http.StatusOK {
+						<-hang // only the late answer can pass the gate
+					}
+					w.WriteHeader(http.StatusOK)
+				}
+			})
+			t.Cleanup(func() { close(hang) }) // before the server's Close, which waits for handlers
+			p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = 20 * time.Millisecond }))
+			res := make(chan error, 1)
+			var conn net.Conn
+			var wg sync.WaitGroup
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(func() {
+				cancel()
+				wg.Wait()
+			})
+			wg.Go(func() {
+				var err error
+				if c.keep {
+					conn, err = p.WaitConn(ctx, nil)
+				} else {
+					err = p.Wait(ctx, nil)
+				}
+				res <- err
+			})
+			select {
+			case <-second:
+			case err := <-res:
+				t.Fatalf("Wait() = %v before a second probe", err)
+			}
+			close(release)
+			if err := await(t, res); err != nil {
+				t.Fatalf("Wait() = %v, want the gate passed", err)
+			}
+			if c.first == http.StatusOK && conn != nil {
+				t.Error("WaitConn handed on the late probe's connection")
+			}
+			if conn != nil {
+				conn.Close()
+			}
+		})
+	}
+}

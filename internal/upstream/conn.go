@@ -193,10 +193,21 @@ func (x connIO) Write(b []byte) (int, error) {
 
 // Get writes head, the complete head of a request without a body (request line, fields and the empty
 // line), and reads the answer's head, passing over informational answers. The answer's body reads from
-// c. Get sets no deadline: the caller bounds it (SetDeadline).
-func (c *Conn) Get(head []byte) (*http.Response, error) {
-	resp, _, err := c.exchange(nil, func(bw *bufio.Writer) { _, _ = bw.Write(head) }, nil, nil)
-	return resp, err
+// c. Get sets no deadline: the caller bounds it (SetDeadline). On failure, waiting reports that head
+// went out whole and no byte of the answer had come: the request is still the upstream's to answer,
+// and Answer may wait on for it (after a new deadline).
+func (c *Conn) Get(head []byte) (resp *http.Response, waiting bool, err error) {
+	_, _ = c.bw.Write(head)
+	if sent, err := c.sendAwaiting(); err != nil {
+		return nil, sent, err
+	}
+	return c.Answer()
+}
+
+// Answer reads the answer to the request Get sent, as Get does; after a Get that failed waiting, it
+// goes on waiting. waiting is as Get's.
+func (c *Conn) Answer() (resp *http.Response, waiting bool, err error) {
+	return c.exchange(nil, func(*bufio.Writer) {}, nil, nil)
 }
 
 // Clean reports whether nothing the upstream sent is buffered unread: after an answer read to its end,
@@ -251,30 +262,32 @@ func (c *Conn) peekFD(fd uintptr) {
 // forgetting: readiness can come only from the answer, and the wait that follows does not miss it. One
 // system call less per request, about a tenth of those the edge makes for one. What does not go out
 // whole at once (a socket buffer full) is written by the blocking path, and so is everything on a
-// connection that is not a socket.
-func (c *Conn) sendAwaiting() error {
+// connection that is not a socket. sent reports that the request went out whole, also when the wait
+// for the answer then failed (its deadline).
+func (c *Conn) sendAwaiting() (sent bool, err error) {
 	if c.raw == nil {
-		return c.bw.Flush()
+		err := c.bw.Flush()
+		return err == nil, err
 	}
 	c.deferred, c.pending, c.sendErr = true, nil, nil
-	err := c.bw.Flush()
+	err = c.bw.Flush()
 	c.deferred = false
 	if err != nil || c.pending == nil {
-		return err
+		return err == nil, err
 	}
 	err = c.raw.Read(c.sendFn)
 	rest := c.pending
 	c.pending = nil
 	switch {
 	case c.sendErr != nil:
-		return c.sendErr
+		return false, c.sendErr
 	case err != nil && !c.graceOver(err):
-		return err
+		return len(rest) == 0, err
 	case len(rest) > 0:
 		_, err = connIO{c}.Write(rest)
-		return err
+		return err == nil, err
 	}
-	return nil
+	return true, nil
 }
 
 // sendFD is sendAwaiting's turn on the socket fd: it writes what is pending and asks for the wait
@@ -316,7 +329,7 @@ const maxInformational = 10
 // body are the connection's own, valid until it carries another request.
 func (c *Conn) exchange(req *http.Request, write func(*bufio.Writer), got1xx func(int, http.Header) error, dst http.Header) (resp *http.Response, beforeAnswer bool, err error) {
 	write(c.bw)
-	if err := c.sendAwaiting(); err != nil {
+	if _, err := c.sendAwaiting(); err != nil {
 		return nil, true, err
 	}
 	// Bytes the reader already holds are not counted: a connection carries a request only with none

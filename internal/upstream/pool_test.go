@@ -174,7 +174,7 @@ func TestAdopt(t *testing.T) {
 		}
 		<-ev.opened
 		conn := NewConn(nc)
-		resp, err := conn.Get([]byte("GET /healthz HTTP/1.1\r\nHost: app.test\r\n\r\n"))
+		resp, _, err := conn.Get([]byte("GET /healthz HTTP/1.1\r\nHost: app.test\r\n\r\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,26 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
+
+// tcpPair is both ends of a loopback TCP connection, closed at cleanup.
+func tcpPair(t *testing.T) (client, srv net.Conn) {
+	t.Helper()
+	ln := listen(t)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	srv, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return client, srv
+}
 
 // TestSendAwaitingFullSocket: a request whose last bytes meet a full socket buffer (sendFD's EAGAIN)
 // is written whole by the blocking path, and the answer is read: the upstream gets the request's
@@ -17,18 +36,7 @@ import (
 // followed by the wait (sendFD asking for it). The socket buffer is filled before the exchange, and
 // the upstream reads only once sendFD has had its first turn.
 func TestSendAwaitingFullSocket(t *testing.T) {
-	ln := listen(t)
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	client, srv := tcpPair(t)
 	_ = client.(*net.TCPConn).SetWriteBuffer(4096)
 	_ = srv.(*net.TCPConn).SetReadBuffer(4096)
 
@@ -74,7 +82,7 @@ func TestSendAwaitingFullSocket(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		resp, err := c.Get([]byte(head))
+		resp, _, err := c.Get([]byte(head))
 		if err != nil {
 			got <- result{err: err}
 			return
@@ -108,7 +116,7 @@ func TestSendAwaitingFullSocket(t *testing.T) {
 	// The same connection carries the next request.
 	first = true
 	go func() {
-		resp, err := c.Get([]byte("GET /y HTTP/1.1\r\nHost: a\r\n\r\n"))
+		resp, _, err := c.Get([]byte("GET /y HTTP/1.1\r\nHost: a\r\n\r\n"))
 		if err != nil {
 			got <- result{err: err}
 			return
@@ -127,5 +135,69 @@ func TestSendAwaitingFullSocket(t *testing.T) {
 	}
 	if len(turns) != 2 || !turns[0] || turns[1] {
 		t.Fatalf("first turns (true: part left for the blocking path) = %v, want [true false]", turns)
+	}
+}
+
+// TestGetThenAnswer: a Get whose deadline cuts the wait after the request went out reports waiting,
+// and Answer, after a new deadline, reads the answer the upstream sends later; the request reaches the
+// upstream once. A Get cut while the answer's head is half read does not report waiting.
+func TestGetThenAnswer(t *testing.T) {
+	client, srv := tcpPair(t)
+	c := NewConn(client)
+	br := bufio.NewReader(srv)
+
+	// The deadline is set once the upstream has the request: the wait for the answer ends.
+	type result struct {
+		resp    *http.Response
+		waiting bool
+		err     error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, waiting, err := c.Get([]byte("GET /late HTTP/1.1\r\nHost: a\r\n\r\n"))
+		got <- result{resp, waiting, err}
+	}()
+	req, err := http.ReadRequest(br)
+	if err != nil || req.URL.Path != "/late" {
+		t.Fatalf("the upstream read %v, %v; want GET /late", req, err)
+	}
+	_ = c.SetDeadline(time.Unix(1, 0))
+	if r := <-got; r.err == nil || !r.waiting || r.resp != nil {
+		t.Fatalf("Get cut by its deadline = %v, waiting %v, %v; want a timeout while waiting", r.resp, r.waiting, r.err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(srv, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+		t.Fatal(err)
+	}
+	resp, _, err := c.Answer()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("Answer = %v, %v; want the late 200", resp, err)
+	}
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "ok" {
+		t.Fatalf("body %q, %v", b, err)
+	}
+	if n := br.Buffered(); n != 0 {
+		t.Errorf("the upstream got %d bytes more than one request", n)
+	}
+
+	// Half an answer's head, then the deadline: not waiting (the answer is spoiled). Over a pipe, so
+	// that the upstream's write returns only once the client has read the half head.
+	pc, ps := net.Pipe()
+	defer pc.Close()
+	defer ps.Close()
+	c = NewConn(pc)
+	go func() {
+		resp, waiting, err := c.Get([]byte("GET /again HTTP/1.1\r\nHost: a\r\n\r\n"))
+		got <- result{resp, waiting, err}
+	}()
+	if _, err := http.ReadRequest(bufio.NewReader(ps)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(ps, "HTTP/1.1 200 OK\r\nContent-"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Unix(1, 0))
+	if r := <-got; r.err == nil || r.waiting {
+		t.Fatalf("Get cut mid-head: waiting %v, %v; want an error without waiting", r.waiting, r.err)
 	}
 }
