@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/fleet"
-	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/upstream"
@@ -446,19 +445,7 @@ func (v *fleetView) gateMember(ctx context.Context, m *fleetMember, t *tracker, 
 		gate = v.newGate(v.routes[m.index])
 		v.gates[m.index] = gate
 	}
-	var err error
-	if cg, ok := gate.(ConnGate); ok {
-		var c net.Conn
-		if c, err = cg.WaitConn(ctx, life.Done()); c != nil {
-			v.client(m).Adopt(c)
-		}
-	} else {
-		err = gate.Wait(ctx, life.Done())
-	}
-	if errors.Is(err, health.ErrGone) {
-		err = fmt.Errorf("%w: %w", err, life.Err())
-	}
-	return err
+	return waitGate(ctx, gate, t, life, func(c net.Conn) { v.client(m).Adopt(c) })
 }
 
 // memberUp makes m, up in wake w, ready and watches its life: a member that stops on its own leaves

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -618,4 +619,39 @@ func TestAdmitQueuesInOrder(t *testing.T) {
 		}
 		d2()
 	})
+}
+
+// TestLateGateNoted: a gate that passes on the answer to a probe its timeout had cut says so in the
+// wake's record, naming health.timeout, so that the operator sees the timeout is shorter than the
+// tenant's first answer. The tenant answers its first probe once a second one has come, and no other.
+func TestLateGateNoted(t *testing.T) {
+	var hits atomic.Int64
+	second, hang := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch hits.Add(1) {
+		case 1:
+			<-second
+		case 2:
+			close(second)
+			<-hang
+		default:
+			<-hang
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hang) }) // before the server's Close, which waits for its handlers
+	r := testRoute("app")
+	r.Upstream.Address = srv.Listener.Addr().String()
+	r.Health.Timeout = 20 * time.Millisecond
+	r.Health.Interval = 5 * time.Millisecond
+	_, in := newTestServer(t, &fakeBackend{}, health.New(r.Upstream, r.Health), func(rt *registry.Route) { *rt = *r })
+	rel, err := in.acquire(context.Background(), triggerRequest)
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	rel()
+	st := in.status()
+	if st.LastWake == nil || !slices.ContainsFunc(st.LastWake.Notes, func(n string) bool { return strings.Contains(n, "health.timeout (20ms) had cut") }) {
+		t.Fatalf("the wake's record %+v does not say the gate passed on a late answer", st.LastWake)
+	}
 }

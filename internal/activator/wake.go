@@ -377,14 +377,22 @@ func (in *instance) gate(ctx context.Context, rec *tracker, life *tenant.Life) e
 	if in.prober == nil {
 		in.prober = in.newGate()
 	}
+	return waitGate(ctx, in.prober, rec, life, in.adoptUpstream)
+}
+
+// waitGate waits for gate to pass while life goes on, notes in rec what the gate says of how it passed
+// (health.WithNote), and gives adopt the passing probe's connection when the gate hands one over
+// (ConnGate). A tenant gone meanwhile fails it with health.ErrGone and the Life's error.
+func waitGate(ctx context.Context, gate Gate, rec *tracker, life *tenant.Life, adopt func(net.Conn)) error {
+	ctx = health.WithNote(ctx, rec.Note)
 	var err error
-	if cg, ok := in.prober.(ConnGate); ok {
+	if cg, ok := gate.(ConnGate); ok {
 		var c net.Conn
 		if c, err = cg.WaitConn(ctx, life.Done()); c != nil {
-			in.adoptUpstream(c)
+			adopt(c)
 		}
 	} else {
-		err = in.prober.Wait(ctx, life.Done())
+		err = gate.Wait(ctx, life.Done())
 	}
 	if errors.Is(err, health.ErrGone) {
 		err = fmt.Errorf("%w: %w", err, life.Err())

@@ -198,8 +198,8 @@ func (p *Prober) probeConn(ctx context.Context, keep, lateOK bool) (c net.Conn, 
 // from a snapshot under TCG answered its first probe 190-240 ms after resuming, against the bench's
 // 250 ms timeout, and the rounds where it took longer took a timeout and another probe more. So the
 // first such probe goes on waiting beside the next ones, and whichever passes first passes the gate.
-func (p *Prober) lateAnswer(ctx context.Context, c *upstream.Conn, cut func()) <-chan error {
-	res := make(chan error, 1)
+func (p *Prober) lateAnswer(ctx context.Context, c *upstream.Conn, began time.Time, cut func()) <-chan lateResult {
+	res := make(chan lateResult, 1)
 	go func() {
 		// The probe's cut set a deadline in the past; ctx bounds the wait from now.
 		_ = c.SetDeadline(time.Time{})
@@ -208,17 +208,41 @@ func (p *Prober) lateAnswer(ctx context.Context, c *upstream.Conn, cut func()) <
 		resp, _, err := c.Answer()
 		if err != nil {
 			c.Close()
-			res <- p.wrap(err)
+			res <- lateResult{err: p.wrap(err)}
 			return
 		}
+		after := time.Since(began)
 		if _, err := p.judge(c, resp, false, stop); err != nil { // judge closes c
-			res <- p.wrap(err)
+			res <- lateResult{err: p.wrap(err)}
 			return
 		}
-		res <- nil
+		res <- lateResult{after: after}
 		cut() // the probe in flight, if any: the gate has what it waits for
 	}()
 	return res
+}
+
+// lateResult is a late probe's: its error, or, when it passed, how long after it began it was answered.
+type lateResult struct {
+	err   error
+	after time.Duration
+}
+
+// noteKey is the context key of WithNote's function.
+type noteKey struct{}
+
+// WithNote returns ctx carrying note, which Wait and WaitConn on it call with what the operator should
+// know of how the gate passed (the activator puts it in the wake's record): a pass on the answer to a
+// probe its timeout had cut, which says the timeout is shorter than the tenant's first answer.
+func WithNote(ctx context.Context, note func(string)) context.Context {
+	return context.WithValue(ctx, noteKey{}, note)
+}
+
+// note calls ctx's WithNote function, if any, with msg.
+func note(ctx context.Context, msg string) {
+	if f, ok := ctx.Value(noteKey{}).(func(string)); ok && f != nil {
+		f(msg)
+	}
 }
 
 // wrap words a failed probe's error: what was tried, then why it failed.
@@ -374,19 +398,24 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 	// when there is none. A late pass counts as a probe that passed when it comes; a late failure says
 	// less than the probes made since, and is dropped.
 	var (
-		late    <-chan error
+		late    <-chan lateResult
 		lctx    = pctx
 		lcancel = func() {}
 	)
-	lateCame := func(err error) (pass bool) {
+	lateCame := func(r lateResult) (pass bool) {
 		late, lctx = nil, pctx
 		lcancel()
-		if err != nil {
+		if r.err != nil {
 			return false
 		}
 		passes++
 		last = nil
-		return passes >= p.cfg.Passes
+		if passes < p.cfg.Passes {
+			return false
+		}
+		note(ctx, fmt.Sprintf("the health gate passed on the answer to a probe that health.timeout (%v) had cut: it came %v after the probe began; a health.timeout above the tenant's first answer saves the probes in between",
+			p.cfg.Timeout, r.after.Round(time.Millisecond)))
+		return true
 	}
 	passed := false
 	defer func() {
@@ -427,7 +456,7 @@ probing:
 			c, waiting, err = p.probeConn(lctx, keep && final, late == nil)
 			if waiting != nil {
 				lctx, lcancel = context.WithCancel(pctx)
-				late = p.lateAnswer(pctx, waiting, lcancel)
+				late = p.lateAnswer(pctx, waiting, now, lcancel)
 			}
 			lc.dialed(now, err)
 		}
@@ -437,9 +466,9 @@ probing:
 			return c, nil
 		}
 		select {
-		case lerr := <-late:
+		case r := <-late:
 			// The late probe's pass cut this one.
-			if lateCame(lerr) {
+			if lateCame(r) {
 				if c != nil {
 					c.Close()
 				}
@@ -517,8 +546,8 @@ probing:
 					return nil, ErrGone
 				case <-ctx.Done():
 					return gateErr()
-				case lerr := <-late:
-					if lateCame(lerr) {
+				case r := <-late:
+					if lateCame(r) {
 						passed = true
 						return nil, nil
 					}
@@ -545,8 +574,8 @@ probing:
 			return nil, ErrGone
 		case <-ctx.Done():
 			return gateErr()
-		case lerr := <-late:
-			if lateCame(lerr) {
+		case r := <-late:
+			if lateCame(r) {
 				passed = true
 				return nil, nil
 			}

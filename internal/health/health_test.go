@@ -688,8 +688,9 @@ func TestWaitConn(t *testing.T) {
 // TestWaitLateAnswer: a tenant that answers its first probe later than the probe timeout passes the
 // gate with that answer, while the probes after it hang: the first probe that timed out waiting goes
 // on waiting beside them (a guest restored under TCG answered in 190-240 ms against a 250 ms
-// timeout). A late failure is dropped, and a later probe passes the gate. Which probe answers is set
-// by events: the first answer is released once a second probe has arrived.
+// timeout), and Wait notes that it did (WithNote). A late failure is dropped, and a later probe passes
+// the gate. Which probe answers is set by events: the first answer is released once a second probe
+// has arrived.
 func TestWaitLateAnswer(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -725,7 +726,8 @@ func TestWaitLateAnswer(t *testing.T) {
 			res := make(chan error, 1)
 			var conn net.Conn
 			var wg sync.WaitGroup
-			ctx, cancel := context.WithCancel(context.Background())
+			var notes []string
+			ctx, cancel := context.WithCancel(health.WithNote(context.Background(), func(n string) { notes = append(notes, n) }))
 			t.Cleanup(func() {
 				cancel()
 				wg.Wait()
@@ -750,6 +752,11 @@ func TestWaitLateAnswer(t *testing.T) {
 			}
 			if c.first == http.StatusOK && conn != nil {
 				t.Error("WaitConn handed on the late probe's connection")
+			}
+			// The note says so, for the wake's record: only when the late answer passed the gate.
+			late := len(notes) == 1 && strings.Contains(notes[0], "health.timeout (20ms) had cut")
+			if want := c.first == http.StatusOK; late != want || len(notes) > 1 {
+				t.Errorf("notes %q; want a note of the late pass: %v", notes, want)
 			}
 			if conn != nil {
 				conn.Close()
