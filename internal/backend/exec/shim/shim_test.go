@@ -144,3 +144,18 @@ func testShimGate(t *testing.T, self string) {
 		t.Errorf("gate opened: %v, tenant saw %q; want fd 3 closed, LISTEN_PID as it came (ModeExec sets none), no shim variables", err, out)
 	}
 }
+
+// TestShimEmptyGate: an empty GateEnv is no gate: each shim execs the tenant at once.
+func TestShimEmptyGate(t *testing.T) {
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(path)
+			cmd.Args = []string{Arg0, "/bin/sh", "sh", "-c", "echo ran"}
+			cmd.Env = append(os.Environ(), Env+"="+ModeExec, GateEnv+"=")
+			out, err := cmd.CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "ran" {
+				t.Errorf("%v: %q; want the tenant run", err, out)
+			}
+		})
+	}
+}

@@ -183,7 +183,7 @@ __attribute__((noreturn, used)) void shim_main(long *sp)
 		env[k++] = pid;
 	}
 	env[k] = 0;
-	if (gate)
+	if (gate && *gate) /* empty: none, as package shim reads it */
 		wait_gate(gate);
 	long r = sys3(SYS_execve, (long)argv[1], (long)(argv + 2), (long)env);
 	char buf[32];
