@@ -167,15 +167,23 @@ func (b *Backend) secretNames() []string {
 	return b.secrets()
 }
 
-// Notes says what a route's standby costs (tenant.Noter).
+// Notes says what a route's standby costs, and when a route that needs a shim cannot have the native
+// one, why (tenant.Noter).
 func (p *Provider) Notes(_ context.Context, r *registry.Route) []string {
 	s, ok := r.Settings.(*Settings)
-	if !ok || s == nil || !s.Standby {
+	if !ok || s == nil || !needsShim(s) {
 		return nil
 	}
 	p.mu.Lock()
-	n := p.nativeLocked()
+	n, nerr := p.nativeLocked(), p.nativeErr
 	p.mu.Unlock()
+	var notes []string
+	if n == nil && nerr != nil && !errors.Is(nerr, native.ErrUnsupported) {
+		notes = append(notes, "shim: the native shim is unavailable here ("+nerr.Error()+"); this route's children start through /bin/sh or the activator's own binary, about 0.7 ms or 2.5 ms more per listen_fds wake")
+	}
+	if !s.Standby {
+		return notes
+	}
 	holder := "the activator's shim"
 	switch {
 	case n != nil:
@@ -183,7 +191,7 @@ func (p *Provider) Notes(_ context.Context, r *registry.Route) []string {
 	case binSh() != "" && s.Argv[0] == s.Path:
 		holder = "a /bin/sh (the activator's shim where the environment has names a shell does not pass on)"
 	}
-	return []string{"standby: while the route sleeps, " + holder + " waits in the tenant's next cgroup, one process; a wake lets it exec the tenant"}
+	return append(notes, "standby: while the route sleeps, "+holder+" waits in the tenant's next cgroup, one process; a wake lets it exec the tenant")
 }
 
 var _ tenant.Noter = (*Provider)(nil)

@@ -3,6 +3,7 @@ package exec
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -336,6 +337,19 @@ func TestStandbyNotes(t *testing.T) {
 	off := &registry.Route{Name: "b", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true"}}
 	if n := p.Notes(context.Background(), off); n != nil {
 		t.Errorf("Notes without standby = %q", n)
+	}
+	fds := &registry.Route{Name: "c", Settings: &Settings{Argv: []string{"/bin/true"}, Path: "/bin/true", Listen: ListenFDs}}
+	if n := p.Notes(context.Background(), fds); n != nil {
+		t.Errorf("Notes of listen_fds with the native shim = %q, want none", n)
+	}
+	// A native shim that did not open is noted, with why, for each route that needs a shim.
+	q := NewProvider(Options{})
+	q.nativeTried, q.nativeErr = true, errors.New("trial run: permission denied")
+	if n := q.Notes(context.Background(), fds); len(n) != 1 || !strings.Contains(n[0], "native shim is unavailable here (trial run: permission denied)") {
+		t.Errorf("Notes of listen_fds without the native shim = %q", n)
+	}
+	if n := q.Notes(context.Background(), on); len(n) != 2 || !strings.Contains(n[1], "/bin/sh") {
+		t.Errorf("Notes of a standby without the native shim = %q", n)
 	}
 }
 
