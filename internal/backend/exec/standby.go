@@ -179,7 +179,7 @@ func (p *Provider) Notes(_ context.Context, r *registry.Route) []string {
 	p.mu.Unlock()
 	var notes []string
 	if n == nil && nerr != nil && !errors.Is(nerr, native.ErrUnsupported) {
-		notes = append(notes, "shim: the native shim is unavailable here ("+nerr.Error()+"); this route's children start through /bin/sh or the activator's own binary, about 0.7 ms or 2.5 ms more per listen_fds wake")
+		notes = append(notes, "shim: the native shim is unavailable here ("+nerr.Error()+"); this route's children start through /bin/sh or the activator's own binary, about 0.8 ms or 3 ms more per listen_fds wake")
 	}
 	if !s.Standby {
 		return notes
