@@ -108,6 +108,7 @@ var (
 	_ tenant.Backend      = (*Backend)(nil)
 	_ tenant.Closer       = (*Backend)(nil)
 	_ tenant.Stopper      = (*Backend)(nil)
+	_ tenant.Preparer     = (*Backend)(nil)
 )
 
 // Provider opens exec backends. It holds the Containment (from Contain until Close) and knows the

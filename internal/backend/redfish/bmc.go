@@ -203,12 +203,28 @@ func (b *bmc) redact(msg string) string {
 	return msg
 }
 
+// maxSecrets bounds what redact scrubs to the newest secrets: each login adds its password and its
+// session token, so an activator running for months would otherwise keep every token it was ever
+// given and scan them all for every message. The password is re-added at every login, so it is
+// always among the newest two.
+const maxSecrets = 8
+
+// addSecret makes s the newest secret redact scrubs. It builds a new list rather than change the old
+// one in place: redact reads its copy of the slice without the lock.
 func (b *bmc) addSecret(s string) {
+	if s == "" {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s != "" && !slices.Contains(b.secrets, s) {
-		b.secrets = append(b.secrets, s)
+	next := make([]string, 0, maxSecrets)
+	for _, old := range b.secrets {
+		if old != s {
+			next = append(next, old)
+		}
 	}
+	next = append(next, s)
+	b.secrets = next[max(0, len(next)-maxSecrets):]
 }
 
 // classify maps an error from one call to a *BMCError of one class, or to the caller's context error

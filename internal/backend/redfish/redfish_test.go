@@ -3,6 +3,7 @@ package redfish
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -482,6 +483,27 @@ func TestRedactsEchoedSecrets(t *testing.T) {
 	err := e.b.bmc.classify(context.Background(), "log in", errors.New("bad request: password="+testPassword))
 	if strings.Contains(err.Error(), testPassword) || !strings.Contains(err.Error(), "[redacted]") {
 		t.Fatalf("classify = %q, want the password redacted", err)
+	}
+}
+
+// TestSecretsBounded: every login adds its password and session token to what is scrubbed; the list
+// keeps the newest, so a long-running activator does not keep every token it was given, and the
+// current password is still scrubbed after many logins.
+func TestSecretsBounded(t *testing.T) {
+	e := newEnv(t, envConfig{})
+	for i := range 100 {
+		e.b.bmc.addSecret(testPassword)
+		e.b.bmc.addSecret(fmt.Sprintf("token-%03d", i))
+	}
+	if n := len(e.b.bmc.secrets); n > maxSecrets {
+		t.Fatalf("%d secrets kept after 100 logins, want at most %d", n, maxSecrets)
+	}
+	msg := e.b.bmc.redact("echo: " + testPassword + " token-099 token-000")
+	if strings.Contains(msg, testPassword) || strings.Contains(msg, "token-099") {
+		t.Fatalf("redact = %q, want the password and the newest token scrubbed", msg)
+	}
+	if !strings.Contains(msg, "token-000") {
+		t.Fatalf("redact = %q: the oldest token should have been let go", msg)
 	}
 }
 
