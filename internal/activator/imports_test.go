@@ -2,6 +2,7 @@ package activator
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -40,6 +41,8 @@ func TestImportBoundary(t *testing.T) {
 			"github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/prometheus/common"}
 	}
 	forbidden["../tenant"] = []string{mod + "internal/activator", mod + "internal/backend/"}
+	forbidden["../upstream"] = []string{mod + "internal/activator", mod + "internal/health"}
+	forbidden["../health"] = []string{mod + "internal/activator"}
 	pkgs := make([]string, 0, len(forbidden))
 	for p := range forbidden {
 		pkgs = append(pkgs, p)
@@ -52,5 +55,53 @@ func TestImportBoundary(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestImportRows keeps the rest of architecture.md's "Who owns what" table: each package there that
+// "never imports everything of ours but …" imports, directly, only the packages of this module its row
+// names. A new import across a row fails here, and the table changes with it or the import goes.
+func TestImportRows(t *testing.T) {
+	const internal = "github.com/activator/activator/internal/"
+	may := map[string][]string{
+		"tenant":    {"registry"},
+		"bodybuf":   nil,
+		"registry":  nil,
+		"waitpage":  nil,
+		"cgroup":    nil,
+		"foreign":   {"sockdiag", "tenant"},
+		"sockdiag":  nil,
+		"connlimit": nil,
+		"fleet":     {"tenant"},
+		"warmloop":  {"upstream"},
+		"tlsedge":   {"registry"},
+		"acme":      {"registry"},
+		"trust":     nil,
+	}
+	args := []string{"list", "-f", `{{.ImportPath}} {{join .Imports " "}}`}
+	for p := range may {
+		args = append(args, "../"+p)
+	}
+	out, err := exec.Command("go", args...).Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], internal)
+		allowed, ok := may[pkg]
+		if !ok {
+			t.Fatalf("go list named %q, which the table does not", f[0])
+		}
+		seen++
+		for _, imp := range f[1:] {
+			if ours, ok := strings.CutPrefix(imp, internal); ok && !slices.Contains(allowed, ours) {
+				t.Errorf("internal/%s imports internal/%s: architecture.md's row allows only %v", pkg, ours, allowed)
+			}
+		}
+	}
+	if seen != len(may) {
+		t.Fatalf("go list answered for %d packages, want %d", seen, len(may))
 	}
 }
