@@ -60,6 +60,8 @@ type appRoute struct {
 	DetailedErrors bool
 	// Standby sets the exec block's standby: true.
 	Standby bool
+	// HealthPath is health.path (default /healthz).
+	HealthPath string
 }
 
 func (a appRoute) host() string { return a.Name + ".test" }
@@ -90,7 +92,7 @@ func (a appRoute) yaml(t testing.TB) string {
 	fmt.Fprintf(&b, "    wake_budget: %s\n", or(a.WakeBudget, "30s"))
 	fmt.Fprintf(&b, "    hold: {max_time: %s}\n", or(a.HoldMaxTime, "60s"))
 	fmt.Fprintf(&b, "    backoff: {initial: %s, max: %s}\n", or(a.BackoffInitial, "1s"), or(a.BackoffMax, "1m"))
-	fmt.Fprintf(&b, "    health: {path: /healthz, interval: 50ms}\n")
+	fmt.Fprintf(&b, "    health: {path: %s, interval: 50ms}\n", or(a.HealthPath, "/healthz"))
 	if a.DetailedErrors {
 		fmt.Fprintf(&b, "    detailed_errors: true\n")
 	}

@@ -46,3 +46,19 @@ func TestUnaskedAnswerReachesNoClient(t *testing.T) {
 		t.Errorf("the warning counts %v connections, want 1", got)
 	}
 }
+
+// TestUnaskedAfterTheProbe: a tenant that writes a second answer right behind its health probe's
+// answer, in the same write, has the probe's connection closed, not handed to the first released
+// request, and the log says so as for any connection closed for unasked bytes (docs/security.md).
+// The gate's probe used to close such a connection without a word.
+func TestUnaskedAfterTheProbe(t *testing.T) {
+	app := appRoute{Name: "glued", HealthPath: "/glued"}
+	h := newHarness(t, configYAML(t, app))
+	if r := h.get(app.host(), "/"); r.code != http.StatusOK || r.body != "hello from demoapp\n" {
+		t.Fatalf("GET / (the wake's request): %d %q, want 200 %q", r.code, r.body, "hello from demoapp\n")
+	}
+	recs := h.rec.waitFor(t, 1, "the tenant sent bytes no request asked for; closed that upstream connection unused", "route", app.Name)
+	if got := recs[0].attrs["connections"]; got != "1" {
+		t.Errorf("the warning counts %v connections, want 1", got)
+	}
+}

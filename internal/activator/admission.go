@@ -180,8 +180,8 @@ func isTimeout(err error) bool {
 }
 
 // heldAccount counts, across all routes, the requests being held and the bytes they keep, for the
-// edge.max_held and edge.max_held_bytes caps. Only the hold touches it: a request to an awake route
-// is never held, and never counted.
+// edge.max_held and edge.max_held_bytes caps. Only the hold changes it (parking reads n): a request to
+// an awake route is never held, and never counted.
 type heldAccount struct {
 	n     atomic.Int64 // requests held
 	bytes atomic.Int64 // what they keep: see holdCharge.bytes

@@ -35,10 +35,11 @@ type ScheduledEvent struct {
 // ok is false when r has no event to come.
 func nextEvent(r *registry.Route, now time.Time) (ev ScheduledEvent, warmUntil time.Time, ok bool) {
 	take := func(at time.Time, what, text string) {
-		// At one time, a window's start wins over another's end: after the end, the start is a day
-		// away, and a window that ends as the next begins lost the next's start (found with the real
-		// binary).
-		if !at.IsZero() && (!ok || at.Before(ev.At) || at.Equal(ev.At) && what == eventWindowStart && ev.What == eventWindowEnd) {
+		// At one time, a window's start or a wake_at wins over a window's end: the next look is for
+		// events after the one taken, so a window that ends as the next begins lost the next's start
+		// (found with the real binary), and a wake_at at a window's end never fired. Either wake starts
+		// the idle clock again, as the end would have (a wake of an awake tenant is a request's release).
+		if !at.IsZero() && (!ok || at.Before(ev.At) || at.Equal(ev.At) && what != eventWindowEnd && ev.What == eventWindowEnd) {
 			ev, ok = ScheduledEvent{At: at, What: what, Text: text}, true
 		}
 	}

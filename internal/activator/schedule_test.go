@@ -411,3 +411,30 @@ func TestWindowStartsAsAnotherEnds(t *testing.T) {
 		wantState(t, in, "09:00:01", "awake")
 	})
 }
+
+// TestWakeAtAsAWindowEnds: a wake_at time that is also a keep_warm window's end wakes a tenant put to
+// sleep inside the window. Both events fell at one time, the window's end was taken, and the next
+// look, for events after it, had passed the wake_at: that day's wake_at never fired.
+func TestWakeAtAsAWindowEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		every := [7]bool{true, true, true, true, true, true, true}
+		window := registry.Window{Days: every, From: 8 * 60, To: 9 * 60, Zone: time.UTC, Text: "08:00-09:00"}
+		nine := wakeAt(t, `[{cron: "0 9 * * *", time_zone: UTC}]`)
+		b := &fakeBackend{}
+		c := newSchedClock(utc("2026-12-07 07:59:00"))
+		s, in := newScheduleServer(t, b, c, func(r *registry.Route) {
+			r.KeepWarm = []registry.Window{window}
+			r.WakeAt = nine
+		})
+		sleepUntil(c, "2026-12-07 08:00:01")
+		wantState(t, in, "08:00:01", "awake")
+		if err := s.Sleep(t.Context(), "app"); err != nil {
+			t.Fatal(err)
+		}
+		sleepUntil(c, "2026-12-07 09:00:01")
+		st := wantState(t, in, "09:00:01", "awake")
+		if st.LastWake == nil || st.LastWake.Trigger != "schedule" {
+			t.Fatalf("wake at 09:00: %+v, want trigger schedule", st.LastWake)
+		}
+	})
+}

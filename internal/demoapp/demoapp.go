@@ -24,7 +24,8 @@
 // unix nanoseconds), /slow?d=100ms, and /twice, a tenant bug on purpose: it answers "the answer",
 // then, once /twice/release is asked (which answers after it), writes a second answer no request asked
 // for (500, "a second answer nobody asked for", as a framework writing its error page after the
-// handler's answer) and closes the connection.
+// handler's answer) and closes the connection; /glued is the same bug with no wait: the two answers
+// go out in one write, and the connection stays open until the client closes it (at most a minute).
 package demoapp
 
 import (
@@ -224,6 +225,18 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		}
 		writeRaw(bw, "500 Internal Server Error", "a second answer nobody asked for\n")
 		close(done)
+	})
+	mux.HandleFunc("/glued", func(w http.ResponseWriter, r *http.Request) {
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+		writeRaw(bw, "500 Internal Server Error", "a second answer nobody asked for\n") // flushes both
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+		_, _ = conn.Read(make([]byte, 1))
 	})
 	mux.HandleFunc("/twice/release", func(w http.ResponseWriter, r *http.Request) {
 		done := make(chan struct{})

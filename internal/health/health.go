@@ -327,9 +327,11 @@ func (p *Prober) judge(c *upstream.Conn, resp *http.Response, keep bool, stop fu
 		c.Close()
 		return nil, &statusError{code: resp.StatusCode, min: p.cfg.MinStatus, max: p.cfg.MaxStatus}
 	}
-	// Keep the connection only when it is clean: the answer read whole, nothing after it, the tenant
-	// willing to keep it, and ctx's deadline not fired on it (stop reports whether it was).
-	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && c.Clean() && stop() {
+	// Keep the connection only when the answer was read whole, the tenant is willing to keep it, and
+	// ctx's deadline did not fire on it (stop reports whether it was). Bytes after the answer are not
+	// judged here: the pool's adoption (Client.Adopt) closes such a connection and tells the route's
+	// OnUnasked, so the log names the tenant that sent them, as for any other connection.
+	if keep && rerr == nil && n <= maxProbeBody && !resp.Close && stop() {
 		if c.SetDeadline(time.Time{}) == nil {
 			return c, nil
 		}
@@ -358,7 +360,8 @@ func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 // route's proxy for the first released request, saving it a dial and the tenant an accept. Only a
 // probe that can pass the gate asks for keep-alive; the connections of the others are closed. The
 // caller owns the returned connection. In TCP mode the connection is always nil: each probe's is
-// closed at once; so it is when a late probe passed the gate.
+// closed at once; so it is when a late probe passed the gate. The connection may hold bytes the tenant
+// sent after its answer: hand it to upstream's Client.Adopt, which closes such a one and reports it.
 func (p *Prober) WaitConn(ctx context.Context, gone <-chan struct{}) (net.Conn, error) {
 	return p.wait(ctx, gone, true)
 }
