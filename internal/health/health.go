@@ -197,7 +197,7 @@ func (p *Prober) probeConn(ctx context.Context, keep, lateOK bool) (c net.Conn, 
 // only a later probe, a whole timeout or more after it could have passed the gate: a guest restored
 // from a snapshot under TCG answered its first probe 176-251 ms after resuming (18 restores by hand),
 // against the bench's 250 ms timeout, and one that took longer took a timeout and another probe more.
-// So the first such probe goes on waiting beside the next ones, and whichever passes first passes the
+// So such a probe goes on waiting beside the next ones, one at a time, and whichever passes first passes the
 // gate.
 func (p *Prober) lateAnswer(ctx context.Context, c *upstream.Conn, began time.Time, cut func()) <-chan lateResult {
 	res := make(chan lateResult, 1)
@@ -345,11 +345,13 @@ func (p *Prober) judge(c *upstream.Conn, resp *http.Response, keep bool, stop fu
 // (ErrGone), FailFastAfter consecutive probes are refused with the same client error (an error
 // wrapping ErrWrongPath; see refusal), or ctx ends (*GateError). A probe in flight when gone closes is
 // cut short, so ErrGone comes promptly even while a probe waits on an upstream that hangs; a probe
-// that passes before Wait sees gone closed still counts. A nil gone never closes. The first probe its
-// timeout cuts while it waits for the answer goes on waiting beside the next ones, and passes the gate
-// if it is answered first (lateAnswer). The goroutines Wait starts (to watch gone, and the late
-// probe's) end as Wait returns, or, when the gate passed, just after (their end and the gate's
-// lookups closing are left to them, out of the released requests' way).
+// that passes before Wait sees gone closed still counts, and so does a late pass that has come. A nil
+// gone never closes. A probe its timeout cuts while it waits for the answer goes on waiting beside the
+// next ones, one at a time, and counts as a pass if it is answered with one (lateAnswer). The
+// goroutines Wait starts (to watch gone, and the late probe's) are told to end as Wait returns, or,
+// when the gate passed, just after (their end and the gate's lookups closing are left to them, out of
+// the released requests' way); the late probe's ends once its connection's deadline, set in the past,
+// cuts its read, without being waited for.
 func (p *Prober) Wait(ctx context.Context, gone <-chan struct{}) error {
 	_, err := p.wait(ctx, gone, false)
 	return err
@@ -446,6 +448,20 @@ func (p *Prober) wait(ctx context.Context, gone <-chan struct{}, keep bool) (net
 		// ctx.Err() may still be nil when ended(ctx) saw the deadline pass before ctx's timer fired.
 		return nil, &GateError{Probes: probes, Last: last, Err: cmp.Or(ctx.Err(), context.DeadlineExceeded)}
 	}
+	// lateOr ends the wait with err, unless a late pass that has come passes the gate: a select with
+	// gone or ctx ready beside it picks at random, and an answer that came is the gate's, as a probe's
+	// pass is when gone closed during it.
+	lateOr := func(c net.Conn, err error) (net.Conn, error) {
+		select {
+		case r := <-late:
+			if lateCame(r) {
+				passed = true
+				return nil, nil
+			}
+		default:
+		}
+		return c, err
+	}
 probing:
 	for {
 		probes++
@@ -471,13 +487,19 @@ probing:
 		}
 		select {
 		case r := <-late:
-			// The late probe's pass cut this one.
+			// The late probe's pass may have cut this one (lateAnswer cancels lctx after a pass); a
+			// probe cut so failed nothing, and is neither a failure nor a pass: with health.passes
+			// above 1 it reset the late pass it came after.
+			cutByLate := r.err == nil && lctx != pctx && lctx.Err() != nil && pctx.Err() == nil
 			if lateCame(r) {
 				if c != nil {
 					c.Close()
 				}
 				passed = true
 				return nil, nil
+			}
+			if cutByLate && err != nil {
+				continue probing
 			}
 		default:
 		}
@@ -491,7 +513,7 @@ probing:
 		select {
 		case <-gone:
 			if err != nil {
-				return nil, ErrGone
+				return lateOr(nil, ErrGone)
 			}
 		default:
 		}
@@ -513,7 +535,7 @@ probing:
 			if last == nil {
 				last = err
 			}
-			return gateErr()
+			return lateOr(gateErr())
 		}
 		if err != nil {
 			passes = 0
@@ -522,11 +544,16 @@ probing:
 			passes++
 			last = nil
 		}
+		if passes >= p.cfg.Passes {
+			// A late pass and this probe's, which was not the final one when it began.
+			passed = true
+			return nil, nil
+		}
 		select {
 		case <-gone:
-			return nil, ErrGone
+			return lateOr(nil, ErrGone)
 		case <-ctx.Done():
-			return gateErr()
+			return lateOr(gateErr())
 		default:
 		}
 		pause := nextPause(time.Since(start), p.cfg.Interval)
@@ -547,9 +574,9 @@ probing:
 				}
 				select {
 				case <-gone:
-					return nil, ErrGone
+					return lateOr(nil, ErrGone)
 				case <-ctx.Done():
-					return gateErr()
+					return lateOr(gateErr())
 				case r := <-late:
 					if lateCame(r) {
 						passed = true
@@ -575,9 +602,9 @@ probing:
 		}
 		select {
 		case <-gone:
-			return nil, ErrGone
+			return lateOr(nil, ErrGone)
 		case <-ctx.Done():
-			return gateErr()
+			return lateOr(gateErr())
 		case r := <-late:
 			if lateCame(r) {
 				passed = true

@@ -691,15 +691,24 @@ func TestWaitConn(t *testing.T) {
 // timeout), and Wait notes that it did (WithNote). A late failure is dropped, and a later probe passes
 // the gate. Which probe answers is set by events: the first answer is released once a second probe
 // has arrived.
+//
+// With health.passes: 2 the late pass counts as one of the two, and the second probe, which it cuts,
+// counts for nothing: the third probe's pass opens the gate (the last case, three
+// probes in all; before, the cut probe's "context canceled" reset the late pass and a fourth was
+// needed). Its probe timeout (1s) is long enough that the late pass cuts the second probe before the
+// second's own timeout would, on any machine.
 func TestWaitLateAnswer(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		first int // the late answer's status
-		keep  bool
+		name     string
+		first    int // the late answer's status
+		keep     bool
+		passes   int   // health.passes: 2 lets the probes after the second pass
+		wantHits int64 // probes that reached the tenant; 0: not checked
 	}{
-		{"late pass", http.StatusOK, false},
-		{"late pass, WaitConn", http.StatusOK, true},
-		{"late failure", http.StatusServiceUnavailable, false},
+		{"late pass", http.StatusOK, false, 1, 0},
+		{"late pass, WaitConn", http.StatusOK, true, 1, 0},
+		{"late failure", http.StatusServiceUnavailable, false, 1, 0},
+		{"late pass counts, two passes", http.StatusOK, false, 2, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var hits atomic.Int64
@@ -713,16 +722,26 @@ func TestWaitLateAnswer(t *testing.T) {
 					w.WriteHeader(c.first)
 				case 2:
 					close(second)
-					<-hang
+					select {
+					case <-hang:
+					case <-r.Context().Done(): // cut by the late pass
+					}
 				default:
-					if c.first == http.StatusOK {
+					if c.first == http.StatusOK && c.passes < 2 {
 						<-hang // only the late answer can pass the gate
 					}
 					w.WriteHeader(http.StatusOK)
 				}
 			})
 			t.Cleanup(func() { close(hang) }) // before the server's Close, which waits for handlers
-			p := newGate(t, up, cfg(func(h *registry.Health) { h.Timeout = 20 * time.Millisecond }))
+			timeout := 20 * time.Millisecond
+			if c.passes > 1 {
+				timeout = time.Second
+			}
+			p := newGate(t, up, cfg(func(h *registry.Health) {
+				h.Timeout = timeout
+				h.Passes = c.passes
+			}))
 			res := make(chan error, 1)
 			var conn net.Conn
 			var wg sync.WaitGroup
@@ -755,8 +774,11 @@ func TestWaitLateAnswer(t *testing.T) {
 			}
 			// The note says so, for the wake's record: only when the late answer passed the gate.
 			late := len(notes) == 1 && strings.Contains(notes[0], "health.timeout (20ms) had cut")
-			if want := c.first == http.StatusOK; late != want || len(notes) > 1 {
+			if want := c.first == http.StatusOK && c.passes < 2; late != want || len(notes) > 1 {
 				t.Errorf("notes %q; want a note of the late pass: %v", notes, want)
+			}
+			if got := hits.Load(); c.wantHits != 0 && got != c.wantHits {
+				t.Errorf("%d probes reached the tenant, want %d", got, c.wantHits)
 			}
 			if conn != nil {
 				conn.Close()

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/activator/activator/internal/backend/exec/shim"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -180,6 +181,11 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 			p.add(key, "variable name %q must not contain '=' or NUL", k)
 		case strings.Contains(s.Env[k], "\x00"):
 			p.add(key, "value must not contain NUL")
+		case k == shim.Env || k == shim.GateEnv:
+			// The shim reads them, and removes them, before the tenant runs: set here, they would
+			// make a route without a shim run the activator's own binary as one, or a shim read the
+			// listening socket as its gate.
+			p.add(key, "reserved for the activator's exec shim; remove it")
 		}
 	}
 

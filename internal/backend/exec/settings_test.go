@@ -95,6 +95,8 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"line 2: env.SOCKET: set by `listen: env` from the route's upstream unix:/run/a.sock; remove it, or use `listen: none` and say where to listen in argv or env"}},
 		{"env collides with listen_fds", tcp, "argv: [$D/app]\nlisten: listen_fds\nenv: {LISTEN_FDS: \"2\"}\n",
 			[]string{"line 3: env.LISTEN_FDS: set by `listen: listen_fds`; remove it"}},
+		{"env sets the shim's variable", tcp, "argv: [$D/app]\nenv: {ACTIVATOR_EXEC_SHIM_GATE: \"3\"}\n",
+			[]string{"line 2: env.ACTIVATOR_EXEC_SHIM_GATE: reserved for the activator's exec shim; remove it"}},
 		{"bad env name", tcp, "argv: [$D/app]\nenv: {\"A=B\": x}\n",
 			[]string{`line 2: env.A=B: variable name "A=B" must not contain '=' or NUL`}},
 		{"env as a list", tcp, "argv: [$D/app]\nenv: [A=1]\n",

@@ -98,17 +98,18 @@ func Run(args, environ []string, stderr io.Writer) int {
 }
 
 // wait reads from the gate descriptor fd until a newline, then closes it: 0 to go on, Cancelled at end
-// of file, 127 when fd is no descriptor.
+// of file, 127 when fd is no descriptor: decimal digits alone, 3 to 2^31-1 (a descriptor is a C int;
+// Atoi took 4294967299, which the kernel read as 3, and a sign, which the native shim refuses).
 func wait(fd string, stderr io.Writer) int {
-	n, err := strconv.Atoi(fd)
-	if err != nil || n < 3 {
+	n, err := strconv.ParseInt(fd, 10, 32)
+	if err != nil || n < 3 || strings.TrimLeft(fd, "0123456789") != "" {
 		fmt.Fprintf(stderr, "%s: %s=%q is not an inherited descriptor\n", Arg0, GateEnv, fd)
 		return 127
 	}
-	defer syscall.Close(n)
+	defer syscall.Close(int(n))
 	var b [1]byte
 	for {
-		m, err := syscall.Read(n, b[:])
+		m, err := syscall.Read(int(n), b[:])
 		switch {
 		case err == syscall.EINTR:
 			continue

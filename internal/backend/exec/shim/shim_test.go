@@ -3,8 +3,10 @@ package shim
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -155,6 +157,70 @@ func TestShimEmptyGate(t *testing.T) {
 			out, err := cmd.CombinedOutput()
 			if err != nil || strings.TrimSpace(string(out)) != "ran" {
 				t.Errorf("%v: %q; want the tenant run", err, out)
+			}
+		})
+	}
+}
+
+// TestShimGateValues: a gate that is not decimal digits naming a descriptor from 3 to 2^31-1 exits 127
+// in both shims, naming the value quoted. The Go shim took 4294967299 (Atoi), which the kernel read as
+// descriptor 3, and the native one printed a value's control bytes raw into the tenant's log.
+func TestShimGateValues(t *testing.T) {
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, v := range []string{"4294967299", "+3", "3x", "2", "a\nb"} {
+				cmd := exec.Command(path)
+				cmd.Args = []string{Arg0, "/bin/true", "true"}
+				cmd.Env = append(os.Environ(), Env+"="+ModeExec, GateEnv+"="+v)
+				out, err := cmd.CombinedOutput()
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 127 {
+					t.Errorf("gate %q: %v, want exit status 127", v, err)
+				}
+				if want := fmt.Sprintf("%s=%q is not an inherited descriptor", GateEnv, v); !strings.Contains(string(out), want) {
+					t.Errorf("gate %q: stderr %q lacks %q", v, out, want)
+				}
+			}
+		})
+	}
+}
+
+// TestShimLowStackLimit: under a stack limit that the kernel's copy of a large environment nearly
+// fills, a shim still execs a tenant that starts under that limit on its own. The native shim built
+// its environment in an array on the stack and died of SIGSEGV where the tenant ran (7,000 variables
+// under `ulimit -s 130`).
+func TestShimLowStackLimit(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh to lower the stack limit")
+	}
+	env := []string{Env + "=" + ModeListenFDs}
+	for i := range 7000 {
+		env = append(env, fmt.Sprintf("V%d=x", i))
+	}
+	run := func(argv ...string) error {
+		cmd := exec.Command(sh, append([]string{"-c", `ulimit -s 130 && exec "$@"`, "sh"}, argv...)...)
+		cmd.Env = env
+		return cmd.Run()
+	}
+	if err := run("/bin/true"); err != nil {
+		t.Skipf("the tenant itself does not start under this limit here: %v", err)
+	}
+	for name, path := range executables(t) {
+		t.Run(name, func(t *testing.T) {
+			if name == "native" {
+				// Its memfd is close-on-exec, so sh cannot exec it by its /proc/self/fd path: a copy.
+				b, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				path = filepath.Join(t.TempDir(), "shim")
+				if err := os.WriteFile(path, b, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := run(path, "/bin/true", "true"); err != nil {
+				t.Errorf("shim under a 130 KiB stack limit: %v, want the tenant run as it runs alone", err)
 			}
 		})
 	}

@@ -11,9 +11,11 @@
  *   argv: ARG0 PATH ARGV0 [ARG...]: exec PATH with argv ARGV0 [ARG...].
  *   ACTIVATOR_EXEC_SHIM: the mode; "exec" passes the environment on as it is, anything else
  *     (normally "1") sets LISTEN_PID to this process's pid, dropping any LISTEN_PID that came in.
- *   ACTIVATOR_EXEC_SHIM_GATE=N: before the exec, read descriptor N (>= 3) up to a newline and close
- *     it; end of file first exits with status 75 (the standby was dropped) and execs nothing.
- *   Both variables are removed from the tenant's environment.
+ *   ACTIVATOR_EXEC_SHIM_GATE=N: before the exec, read descriptor N (decimal digits, 3 to 2^31-1) up
+ *     to a newline and close it; end of file first exits with status 75 (the standby was dropped) and
+ *     execs nothing. Empty: no gate.
+ *   Both variables are removed from the tenant's environment; where one comes twice, the first
+ *   counts, as Getenv reads it.
  *   Any failure prints one line on stderr naming it and exits with status 127.
  */
 
@@ -89,15 +91,24 @@ static const char *errname(long e, char *buf)
 	switch (e) {
 	case 1: return "operation not permitted";
 	case 2: return "no such file or directory";
+	case 5: return "input/output error";
 	case 7: return "argument list too long";
 	case 8: return "exec format error";
+	case 9: return "bad file descriptor";
+	case 11: return "resource temporarily unavailable";
 	case 12: return "cannot allocate memory";
 	case 13: return "permission denied";
+	case 14: return "bad address";
 	case 20: return "not a directory";
 	case 21: return "is a directory";
+	case 22: return "invalid argument";
+	case 23: return "too many open files in system";
+	case 24: return "too many open files";
 	case 26: return "text file busy";
 	case 36: return "file name too long";
 	case 40: return "too many levels of symbolic links";
+	case 80: return "accessing a corrupted shared library";
+	case 107: return "transport endpoint is not connected";
 	}
 	char num[21];
 	const char *p = "errno ";
@@ -110,19 +121,51 @@ static const char *errname(long e, char *buf)
 	return buf;
 }
 
+/* quoted writes s into buf (at least 4 * 64 + 8 bytes) between double quotes, as Go's %q writes
+ * ASCII: \" and \\ escaped, \n \r \t by name, other control bytes as \xNN; at most 64 bytes of s,
+ * then "...". Bytes from 0x80 up are copied as they are. */
+static char *quoted(const char *s, char *buf)
+{
+	static const char hex[] = "0123456789abcdef";
+	char *q = buf;
+	*q++ = '"';
+	for (int i = 0; *s; s++, i++) {
+		unsigned char c = (unsigned char)*s;
+		if (i == 64) {
+			*q++ = '.', *q++ = '.', *q++ = '.';
+			break;
+		}
+		if (c == '"' || c == '\\')
+			*q++ = '\\', *q++ = c;
+		else if (c == '\n')
+			*q++ = '\\', *q++ = 'n';
+		else if (c == '\r')
+			*q++ = '\\', *q++ = 'r';
+		else if (c == '\t')
+			*q++ = '\\', *q++ = 't';
+		else if (c < 0x20 || c == 0x7f)
+			*q++ = '\\', *q++ = 'x', *q++ = hex[c >> 4], *q++ = hex[c & 15];
+		else
+			*q++ = c;
+	}
+	*q++ = '"';
+	*q = 0;
+	return buf;
+}
+
 /* wait reads the gate descriptor fd up to a newline, then closes it; it returns only for a newline. */
 static void wait_gate(const char *fd)
 {
 	long n = 0;
 	for (const char *p = fd; *p; p++) {
-		if (*p < '0' || *p > '9' || n > 1000000) {
+		if (*p < '0' || *p > '9' || (n = n * 10 + (*p - '0')) > 2147483647) {
 			n = -1;
 			break;
 		}
-		n = n * 10 + (*p - '0');
 	}
-	if (*fd == 0 || n < 3) {
-		say(gate_var, fd, " is not an inherited descriptor", "");
+	if (n < 3) {
+		char buf[4 * 64 + 8];
+		say(gate_var, quoted(fd, buf), " is not an inherited descriptor", "");
 		quit(FAILED);
 	}
 	for (;;) {
@@ -155,19 +198,27 @@ __attribute__((noreturn, used)) void shim_main(long *sp)
 	long n = 0;
 	while (environ[n])
 		n++;
-	/* The kernel put n pointers on this stack for the environment; n + 2 more fit as well. */
-	char *env[n + 2];
-	const char *mode = "1", *gate = 0;
+	/* The tenant's environment is made in place, in the kernel's own array: each pass keeps entries
+	 * at or before where it read them, and the LISTEN_PID added at the end needs two slots after the
+	 * kept ones, which are at most environ[n] (its NULL) and environ[n + 1] (the first word of the
+	 * auxiliary vector, which a program without libc never reads). An array on the stack beside it
+	 * could overrun a stack limit the kernel's 128 KiB of strings already filled. */
+	char **env = environ;
+	const char *mode = 0, *gate = 0;
 	long k = 0;
 	for (long i = 0; i < n; i++) {
 		const char *v;
-		if ((v = after(environ[i], mode_var)))
-			mode = v;
-		else if ((v = after(environ[i], gate_var)))
-			gate = v;
-		else
+		if ((v = after(environ[i], mode_var))) {
+			if (!mode)
+				mode = v;
+		} else if ((v = after(environ[i], gate_var))) {
+			if (!gate)
+				gate = v;
+		} else
 			env[k++] = environ[i];
 	}
+	if (!mode)
+		mode = "1";
 	static char pid[sizeof pid_var + 21];
 	if (!(mode[0] == 'e' && mode[1] == 'x' && mode[2] == 'e' && mode[3] == 'c' && mode[4] == 0)) {
 		long j = 0;
