@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,8 +101,12 @@ func newBMC(s *Settings, log *slog.Logger, route, node string, ep *endpointState
 	} else if s.Username != "" {
 		log.Warn("BMC endpoint is plain http: credentials travel unencrypted", "endpoint", s.Endpoint)
 	}
+	origin, err := url.Parse(s.Endpoint)
+	if err != nil {
+		return nil, tenant.Terminal(fmt.Errorf("route %q: endpoint: %w", route, err))
+	}
 	live := &liveness{}
-	throttle := &throttleTransport{next: tr, live: live, gate: ep.gate, floor: s.PollInterval.D()}
+	throttle := &throttleTransport{next: tr, live: live, gate: ep.gate, floor: s.PollInterval.D(), origin: origin}
 	return &bmc{
 		s:     s,
 		log:   log,
@@ -110,8 +115,12 @@ func newBMC(s *Settings, log *slog.Logger, route, node string, ep *endpointState
 		gate:  ep.gate,
 		creds: ep.creds,
 		// The client-wide timeout backs up the per-call contexts (gofish's Logout may drop its context).
-		httpc: &http.Client{Transport: throttle, Timeout: s.Timeout.D()},
-		node:  node,
+		// No redirect is followed: Go would carry X-Auth-Token to any host, and the password (a
+		// session's login body, basic auth) on a 307 or 308; a BMC has no reason to send one.
+		httpc: &http.Client{Transport: throttle, Timeout: s.Timeout.D(), CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
+		node: node,
 	}, nil
 }
 
@@ -153,6 +162,52 @@ type throttleTransport struct {
 	live  *liveness
 	gate  *throttleGate
 	floor time.Duration // the hold of a throttle without Retry-After: the first pause of the retry backoff
+	// origin is the endpoint's URL: every request must go to its scheme and host (see RoundTrip).
+	origin *url.URL
+}
+
+// maxAnswer bounds the body of every answer read from the BMC. Redfish documents are kilobytes; a
+// BMC that sends more is not one to trust with the activator's memory (gofish reads whole bodies, and
+// decodes a collection's members into structs of kilobytes each).
+const maxAnswer = 1 << 20
+
+// maxRetryAfter bounds the hold a BMC's Retry-After puts on every route of its endpoint: a BMC that
+// asked for a year (or for a date in 9999, or for more seconds than a Duration holds) would have made
+// every wake and sleep fail at once until a restart. An hour is honoured; one still throttling after
+// it asks again.
+const maxRetryAfter = time.Hour
+
+// misbehaved is an answer, or a link in one, that no honest BMC gives: a request aimed off the
+// endpoint, a redirect, an answer over maxAnswer, more systems than maxSystems. classify files it as
+// ErrRejected: asking again would meet the same.
+type misbehaved struct{ what string }
+
+func (e *misbehaved) Error() string { return e.what }
+
+// cappedBody fails a read past maxAnswer bytes of the answer.
+type cappedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (c *cappedBody) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, &misbehaved{fmt.Sprintf("the BMC's answer is over %d bytes", maxAnswer)}
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.ReadCloser.Read(p)
+	c.left -= int64(n)
+	if c.left <= 0 && err == nil {
+		// Exactly maxAnswer bytes and no more is fine: look once past them.
+		var one [1]byte
+		if m, _ := c.ReadCloser.Read(one[:]); m > 0 {
+			return n, &misbehaved{fmt.Sprintf("the BMC's answer is over %d bytes", maxAnswer)}
+		}
+		err = io.EOF
+	}
+	return n, err
 }
 
 type throttledError struct {
@@ -162,19 +217,34 @@ type throttledError struct {
 
 func (e *throttledError) Error() string { return fmt.Sprintf("HTTP %d", e.status) }
 
+// RoundTrip refuses a request that is not for the endpoint's own scheme and host: gofish builds each
+// URL by joining the endpoint and a path the BMC gave (a system's @odata.id, an action's target, a
+// session's Location), and a path such as "@other.host/x" or ":8443/x" would carry the session token
+// or the password elsewhere.
 func (t *throttleTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if u := req.URL; u.Scheme != t.origin.Scheme || u.Host != t.origin.Host || u.User != nil {
+		return nil, &misbehaved{fmt.Sprintf("the BMC's answer pointed a request at %s://%s, not the endpoint %s: refused", u.Scheme, u.Host, t.origin.Redacted())}
+	}
 	sent := time.Now()
 	resp, err := t.next.RoundTrip(req)
 	t.live.record(sent, err == nil)
-	if err != nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable) {
+	if err != nil {
 		return resp, err
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 && resp.StatusCode != http.StatusNotModified {
+		resp.Body.Close()
+		return nil, &misbehaved{fmt.Sprintf("the BMC answered %s with a redirect (HTTP %d): not followed", req.URL.Path, resp.StatusCode)}
+	}
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		resp.Body = &cappedBody{ReadCloser: resp.Body, left: maxAnswer}
+		return resp, nil
 	}
 	te := &throttledError{status: resp.StatusCode}
 	if v := resp.Header.Get("Retry-After"); v != "" {
-		if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
-			te.retryAfter = time.Duration(secs) * time.Second
+		if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && secs >= 0 {
+			te.retryAfter = time.Duration(min(secs, int64(maxRetryAfter/time.Second))) * time.Second
 		} else if at, err := http.ParseTime(v); err == nil {
-			te.retryAfter = max(time.Until(at), 0)
+			te.retryAfter = min(max(time.Until(at), 0), maxRetryAfter)
 		}
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
@@ -250,9 +320,12 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 	var te *throttledError
 	var re *schemas.Error
 	var ns *errNoSystem
+	var mb *misbehaved
 	switch {
 	case errors.As(err, &ns):
 		e.Op, e.Class, e.Detail = "find system", ErrConfig, ns.msg
+	case errors.As(err, &mb):
+		e.Class, e.Detail = ErrRejected, mb.what
 	case errors.As(err, &te):
 		e.Class, e.Status, e.RetryAfter = ErrThrottled, te.status, te.retryAfter
 	case errors.As(err, &re) && re.HTTPReturnedStatusCode != 0:
@@ -275,9 +348,12 @@ func (b *bmc) classify(ctx context.Context, op string, err error) error {
 	default:
 		e.Detail = err.Error()
 	}
+	if len(e.Detail) > 4096 { // redacted whole, then cut: a secret must not be cut in two first
+		e.Detail = e.Detail[:4096]
+	}
 	e.Detail = b.redact(e.Detail)
 	if len(e.Detail) > 200 {
-		e.Detail = e.Detail[:200] + "..."
+		e.Detail = strings.ToValidUTF8(e.Detail[:200], "") + "..."
 	}
 	return e
 }
@@ -672,9 +748,14 @@ type errNoSystem struct{ msg string }
 
 func (e *errNoSystem) Error() string { return e.msg }
 
+// maxSystems bounds the Systems collection find reads. gofish's own reader (Service.Systems) decodes
+// every member into a ComputerSystem of about 2.7 KB and fetches each, three at a time: a reply of 3 MB
+// of empty members took 2.9 GB of heap.
+const maxSystems = 256
+
 // find returns the configured system from the Systems collection.
 func (b *bmc) find(c *gofish.APIClient) (*schemas.ComputerSystem, error) {
-	systems, err := c.Service.Systems()
+	systems, err := listSystems(c)
 	if err != nil {
 		return nil, err
 	}
@@ -691,6 +772,50 @@ func (b *bmc) find(c *gofish.APIClient) (*schemas.ComputerSystem, error) {
 	default:
 		return nil, &errNoSystem{fmt.Sprintf("no system with Id or Name %q (have: %s)", b.s.System, systemList(systems))}
 	}
+}
+
+// listSystems reads the Systems collection's member links (following Members@odata.nextLink) and
+// then each member, at most maxSystems in all.
+func listSystems(c *gofish.APIClient) ([]*schemas.ComputerSystem, error) {
+	var links []string
+	for next, pages := systemsURI, 0; next != ""; pages++ {
+		if pages == maxSystems {
+			return nil, &misbehaved{fmt.Sprintf("the BMC's Systems collection goes on past %d pages", maxSystems)}
+		}
+		resp, err := c.Get(next)
+		if err != nil {
+			return nil, err
+		}
+		var page struct {
+			Members []struct {
+				ID string `json:"@odata.id"`
+			}
+			Next string `json:"Members@odata.nextLink"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("the Systems collection: %w", err)
+		}
+		for _, m := range page.Members {
+			if m.ID != "" {
+				links = append(links, m.ID)
+			}
+		}
+		if len(links) > maxSystems {
+			return nil, &misbehaved{fmt.Sprintf("the BMC lists over %d systems", maxSystems)}
+		}
+		next = page.Next
+	}
+	systems := make([]*schemas.ComputerSystem, 0, len(links))
+	for _, l := range links {
+		s, err := schemas.GetObject[schemas.ComputerSystem](c, l)
+		if err != nil {
+			return nil, err
+		}
+		systems = append(systems, s)
+	}
+	return systems, nil
 }
 
 // systemList names systems for an error, sorted by Id: each as its Id, with its Name beside it when

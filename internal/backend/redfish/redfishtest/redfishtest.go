@@ -116,6 +116,9 @@ type Fault struct {
 	// Handled, with Drop, first carries the request out and then drops the connection, so the client
 	// cannot know whether it took effect (a Reset that landed but whose answer was lost).
 	Handled bool
+	// Answer, when set, writes the answer itself: a hostile or broken BMC (a redirect, a link off the
+	// endpoint, an answer of megabytes). Status and Drop then play no part.
+	Answer http.HandlerFunc
 }
 
 // Request is one request the Server received, as recorded for tests.
@@ -672,6 +675,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			t.Stop()
 			return
 		}
+	}
+	if faulted && f.Answer != nil {
+		f.Answer(rec, r)
+		return
 	}
 	if faulted && (f.Drop || f.Status != 0) {
 		if f.Drop {
