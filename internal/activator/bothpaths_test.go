@@ -64,6 +64,8 @@ type conformConfig struct {
 	// one the edge's writes wait for the client's reads, a few KiB at a time, rather than filling
 	// megabytes.
 	sendBuffer int
+	// upstreamIdle, when above 0, is how long the loop keeps an idle upstream connection.
+	upstreamIdle time.Duration
 }
 
 // warmOpener opens the warm route on its own backing and the others on theirs.
@@ -113,7 +115,7 @@ func newConformEdge(t testing.TB, c conformConfig) *conformEdge {
 	if c.sendBuffer > 0 {
 		ln = sendBufferListener{ln, c.sendBuffer}
 	}
-	e.addr = serveWithLoop(t, e.s, ln, loopWiring{edge: c.edge, hook: e.pause.hook})
+	e.addr = serveWithLoop(t, e.s, ln, loopWiring{edge: c.edge, hook: e.pause.hook, upstreamIdle: c.upstreamIdle})
 	return e
 }
 
@@ -123,6 +125,8 @@ type loopWiring struct {
 	edge registry.EdgeLimits
 	cap  *connlimit.Limit
 	hook func(net.Conn, http.ConnState)
+	// upstreamIdle: the loop's Limits.UpstreamIdleTimeout (0: its default).
+	upstreamIdle time.Duration
 }
 
 // serveWithLoop serves s on ln, with one event loop, as cmd/activator serves its plain listener with
@@ -168,7 +172,7 @@ func serveWithLoop(t testing.TB, s *Server, ln net.Listener, w loopWiring) strin
 	if w.edge.MaxHeaderBytes > 0 {
 		maxHead = min(w.edge.MaxHeaderBytes, maxHead)
 	}
-	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, SendTimeout: w.edge.SendTimeout}
+	lim := warmloop.Limits{MaxHead: int(maxHead), HeaderTimeout: headerTimeout, IdleTimeout: idleTimeout, SendTimeout: w.edge.SendTimeout, UpstreamIdleTimeout: w.upstreamIdle}
 	if err := s.EnableLoop(1, lim, state); err != nil {
 		t.Fatal(err)
 	}

@@ -786,3 +786,138 @@ func TestClientTimeoutsOnBothPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestClientGoneAsTheAnswerEnds: a client that sent its request with a FIN behind it, and closed its
+// socket, is gone when its answer comes; the write of the answer's last piece then fails, and the
+// exchange is ended once. On the loop, that failed write closed the client (ending its request) and
+// then the answer's end ended it again, through the request's cleared target: a nil-interface panic
+// in the loop's goroutine, which took the whole activator down (found by a read of the loop as an
+// attacker: a tenant on the same host can make the answer's size fit). The answer here is one write
+// of 100 KiB, so that the loop reads it in two reads: the first piece's write draws the RST, and the
+// last piece's write, with the answer done, fails. net/http's path takes the FIN for the client's
+// departure before the request goes upstream (TestClientLeavingMidRequest), so only the loop's path
+// meets this.
+func TestClientGoneAsTheAnswerEnds(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	answer := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/big" {
+			return
+		}
+		arrived <- struct{}{}
+		<-answer
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		body := make([]byte, 100<<10)
+		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(body))
+		bw.Write(body)
+		bw.Flush()
+	}))
+	t.Cleanup(up.Close)
+	for _, p := range edgePaths {
+		if !p.loop {
+			continue
+		}
+		t.Run(p.name, func(t *testing.T) {
+			e, rc := requestWithFIN(t, p, up.Listener.Addr().String(), "/big")
+			<-arrived
+			rc.c.Close()
+			answer <- struct{}{}
+			until(t, func() (bool, string) {
+				st := e.s.instance("app").status()
+				return st.InFlight == 0, fmt.Sprintf("in flight %d", st.InFlight)
+			})
+			// The edge still serves: a new client gets its answer.
+			if got := e.conn(t, p, ""); got == nil {
+				t.Fatal("no connection after the gone client")
+			}
+		})
+	}
+}
+
+// TestRequestWithItsFIN: a client that sends its request and its FIN at once (a shell's printf | nc,
+// some health checkers) has its connection ended on both paths: net/http's background read takes the
+// FIN for the client's departure, and so does the loop now. The loop read both in one read, which did
+// not fill its room, and took that to mean the socket was empty: the FIN raised no other edge, and the
+// connection stayed open until its keep-alive timeout, a client reading to the end hanging with it.
+func TestRequestWithItsFIN(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	for _, p := range edgePaths {
+		t.Run(p.name, func(t *testing.T) {
+			e, rc := requestWithFIN(t, p, up.Listener.Addr().String(), "/ok")
+			// An answer may or may not come first (net/http's path can have it before it sees the
+			// FIN); the end of the stream must.
+			rc.c.SetReadDeadline(time.Now().Add(hygienePatience))
+			if _, err := io.ReadAll(rc.br); err != nil {
+				t.Fatalf("reading to the end after the FIN: %v, want the edge to close the connection", err)
+			}
+			until(t, func() (bool, string) {
+				st := e.s.instance("app").status()
+				return st.InFlight == 0, fmt.Sprintf("in flight %d", st.InFlight)
+			})
+		})
+	}
+}
+
+// TestLoopClosesIdleUpstream: the loop closes an upstream connection that has stayed idle for its
+// idle timeout, as the upstream pool does. It kept them until the route retired: taken last in, first
+// out, the oldest of a burst's connections stayed open for good, an fd and a tenant's worker each.
+func TestLoopClosesIdleUpstream(t *testing.T) {
+	closed := make(chan struct{}, 1)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	}))
+	up.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	r := testRoute("app")
+	r.Upstream.Address = up.Listener.Addr().String()
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}, upstreamIdle: 300 * time.Millisecond})
+	e.wake(t, "app")
+	var loop edgePath
+	for _, p := range edgePaths {
+		if p.loop {
+			loop = p
+		}
+	}
+	served := e.s.loops.Served()
+	resp, _ := e.exchange(t, loop, "GET /ok HTTP/1.1\r\nHost: app.test\r\n\r\n")
+	if resp.StatusCode != http.StatusOK || e.s.loops.Served() == served {
+		t.Fatalf("GET /ok: %d, loop served %d → %d: want the loop's answer", resp.StatusCode, served, e.s.loops.Served())
+	}
+	select {
+	case <-closed:
+	case <-time.After(hygienePatience):
+		t.Fatal("the loop's idle upstream connection was not closed after its idle timeout")
+	}
+}
+
+// requestWithFIN serves a route "app" whose upstream is addr on a new edge, and sends GET path on a
+// connection of p's with its FIN behind it at once: on the loop's path, the loop reads both in one
+// read.
+func requestWithFIN(t *testing.T, p edgePath, addr, path string) (*conformEdge, *rawConn) {
+	t.Helper()
+	r := testRoute("app")
+	r.Upstream.Address = addr
+	e := newConformEdge(t, conformConfig{routes: []*registry.Route{r}})
+	e.wake(t, "app")
+	rc := e.conn(t, p, "")
+	rc.send("GET " + path + " HTTP/1.1\r\nHost: app.test\r\n\r\n")
+	if err := rc.c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	return e, rc
+}

@@ -68,9 +68,13 @@ func newPool(network, address string, maxConns int) *pool {
 		dialer:      net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
 		slots:       make(chan struct{}, maxConns),
 		dials:       make(chan struct{}, maxDials),
-		idleTimeout: 90 * time.Second,
+		idleTimeout: IdleTimeout,
 	}
 }
+
+// IdleTimeout is how long a kept-alive upstream connection may stay idle before it is closed: the
+// pool's, net/http's Transport's and the event loops' (warmloop).
+const IdleTimeout = 90 * time.Second
 
 // do sends r (forwardable), with fw's forwarding fields, on a pooled connection and reads the
 // answer's head; got1xx is handed the informational answers. A failure on a reused connection before any answer byte is retried once on

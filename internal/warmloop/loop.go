@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/activator/activator/internal/upstream"
 )
 
 // Target is one route's upstream as the edge gives it for a request (Edge.Begin): the loop keeps idle
@@ -95,6 +97,9 @@ type Limits struct {
 	HeaderTimeout time.Duration // from a request's first byte to its whole head; 0: none
 	IdleTimeout   time.Duration // a keep-alive connection's wait for its next request; 0: none
 	SendTimeout   time.Duration // a client that takes less than 16 KiB of its answer in it; 0: none
+	// UpstreamIdleTimeout is how long an upstream connection stays idle before it is closed; 0:
+	// upstream.IdleTimeout, the pool's.
+	UpstreamIdleTimeout time.Duration
 }
 
 // A Group is the edge's loops. Its methods are safe for concurrent use.
@@ -262,6 +267,9 @@ func newLoop(edge Edge, lim Limits, served *atomic.Uint64) (*loop, error) {
 	if err != nil {
 		unix.Close(ep)
 		return nil, err
+	}
+	if lim.UpstreamIdleTimeout <= 0 {
+		lim.UpstreamIdleTimeout = upstream.IdleTimeout
 	}
 	l := &loop{edge: edge, lim: lim, served: served, ep: ep, evfd: evfd, clients: map[int]*client{}, ups: map[int]*upconn{},
 		idle: map[Target][]*upconn{}, rb: make([]byte, 64<<10)}
@@ -445,6 +453,20 @@ func (l *loop) clientEvent(c *client, ev uint32) {
 			return
 		}
 		l.readClient(c)
+		if ev&unix.EPOLLRDHUP != 0 && !c.gone {
+			// The FIN came with what was just read, and no other edge will say so: readClient stops
+			// at a read that did not fill its room. Read on to the end of the stream (a partial head
+			// goes back to net/http, nothing closes), or, with a request begun, take it as net/http's
+			// background read takes a FIN: the client left, unless more bytes came before it.
+			switch {
+			case !c.busy:
+				l.readClient(c)
+			case idleState(c.fd) == idleClosed:
+				l.closeClient(c)
+			default:
+				c.unread = true
+			}
+		}
 	}
 }
 
@@ -536,7 +558,12 @@ func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
 				l.closeUp(u)
 				continue
 			}
-			l.idle[t] = list[:len(list)-1]
+			list[len(list)-1] = nil // the backing array must not keep it
+			if len(list) == 1 {
+				delete(l.idle, t) // an empty list must not keep t, and its instance, alive
+			} else {
+				l.idle[t] = list[:len(list)-1]
+			}
 			u.c, u.in, u.started = c, u.in[:0], false
 			return u
 		}
@@ -692,6 +719,12 @@ func (l *loop) readUp(u *upconn) {
 			l.served.Add(1) // before the client can see the answer
 			extra := c.ans.Extra()
 			l.flushClient(c)
+			if c.gone {
+				// The write failed: closeClient has ended the request and closed u. Ending it again
+				// through its cleared target was a nil-interface panic that took the activator down
+				// (TestClientGoneAsTheAnswerEnds).
+				return
+			}
 			l.answered(c, u, extra > 0)
 			return
 		}
@@ -742,18 +775,29 @@ func (l *loop) flushClient(c *client) {
 }
 
 // answered ends c's request, its answer given whole to c.out; u goes back to idle unless it sent
-// bytes past the answer (closed, the target told) or c is gone.
+// bytes past the answer (closed, the target told), was closed, or still has part of the request to
+// write (a tenant that answered before the whole request was written: what is left would go out on
+// the idle connection, or be lost under the next request's head, and desync it).
 func (l *loop) answered(c *client, u *upconn, extra bool) {
+	if c.gone || c.t == nil {
+		l.closeUp(u) // ended already (closeClient): nothing to end twice, and u is closed
+		return
+	}
 	c.t.End(c.ans.Status())
 	t := c.t
 	c.t, c.up, c.busy = nil, nil, false
 	c.in = c.in[:copy(c.in, c.in[c.n:])]
 	c.n = 0
-	if extra {
+	switch {
+	case extra:
 		t.Unasked()
 		l.closeUp(u)
-	} else {
-		u.c, u.reused, u.deadline = nil, true, time.Time{}
+	case u.gone || len(u.out) > 0:
+		l.closeUp(u)
+	default:
+		// Idle until its deadline (expire closes it then), as the upstream pool's are: taken last in,
+		// first out, the oldest would otherwise stay open for ever, an fd and a tenant's worker each.
+		u.c, u.reused, u.deadline = nil, true, time.Now().Add(l.lim.UpstreamIdleTimeout)
 		l.idle[t] = append(l.idle[t], u)
 	}
 	if len(c.out) == 0 {
@@ -934,6 +978,12 @@ func (l *loop) expire(now time.Time) {
 		}
 		if !c.deadline.IsZero() && now.After(c.deadline) {
 			l.closeClient(c) // idle, a head too slow, or a client that stopped reading
+		}
+	}
+	for t := range l.idle {
+		// Oldest first in each list; closeUp takes each out of it (and the key with the last).
+		for list := l.idle[t]; len(list) > 0 && now.After(list[0].deadline); list = l.idle[t] {
+			l.closeUp(list[0])
 		}
 	}
 }
