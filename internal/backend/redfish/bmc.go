@@ -494,8 +494,14 @@ func (b *bmc) login(ctx context.Context) (sess *session, err error) {
 	if err != nil {
 		return nil, b.rejectedIf(id, b.classify(ctx, op, err))
 	}
-	if tok, err := api.GetSession(); err == nil {
+	tok, err := api.GetSession()
+	if err == nil {
 		b.addSecret(tok.Token)
+	}
+	if b.s.Username != "" && !basic && (err != nil || tok == nil || tok.Token == "") {
+		// Every call would go out without authentication, get 401 and log in again, each leaving a
+		// session behind on the BMC until its table is full.
+		return nil, &BMCError{Op: op, Class: ErrRejected, Detail: "the BMC answered the session login without a session token (X-Auth-Token)"}
 	}
 	if b.s.Username != "" && basic {
 		// Basic auth sends the password with each request, and the service root needs none: prove it
@@ -718,9 +724,9 @@ func (b *bmc) readOnce(ctx context.Context) (*systemState, error) {
 			}
 			sys = found
 			b.mu.Lock()
-			b.sysURI, b.node = sys.ODataID, sys.ID
+			b.sysURI, b.node = sys.ODataID, clip(sys.ID)
 			if b.s.System != "" && b.s.System != sys.ID {
-				b.node = fmt.Sprintf("%s (%s)", b.s.System, sys.ID)
+				b.node = fmt.Sprintf("%s (%s)", b.s.System, clip(sys.ID))
 			}
 			b.mu.Unlock()
 		} else {
@@ -734,13 +740,29 @@ func (b *bmc) readOnce(ctx context.Context) (*systemState, error) {
 		if err != nil {
 			return err
 		}
-		st = &systemState{ID: sys.ID, PowerState: string(sys.PowerState), sys: sys}
+		st = &systemState{ID: clip(sys.ID), PowerState: clip(string(sys.PowerState)), sys: sys}
+		if len(resets) > maxResetTypes {
+			return &misbehaved{fmt.Sprintf("the BMC lists %d Reset types; Redfish defines 11", len(resets))}
+		}
 		for _, r := range resets {
-			st.Resets = append(st.Resets, string(r))
+			st.Resets = append(st.Resets, clip(string(r)))
 		}
 		return nil
 	})
 	return st, err
+}
+
+// maxResetTypes bounds the Reset types a system may list: Redfish defines 11, and each is printed in
+// the error that says none of reset_order is among them.
+const maxResetTypes = 32
+
+// clip bounds a string the BMC gave (a system's Id, a power state, a Reset type) before it goes into
+// messages, logs and the wake record: 128 bytes, cut on a character.
+func clip(s string) string {
+	if len(s) <= 128 {
+		return s
+	}
+	return strings.ToValidUTF8(s[:128], "") + "..."
 }
 
 // errNoSystem is a configuration error found while looking for the system.
@@ -824,9 +846,9 @@ func systemList(systems []*schemas.ComputerSystem) string {
 	names := make([]string, 0, len(systems))
 	for _, s := range slices.SortedFunc(slices.Values(systems), func(a, b *schemas.ComputerSystem) int { return strings.Compare(a.ID, b.ID) }) {
 		if s.Name != "" && s.Name != s.ID {
-			names = append(names, fmt.Sprintf("%s (%s)", s.ID, s.Name))
+			names = append(names, fmt.Sprintf("%s (%s)", clip(s.ID), clip(s.Name)))
 		} else {
-			names = append(names, s.ID)
+			names = append(names, clip(s.ID))
 		}
 	}
 	return strings.Join(names, ", ")

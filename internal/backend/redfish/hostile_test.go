@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/activator/activator/internal/backend/redfish/redfishtest"
 )
@@ -127,4 +128,33 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestHostileSessionWithoutToken: a session login answered without X-Auth-Token fails. It counted as
+// a login: every call then went out unauthenticated, got 401 and logged in again, each leaving a
+// session on the BMC until its table was full.
+func TestHostileSessionWithoutToken(t *testing.T) {
+	e := newEnv(t, envConfig{yaml: "auth: session\n"})
+	e.sim.Inject(redfishtest.Fault{Method: http.MethodPost, PathSuffix: "/Sessions", Count: 100, Answer: func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/1")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/SessionService/Sessions/1","Id":"1"}`)
+	}})
+	_, err := e.wake(t)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "without a session token") {
+		t.Fatalf("Wake = %v, want ErrRejected for a session without a token", err)
+	}
+}
+
+// TestClip: what a BMC names (a system's Id, a power state) reaches messages cut to 128 bytes, on a
+// character.
+func TestClip(t *testing.T) {
+	if got := clip("node-1"); got != "node-1" {
+		t.Fatalf("clip(short) = %q", got)
+	}
+	long := strings.Repeat("é", 100) // 200 bytes: a cut at 128 falls inside none
+	if got := clip(long); len(got) > 128+3 || !strings.HasSuffix(got, "...") || !utf8.ValidString(got) {
+		t.Fatalf("clip(long) = %q (%d bytes), want at most 128 bytes of it, valid UTF-8, then ...", got, len(got))
+	}
 }
