@@ -224,6 +224,11 @@ func (b *bus) connect(done chan struct{}) {
 	})
 	updates := make(chan *sddbus.PropertiesUpdate, updateBuffer)
 	lost := make(chan error, 1)
+	if err == nil && brokered(raw) {
+		if err = gate.trustOwner(cctx, raw); err != nil {
+			c.Close()
+		}
+	}
 	if err == nil {
 		c.SetPropertiesSubscriber(updates, lost)
 		gate.open()
