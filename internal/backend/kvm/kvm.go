@@ -172,10 +172,23 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 }
 
 // Notes says which snapshot mode a snapshot route gets on this host, and why (tenant.Noter): the RAM
-// file, or a copy of the RAM into the snapshot; and, with standby, what the standby QEMU costs.
+// file, or a copy of the RAM into the snapshot; with standby, what the standby QEMU costs; and, for a
+// guest on QEMU's user network that is not restricted, what it can reach on the host.
 func (p *Provider) Notes(ctx context.Context, r *registry.Route) []string {
 	s, ok := r.Settings.(*Settings)
-	if !ok || s == nil || s.Sleep != SleepSnapshot {
+	if !ok || s == nil {
+		return nil
+	}
+	notes := snapshotNotes(ctx, s)
+	if s.Network.Mode == NetUser && !s.Network.Restrict {
+		notes = append(notes, "network: the guest reaches the host's loopback through QEMU's user network (10.0.2.2 is the host's 127.0.0.1): an admin API there without admin_token_file, the edge and other tenants' ports; set network.restrict: true to isolate it (it then reaches nothing outside either)")
+	}
+	return notes
+}
+
+// snapshotNotes is Notes for a snapshot route: its RAM mode and, with standby, its cost.
+func snapshotNotes(ctx context.Context, s *Settings) []string {
+	if s.Sleep != SleepSnapshot {
 		return nil
 	}
 	bin, err := exec.LookPath(s.QEMU)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +175,11 @@ func argv(name string, s *Settings, p paths, accel string, l launch) []string {
 		}
 	}
 	if s.Network.Mode == NetUser {
-		a = append(a, "-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:%s:%d-:%d", s.hostAddr, s.hostPort, s.Network.GuestPort))
+		nd := fmt.Sprintf("user,id=net0,hostfwd=tcp:%s:%d-:%d", s.hostAddr, s.hostPort, s.Network.GuestPort)
+		if s.Network.Restrict {
+			nd += ",restrict=on"
+		}
+		a = append(a, "-netdev", nd)
 		if micro {
 			a = append(a, "-device", "virtio-net-device,netdev=net0")
 		} else {
@@ -373,13 +378,21 @@ func shellQuote(s string) string {
 }
 
 // logTail returns up to the last n bytes of file, trimmed ("" when it cannot be read).
+//
+// It reads only those bytes: a guest can make QEMU write to qemu.log without end (device errors
+// it provokes), and reading the whole file into memory, as it did, put the activator at the mercy
+// of the file's size.
 func logTail(file string, n int) string {
-	b, err := os.ReadFile(file)
+	f, err := os.Open(file)
 	if err != nil {
 		return ""
 	}
-	if len(b) > n {
-		b = b[len(b)-n:]
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(n) {
+		if _, err := f.Seek(-int64(n), io.SeekEnd); err != nil {
+			return ""
+		}
 	}
+	b, _ := io.ReadAll(io.LimitReader(f, int64(n)))
 	return string(bytes.TrimSpace(b))
 }

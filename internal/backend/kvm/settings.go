@@ -120,6 +120,10 @@ type Network struct {
 	Mode string `yaml:"mode"`
 	// GuestPort is the guest's TCP port the upstream is forwarded to (default 80).
 	GuestPort int `yaml:"guest_port"`
+	// Restrict isolates a user-networked guest (QEMU's restrict=on): only the forwarded port
+	// reaches it, and it reaches nothing, the host included. Without it the guest reaches the host's
+	// loopback at 10.0.2.2 (the admin API there, other tenants' ports) and the outside world.
+	Restrict bool `yaml:"restrict"`
 }
 
 // Budgets bound the phases of a wake and the slow steps of a sleep. Each also ends with the caller's
@@ -265,6 +269,9 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 		s.hostAddr = host
 		s.hostPort, _ = strconv.Atoi(port)
 	case NetNone:
+		if s.Network.Restrict {
+			bad("network.restrict", "only user networking has a network to restrict; with mode none the guest has none")
+		}
 	default:
 		bad("network.mode", "%q is not one of user, none", s.Network.Mode)
 	}

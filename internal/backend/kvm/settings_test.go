@@ -1,6 +1,7 @@
 package kvm
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"os"
@@ -354,5 +355,51 @@ instances:
 	}
 	if n := strings.Count(msg, "is also that of"); n != 4 {
 		t.Errorf("Load found %d shared things, want 4 (fine1 and fine2 have their own defaults):\n%s", n, msg)
+	}
+}
+
+// TestNetworkRestrict: network.restrict isolates a user-networked guest (restrict=on): without it the
+// guest reaches the host's loopback at 10.0.2.2, the admin API there included, and check says so.
+func TestNetworkRestrict(t *testing.T) {
+	kernel, _, _ := fakeFiles(t)
+	for _, c := range []struct {
+		doc      string
+		restrict bool
+	}{
+		{"kernel: " + kernel + "\n", false},
+		{"kernel: " + kernel + "\nnetwork: {restrict: true}\n", true},
+	} {
+		s, err := decode(t, "127.0.0.1:8081", c.doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joined := strings.Join(argv("vm", s, newPaths(s), AccelTCG, launch{}), " ")
+		if got := strings.Contains(joined, "hostfwd=tcp:127.0.0.1:8081-:80,restrict=on"); got != c.restrict {
+			t.Errorf("%q: restrict=on in argv: %v, want %v:\n%s", c.doc, got, c.restrict, joined)
+		}
+		notes := New(Options{}).Notes(context.Background(), &registry.Route{Name: "vm", Settings: s})
+		warned := slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, "network: the guest reaches the host's loopback") })
+		if warned == c.restrict {
+			t.Errorf("%q: notes %q; want the loopback note: %v", c.doc, notes, !c.restrict)
+		}
+	}
+	if _, err := decode(t, "127.0.0.1:8081", "kernel: "+kernel+"\nnetwork: {mode: none, restrict: true}\n"); err == nil || !strings.Contains(err.Error(), "network.restrict") {
+		t.Errorf("restrict with mode none: %v, want a problem naming network.restrict", err)
+	}
+}
+
+// TestLogTail: logTail reads the end of a log it quotes, not the whole file: a guest can make QEMU
+// write to qemu.log without end.
+func TestLogTail(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "qemu.log")
+	body := strings.Repeat("device error\n", 400000) + "the last line\n" // about 5 MB
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := logTail(f, 20); got != "error\nthe last line" {
+		t.Fatalf("logTail = %q, want the last 20 bytes, trimmed", got)
+	}
+	if got := logTail(filepath.Join(t.TempDir(), "none"), 20); got != "" {
+		t.Fatalf("logTail of a missing file = %q", got)
 	}
 }
