@@ -127,11 +127,23 @@ const (
 )
 
 // Reset readies a for the next answer, keeping its buffers.
+//
+// Buffers a large head grew (up to the head limit, set by the tenant) are let go rather than kept
+// for the connection's life: idle keep-alive clients would otherwise each hold what their largest
+// answer's head took.
 func (a *Answer) Reset() {
 	a.phase = phaseHead
-	a.raw, a.hold, a.head = a.raw[:0], a.hold[:0], 0
+	a.raw, a.hold, a.head = keepSmall(a.raw), keepSmall(a.hold), 0
 	a.status, a.left, a.extra = 0, 0, 0
 	a.needDate, a.sniff, a.flushEach, a.started = false, false, false, false
+}
+
+// keepSmall returns b emptied, or nil when it grew past what a common head needs (8 KiB).
+func keepSmall(b []byte) []byte {
+	if cap(b) > 8<<10 {
+		return nil
+	}
+	return b[:0]
 }
 
 // Status is the answer's status code once Feed has parsed its head (a plain one), and 0 before, and

@@ -773,3 +773,22 @@ func TestCanonMatchesNetHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswerResetLetsLargeBuffersGo: an answer whose head took a large buffer (a tenant sending a head
+// near the limit) leaves it behind at Reset, so an idle keep-alive client does not hold it for its
+// connection's life; a common head's buffer is kept (TestAnswerAllocatesNothing).
+func TestAnswerResetLetsLargeBuffersGo(t *testing.T) {
+	var a Answer
+	head := "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("x", 40<<10) + "\r\nContent-Length: 2\r\n\r\nok"
+	var out []byte
+	for i := 0; i < len(head); i += 1000 { // in pieces: the head is held until whole
+		out, _ = a.Feed(out[:0], []byte(head[i:min(i+1000, len(head))]), answerNow)
+	}
+	if cap(a.raw)+cap(a.hold) <= 8<<10 {
+		t.Skipf("the head took no large buffer (raw %d, hold %d): nothing to let go", cap(a.raw), cap(a.hold))
+	}
+	a.Reset()
+	if cap(a.raw) > 8<<10 || cap(a.hold) > 8<<10 {
+		t.Fatalf("after Reset, raw %d and hold %d bytes kept, want at most 8 KiB each", cap(a.raw), cap(a.hold))
+	}
+}

@@ -570,7 +570,7 @@ func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
 			} else {
 				l.idle[t] = list[:len(list)-1]
 			}
-			u.c, u.in, u.started = c, u.in[:0], false
+			u.c, u.in, u.started = c, keepSmall(u.in), false
 			return u
 		}
 	}
@@ -804,6 +804,7 @@ func (l *loop) answered(c *client, u *upconn, extra bool) {
 		// Idle until its deadline (expire closes it then), as the upstream pool's are: taken last in,
 		// first out, the oldest would otherwise stay open for ever, an fd and a tenant's worker each.
 		u.c, u.reused, u.deadline = nil, true, time.Now().Add(l.lim.UpstreamIdleTimeout)
+		u.in = keepSmall(u.in) // a large head's copy is not kept while idle
 		l.idle[t] = append(l.idle[t], u)
 	}
 	if len(c.out) == 0 {
