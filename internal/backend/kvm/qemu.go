@@ -222,6 +222,12 @@ func spawn(ctx context.Context, bin string, args []string, p paths, ram *os.File
 		if pid, perr := readPid(p.pid); perr == nil {
 			_ = killAndWait(pid)
 		}
+		// A daemon forked before the end whose pid file was not written yet carries our QMP socket
+		// in its command line: it would otherwise go on booting the guest, for the next activator
+		// to adopt as running.
+		for _, pid := range ourQEMUs(p.sock) {
+			_ = killAndWait(pid)
+		}
 		return 0, fmt.Errorf("qemu did not start: %w", ctx.Err())
 	}
 	if err != nil {
@@ -304,6 +310,22 @@ func isOurQEMU(pid int, sock string) bool {
 		return false
 	}
 	return bytes.Contains(b, []byte("unix:"+sock+","))
+}
+
+// ourQEMUs returns the live processes started with our QMP socket (isOurQEMU), found in /proc.
+func ourQEMUs(sock string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if isOurQEMU(pid, sock) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func killPid(pid int) {
