@@ -865,13 +865,30 @@ func (b *bmc) read(ctx context.Context) (*systemState, error) {
 	return st, err
 }
 
-// reset POSTs one Reset action, once: the caller decides whether a failed one may be re-issued.
+// reset POSTs one Reset action, once: the caller decides whether a failed one may be re-issued. A
+// system that offers no Reset action (no #ComputerSystem.Reset target) is a configuration error: gofish
+// would POST to the endpoint itself, and the answer, whatever it is, says nothing of the node.
 func (b *bmc) reset(ctx context.Context, st *systemState, rt string) error {
+	if !hasResetTarget(st.sys.RawData) {
+		return &BMCError{Op: "reset " + rt, Class: ErrConfig, Detail: fmt.Sprintf("system %s offers no Reset action (no #ComputerSystem.Reset target)", st.ID)}
+	}
 	return b.call(ctx, "reset "+rt, func(c *gofish.APIClient) error {
 		st.sys.SetClient(c)
 		_, err := st.sys.Reset(schemas.ResetType(rt))
 		return err
 	})
+}
+
+// hasResetTarget reports whether a ComputerSystem's JSON names a Reset action's target.
+func hasResetTarget(raw []byte) bool {
+	var sys struct {
+		Actions struct {
+			Reset struct {
+				Target string `json:"target"`
+			} `json:"#ComputerSystem.Reset"`
+		}
+	}
+	return json.Unmarshal(raw, &sys) == nil && sys.Actions.Reset.Target != ""
 }
 
 // logout ends the session, if any, bounded by ctx: after the BMC's throttle, if ctx leaves time for it.

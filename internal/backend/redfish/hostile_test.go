@@ -158,3 +158,23 @@ func TestClip(t *testing.T) {
 		t.Fatalf("clip(long) = %q (%d bytes), want at most 128 bytes of it, valid UTF-8, then ...", got, len(got))
 	}
 }
+
+// TestResetWithoutTarget: a system that offers no Reset action fails the wake as a configuration
+// error, naming it. gofish POSTed the Reset to the endpoint itself, and whatever came back was filed as
+// a failed or ambiguous Reset (retried, then undone).
+func TestResetWithoutTarget(t *testing.T) {
+	e := newEnv(t, envConfig{})
+	e.sim.Inject(redfishtest.Fault{Method: http.MethodGet, PathSuffix: "/Systems/node-1", Count: 100, Answer: func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/Systems/node-1","@odata.type":"#ComputerSystem.v1_20_0.ComputerSystem","Id":"node-1","Name":"node-1","PowerState":"Off"}`)
+	}})
+	_, err := e.wake(t)
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "offers no Reset action") {
+		t.Fatalf("Wake = %v, want ErrConfig naming the missing Reset action", err)
+	}
+	for _, r := range e.sim.Requests() {
+		if r.Method == http.MethodPost && !strings.HasSuffix(r.Path, "/Sessions") {
+			t.Fatalf("a Reset went out anyway: %+v", r)
+		}
+	}
+}
