@@ -210,9 +210,8 @@ func Handler(mainNS, boundNS int64) http.Handler {
 	})
 	release := make(chan chan struct{})
 	mux.HandleFunc("/twice", func(w http.ResponseWriter, r *http.Request) {
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		conn, bw, ok := hijack(w)
+		if !ok {
 			return
 		}
 		defer conn.Close()
@@ -227,9 +226,8 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		close(done)
 	})
 	mux.HandleFunc("/glued", func(w http.ResponseWriter, r *http.Request) {
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		conn, bw, ok := hijack(w)
+		if !ok {
 			return
 		}
 		defer conn.Close()
@@ -287,6 +285,17 @@ func Handler(mainNS, boundNS int64) http.Handler {
 		}
 	})
 	return mux
+}
+
+// hijack takes w's connection over, for the endpoints that answer as a buggy tenant would; when it
+// cannot (HTTP/2), it answers 500 itself and reports false.
+func hijack(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, bool) {
+	conn, bw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return nil, nil, false
+	}
+	return conn, bw, true
 }
 
 // writeRaw writes a whole HTTP/1.1 answer, status and a text body, to bw and flushes it.

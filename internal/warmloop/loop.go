@@ -570,7 +570,7 @@ func (l *loop) upstream(c *client, t Target, fresh bool) *upconn {
 			} else {
 				l.idle[t] = list[:len(list)-1]
 			}
-			u.c, u.in, u.started = c, keepSmall(u.in), false
+			u.c, u.in, u.started = c, u.in[:0], false // answered let a large one go
 			return u
 		}
 	}
