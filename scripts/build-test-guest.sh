@@ -42,8 +42,9 @@ kver=${pkg#linux-image-}
 
 # The stamp is the kernel package and the initramfs's version: a guest built by an older script is
 # rebuilt. init-2: the power button is opened before httpd starts. init-3: a test can ask for it late
-# (activator_test.button_late).
-stamp="$pkg init-3"
+# (activator_test.button_late). init-4: a test can have the guest print to its console without end
+# (activator_test.chatter=1).
+stamp="$pkg init-4"
 if [ "$force" = 0 ] && [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] &&
 	[ -s "$out/vmlinux" ] && [ -s "$out/initrd.img" ] && [ -s "$out/append" ]; then
 	log "reusing $out ($stamp)"
@@ -163,6 +164,9 @@ late=$(sed -n 's/.*activator_test\.button_late=\([0-9][0-9]*\).*/\1/p' /proc/cmd
 [ -z "$late" ] && watch_button
 httpd -p 80 -h /www
 echo "activator-test-guest: serving on 10.0.2.15:80"
+# activator_test.chatter=1: print to the serial console without end, as a guest in a loop of errors
+# does (TestConsoleLogCapped).
+grep -q 'activator_test\.chatter=1' /proc/cmdline && yes "activator-test-guest chatter" >/dev/console &
 if [ -n "$late" ]; then
 	sleep "$late"
 	watch_button

@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/activator/activator/internal/privdir"
 	"github.com/activator/activator/internal/registry"
 )
 
@@ -112,7 +113,9 @@ func New(opts Options, log *slog.Logger) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// Private, as the keys in it: made 0700, and refused when someone other than this user and root
+	// could change it or a step of the path to it (and so swap a certificate or read a key).
+	if err := privdir.Make(dir); err != nil {
 		return nil, fmt.Errorf("tls.acme.storage: %w", err)
 	}
 	if log == nil {

@@ -108,6 +108,13 @@ func TestCheck(t *testing.T) {
 	if err := os.Chmod(loose, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	readable := filepath.Join(dir, "readable")
+	if err := os.Mkdir(readable, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(readable, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	acme := func(storage, root string) Options {
 		return Options{ACME: &registry.ACME{CA: registry.DefaultACMECA, Storage: storage, CARoot: root}}
 	}
@@ -119,7 +126,8 @@ func TestCheck(t *testing.T) {
 		{"good, to be made", acme(filepath.Join(dir, "new", "acme"), ""), "", ""},
 		{"root missing", acme(filepath.Join(dir, "s"), filepath.Join(dir, "nope.pem")), "tls.acme.ca_root: open", ""},
 		{"under a file", acme(filepath.Join(file, "x"), ""), "a-file is not a directory", ""},
-		{"loose", acme(loose, ""), "", "mode 0777"},
+		{"writable by others", acme(loose, ""), "loose is writable by others (mode 0777)", ""},
+		{"readable by others", acme(readable, ""), "", "mode 0755"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			problems, warnings := Check(tc.opts)

@@ -75,8 +75,9 @@ func TestImportRows(t *testing.T) {
 		"fleet":     {"tenant"},
 		"warmloop":  {"upstream"},
 		"tlsedge":   {"registry"},
-		"acme":      {"registry"},
+		"acme":      {"registry", "privdir"},
 		"trust":     nil,
+		"privdir":   nil,
 	}
 	args := []string{"list", "-f", `{{.ImportPath}} {{join .Imports " "}}`}
 	for p := range may {

@@ -242,3 +242,34 @@ func refusing(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// A runtime_dir or snapshot_dir someone else could change fails Check and Open as terminal, naming
+// the key and the step: the backing trusts the pid file, the record of snapshot dirs and the snapshot
+// it finds there (the /tmp fallback is a path any local user can make first).
+func TestTerminalDirNotPrivate(t *testing.T) {
+	dir := shortDir(t)
+	r := cheapRoute(t, dir, "")
+	run, snap := filepath.Join(dir, "run"), filepath.Join(dir, "snap")
+	for _, d := range []string{run, snap} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(run, 65534, 65534); err != nil {
+		t.Skipf("cannot give %s to uid 65534, needed to play another local user: %v", run, err)
+	}
+	if err := os.Chmod(snap, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{"Check": New(Options{}).Check(context.Background(), r), "Open": func() error { _, err := New(Options{}).Open(r); return err }()} {
+		wantClass(t, err, tenant.ClassTerminal)
+		for _, want := range []string{"runtime_dir: " + run + " is owned by uid 65534", "snapshot_dir: " + snap + " is writable by others (mode 0777)"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s = %q, want it to say %q", name, err, want)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(run, pidName)); err == nil {
+		t.Fatal("something was written into the refused runtime_dir")
+	}
+}

@@ -9,10 +9,11 @@ import (
 	"time"
 )
 
-// instance is one QEMU process and its QMP monitor. It owns two goroutines: drain, which reads QMP
-// events until the connection closes (go-qemu stalls command replies while events go unread), and
-// watch, which notices QEMU's end (the monitor's EOF, or a SHUTDOWN/GUEST_PANICKED event), makes sure
-// the process is gone, closes gone and reports to the backend through onGone.
+// instance is one QEMU process and its QMP monitor. It owns two goroutines, three with logs: drain,
+// which reads QMP events until the connection closes (go-qemu stalls command replies while events go
+// unread); watch, which notices QEMU's end (the monitor's EOF, or a SHUTDOWN/GUEST_PANICKED event),
+// makes sure the process is gone, closes gone and reports to the backend through onGone; and capLogs,
+// which holds QEMU's log files to their cap (logcap.go) until the monitor closes.
 //
 // An instance ends in one of three ways: QEMU exits (on its own, killed, or after quit), stop kills
 // it, or detach lets go of a QEMU that keeps running. After any of them, close joins the goroutines.
@@ -23,6 +24,9 @@ type instance struct {
 	// ramFile: the guest's RAM is the route's RAM file (file mode). Set by the backend once, right
 	// after attach; read under the backend's op lock.
 	ramFile bool
+	// logs are the files QEMU writes without bound (its console, its messages), held to logCap while
+	// the instance runs. Set before start.
+	logs []string
 
 	monClosed chan struct{} // closed by drain when the event stream ends
 	fatal     chan struct{} // closed (once, by drain) on SHUTDOWN or GUEST_PANICKED
@@ -66,6 +70,13 @@ func (in *instance) start(wg *sync.WaitGroup) {
 	var local sync.WaitGroup
 	local.Add(2)
 	wg.Add(1)
+	if len(in.logs) > 0 {
+		local.Add(1)
+		go func() {
+			defer local.Done()
+			in.capLogs(in.logs)
+		}()
+	}
 	go func() {
 		defer local.Done()
 		in.drain()

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/foreign"
+	"github.com/activator/activator/internal/privdir"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 )
@@ -116,6 +117,9 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	if err != nil {
 		return nil, tenant.Terminal(fmt.Errorf("kvm: qemu binary: %w", err))
 	}
+	if err := dirsPrivate(s); err != nil {
+		return nil, tenant.Terminal(err)
+	}
 	log := p.log.With("route", r.Name, "backing", "kvm")
 	accel, reason := chooseAccel(s.Accel, readHostFacts())
 	log.Info("kvm accelerator chosen", "accel", accel, "reason", reason)
@@ -148,6 +152,9 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 		errs = append(errs, fmt.Errorf("qemu: %w", err))
 	}
 	if err := bootFiles(s); err != nil {
+		errs = append(errs, err)
+	}
+	if err := dirsPrivate(s); err != nil {
 		errs = append(errs, err)
 	}
 	if s.Sleep == SleepSnapshot && s.SnapshotCompress == "zstd" {
@@ -518,6 +525,7 @@ func (b *Backend) attach(ctx context.Context, pid int) (*instance, error) {
 		return nil, overBudget(ctx, qctx, PhaseQMP, budget, last, err)
 	}
 	inst := newInstance(pid, mon, b.log, b.instanceGone, b.instanceStopped)
+	inst.logs = []string{b.p.console, b.p.log}
 	inst.start(&b.wg)
 	if _, err := inst.queryStatus(qctx); err != nil {
 		inst.detach()
@@ -846,12 +854,22 @@ func (b *Backend) Close(ctx context.Context) error {
 	}
 }
 
-// privateDir creates dir (and parents) with mode 0700 and makes sure it is private.
-func privateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+// privateDir creates dir (and parents) with mode 0700, refusing a path someone other than this user
+// and root could change (privdir).
+func privateDir(dir string) error { return privdir.Make(dir) }
+
+// dirsPrivate refuses runtime_dir and snapshot_dir, as far as they exist, when someone other than this
+// user and root could change them or a step of the path to them: the backing trusts what it finds
+// there (a pid file it signals, the record of snapshot dirs it cleans up, a snapshot it resumes), and
+// the fallback under $TMPDIR is a path any local user can make first.
+func dirsPrivate(s *Settings) error {
+	var errs []error
+	for _, d := range []struct{ key, path string }{{"runtime_dir", s.RuntimeDir}, {"snapshot_dir", s.SnapshotDir}} {
+		if err := privdir.CheckIfExists(d.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w (fix: a directory only this user and root can write, such as $XDG_RUNTIME_DIR's or /run/activator)", d.key, err))
+		}
 	}
-	return os.Chmod(dir, 0o700)
+	return errors.Join(errs...)
 }
 
 // sinceMs is a log helper.

@@ -235,6 +235,9 @@ func Decode(r *registry.Route, node *yaml.Node) (any, error) {
 	}
 
 	// Directories.
+	// Cleaned as filepath.Join cleans the paths made in them, so that a ".." means the same to the
+	// backing, to QEMU and to the check of who may change them (privdir).
+	s.RuntimeDir, s.SnapshotDir = filepath.Clean(s.RuntimeDir), filepath.Clean(s.SnapshotDir)
 	for _, d := range []struct{ key, path string }{{"runtime_dir", s.RuntimeDir}, {"snapshot_dir", s.SnapshotDir}} {
 		if !filepath.IsAbs(d.path) {
 			bad(d.key, "%q must be an absolute path", d.path)
