@@ -43,8 +43,8 @@ kver=${pkg#linux-image-}
 # The stamp is the kernel package and the initramfs's version: a guest built by an older script is
 # rebuilt. init-2: the power button is opened before httpd starts. init-3: a test can ask for it late
 # (activator_test.button_late). init-4: a test can have the guest print to its console without end
-# (activator_test.chatter=1).
-stamp="$pkg init-4"
+# (activator_test.chatter=1). init-5: and suspend itself to RAM (activator_test.suspend=SECONDS).
+stamp="$pkg init-5"
 if [ "$force" = 0 ] && [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ] &&
 	[ -s "$out/vmlinux" ] && [ -s "$out/initrd.img" ] && [ -s "$out/append" ]; then
 	log "reusing $out ($stamp)"
@@ -167,6 +167,15 @@ echo "activator-test-guest: serving on 10.0.2.15:80"
 # activator_test.chatter=1: print to the serial console without end, as a guest in a loop of errors
 # does (TestConsoleLogCapped).
 grep -q 'activator_test\.chatter=1' /proc/cmdline && yes "activator-test-guest chatter" >/dev/console &
+# activator_test.suspend=SECONDS: suspend to RAM (ACPI S3) that long after httpd starts, as a guest
+# with an idle-suspend policy does (TestGuestSuspendsItself; the machine must offer S3: pc or q35).
+s3=$(sed -n 's/.*activator_test\.suspend=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
+if [ -n "$s3" ]; then
+	(sleep "$s3"
+	 echo "activator-test-guest: suspending to RAM (offered: $(cat /sys/power/state))"
+	 echo mem >/sys/power/state
+	 echo "activator-test-guest: resumed from suspend") &
+fi
 if [ -n "$late" ]; then
 	sleep "$late"
 	watch_button

@@ -57,6 +57,22 @@ func needGuest(tb testing.TB) guest {
 	return g
 }
 
+// needGuestInit is needGuest for a test that needs the guest's init at version init or later
+// (build-test-guest.sh's stamp): a guest built by an older script lacks what the test asks of it.
+func needGuestInit(tb testing.TB, init int) guest {
+	tb.Helper()
+	g := needGuest(tb)
+	stamp, _ := os.ReadFile(filepath.Join(filepath.Dir(g.kernel), "stamp"))
+	var built int // the stamp's last word: init-N
+	if f := strings.Fields(string(stamp)); len(f) > 0 {
+		_, _ = fmt.Sscanf(f[len(f)-1], "init-%d", &built)
+	}
+	if built < init {
+		testenv.Missing(tb, "test guest built by an older script (stamp %q, this test needs init-%d): run scripts/build-test-guest.sh", stamp, init)
+	}
+	return g
+}
+
 // shortDir is a private temp dir short enough for a unix socket path, removed at cleanup.
 func shortDir(tb testing.TB) string {
 	tb.Helper()

@@ -118,10 +118,19 @@ func (in *instance) handle(name string, data map[string]any) {
 	case "RESUME":
 		in.status = "running"
 	case "SHUTDOWN":
-		in.reason = "guest shut down (" + str("reason") + ")"
+		if in.reason != suspendedReason { // the quit that follows a suspend is ours, not the reason
+			in.reason = "guest shut down (" + str("reason") + ")"
+		}
 		fatal = true
 	case "GUEST_PANICKED":
 		in.reason = "guest panicked"
+		fatal = true
+	case "SUSPEND":
+		// The guest suspended itself to RAM (ACPI S3): its vCPUs stop and it answers nothing. QEMU's
+		// system_wakeup resumes it through a reset, which -no-reboot turns into a power-off, so there
+		// is no waking it: the guest has ended itself, as with a power-off, and QEMU is quit at once.
+		in.reason = suspendedReason
+		in.status = "suspended"
 		fatal = true
 	case "RESET":
 		in.log.Info("guest reset", "reason", str("reason"))
@@ -158,6 +167,9 @@ func (in *instance) contLate() {
 	in.log.Info("a failed sleep's stop paused the guest late: continued it")
 }
 
+// suspendedReason is why QEMU ends when the guest suspended itself to RAM.
+const suspendedReason = "guest suspended itself to RAM (ACPI S3), which it cannot be woken from: QEMU quit"
+
 func (in *instance) watch() {
 	select {
 	case <-in.monClosed:
@@ -170,8 +182,17 @@ func (in *instance) watch() {
 		<-in.monClosed
 		return
 	}
-	// QEMU is ending: give it a moment to exit by itself, then make sure.
+	// QEMU is ending: give it a moment to exit by itself, then make sure. The QEMU of a guest that
+	// suspended itself does not end by itself: it is asked to quit.
+	in.mu.Lock()
+	suspended := in.reason == suspendedReason
+	in.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if suspended {
+		in.log.Warn("the guest suspended itself to RAM (ACPI S3), which it cannot be woken from under -no-reboot: quitting its QEMU; the next wake boots it",
+			"fix", "keep the guest from suspending itself (systemd: mask sleep.target suspend.target; or disable its idle suspend): the activator puts it to sleep")
+		_ = in.mon.run(ctx, nil, "quit", nil)
+	}
 	if err := waitGone(ctx, in.pid); err != nil {
 		in.log.Warn("qemu still running after its monitor closed or the guest ended; killing it")
 		_ = killAndWait(in.pid)

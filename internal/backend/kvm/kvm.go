@@ -781,7 +781,15 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 		}
 		b.log.Info("adopted running guest", "qemu_pid", pid)
 		return life, true, nil
-	case "paused", "postmigrate", "suspended":
+	case "suspended":
+		// The guest suspended itself to RAM while no activator watched it: see the SUSPEND event
+		// (instance.handle). It is not resumed from the older snapshot either (removed above).
+		b.log.Warn("adopted qemu's guest had suspended itself to RAM (ACPI S3), which it cannot be woken from under -no-reboot; killing it: the next wake boots it", "qemu_pid", pid)
+		inst.kill()
+		inst.close()
+		removeStale(b.p)
+		return nil, false, nil
+	case "paused", "postmigrate":
 		b.mu.Lock()
 		gone := inst.isGone()
 		if !gone {

@@ -732,3 +732,36 @@ func TestSnapshotOverAChangedDisk(t *testing.T) {
 		})
 	}
 }
+
+// TestGuestSuspendsItself: a guest that suspends itself to RAM (ACPI S3, as one with an idle-suspend
+// policy does) answers nothing, and QEMU cannot wake it under -no-reboot (the wake-up is a reset,
+// which -no-reboot makes a power-off: tried by hand, QEMU 7.2). Its life ends, saying so, and its
+// QEMU is quit; the next wake boots it. Before, the SUSPEND event was ignored: the guest passed for
+// running and every request to it timed out.
+func TestGuestSuspendsItself(t *testing.T) {
+	g := needGuestInit(t, 5)
+	g.append += " activator_test.suspend=1"
+	r := route(t, g, SleepPause, "machine: pc\n")
+	tap := newLogTap(t)
+	b := openWith(t, New(Options{Logger: tap.logger()}), r)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	life, err := b.Wake(ctx, tenant.Discard)
+	if err != nil {
+		t.Fatalf("Wake: %v", err)
+	}
+	select {
+	case <-life.Done():
+	case <-ctx.Done():
+		t.Fatalf("the guest's life has not ended 3 minutes after its wake (it suspends itself a second after its web server starts); QMP status %q", qmpStatus(t, b))
+	}
+	if err := life.Err(); err == nil || !strings.Contains(err.Error(), "suspended itself to RAM") {
+		t.Fatalf("the life ended with %v, want it to say the guest suspended itself to RAM", err)
+	}
+	if pid := qemuPid(b.p); pid != 0 {
+		t.Fatalf("QEMU (pid %d) still runs after its guest suspended itself", pid)
+	}
+	if tap.find("suspended itself to RAM", "quitting its QEMU") == "" {
+		t.Error("the suspend was not logged")
+	}
+}

@@ -3,7 +3,6 @@ package kvm
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/activator/activator/internal/tenant"
-	"github.com/activator/activator/internal/testenv"
 )
 
 // onDisk is the bytes file takes on disk.
@@ -83,15 +81,7 @@ func TestCapLog(t *testing.T) {
 // Before the cap, console.log grew for as long as the guest ran, in runtime_dir: under /run, a tmpfs,
 // the host's memory.
 func TestConsoleLogCapped(t *testing.T) {
-	g := needGuest(t)
-	stamp, _ := os.ReadFile(filepath.Join(filepath.Dir(g.kernel), "stamp"))
-	var built int // the init's version, the stamp's last word
-	if f := strings.Fields(string(stamp)); len(f) > 0 {
-		_, _ = fmt.Sscanf(f[len(f)-1], "init-%d", &built)
-	}
-	if built < 4 {
-		testenv.Missing(t, "test guest built before activator_test.chatter (stamp %q): run scripts/build-test-guest.sh", stamp)
-	}
+	g := needGuestInit(t, 4)
 	g.append += " activator_test.chatter=1"
 	r := route(t, g, SleepPause, "")
 	tap := newLogTap(t)
