@@ -187,10 +187,6 @@ func TestRestartUnderSystemdLosesNothing(t *testing.T) {
 		testenv.Missing(t, "no systemctl (apt-get install systemd): %v", err)
 	}
 	m := systemdtest.Start(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const body = "hello across restarts"
 	edge := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	dir := t.TempDir()
@@ -203,53 +199,7 @@ func TestRestartUnderSystemdLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The shipped units, with this test's paths and addresses. What a user manager cannot apply here
-	// is dropped, and so is what would hide this test's files from the service; the socket activation,
-	// Type=notify, the stop and kill settings, the restart policy and the rest of the sandbox stay as
-	// shipped.
-	noRemount := "this host cannot remount it for a service (226/NAMESPACE)"
-	service := unitEdit{
-		set: map[string]string{
-			"ExecStart":     fmt.Sprintf("%s serve --config %s --log-format json", self, cfgPath),
-			"ReadOnlyPaths": dir,
-		},
-		drop: map[string]string{
-			"User":                  "a user manager runs services as its own user",
-			"Group":                 "a user manager runs services as its own user",
-			"PrivateTmp":            "the test binary and its config live under /tmp",
-			"StateDirectory":        "under a user manager it would be made in $HOME",
-			"ProtectHome":           noRemount,
-			"ProtectKernelTunables": noRemount,
-			"ProtectKernelLogs":     noRemount,
-		},
-		add: map[string][]string{"[Service]": {
-			"Environment=" + serveChildEnv + "=1",
-			// The race detector's pause at exit is not the activator's: leave it out of the restart.
-			"Environment=GORACE=atexit_sleep_ms=0",
-			// There is no journal here: the activators' logs go to a file the test prints on failure.
-			"StandardError=append:" + logPath,
-		}},
-	}.apply(t, "activator.service", shippedUnit(t, "activator.service"))
-	socket := unitEdit{set: map[string]string{"ListenStream": edge}}.apply(t, "activator.socket", shippedUnit(t, "activator.socket"))
-	adminSocket := unitEdit{
-		set: map[string]string{"ListenStream": admin},
-		drop: map[string]string{
-			"SocketUser":  "a user manager cannot chown the socket to another user",
-			"SocketGroup": "a user manager cannot chown the socket to another group",
-		},
-	}.apply(t, "activator-admin.socket", shippedUnit(t, "activator-admin.socket"))
-	m.WriteUnit(t, "activator.service", service)
-	m.WriteUnit(t, "activator.socket", socket)
-	m.WriteUnit(t, "activator-admin.socket", adminSocket)
-	t.Cleanup(func() {
-		if t.Failed() {
-			dumpServiceLogs(t, m, logPath)
-		}
-	})
-	m.StartUnit(t, "activator.socket")
-	m.StartUnit(t, "activator-admin.socket")
-	m.StartUnit(t, "activator.service") // Type=notify: done once it sent READY=1
-	t.Cleanup(func() { m.StopUnit(t, "activator.service") })
+	startShippedUnits(t, m, shippedRun{config: cfgPath, log: logPath, readOnly: dir, edge: edge, admin: admin})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*patience)
 	defer cancel()
@@ -362,4 +312,71 @@ func dumpTail(t testing.TB, path string) {
 	for _, l := range lines {
 		t.Logf("%s: %s", filepath.Base(path), l)
 	}
+}
+
+// shippedRun is where one activator run under the shipped units keeps its files and listens.
+type shippedRun struct {
+	config, log string // the config file, and the file the activator's logs go to
+	readOnly    string // a dir the service sees read-only (the config's)
+	readWrite   string // a dir it may write ("": none)
+	edge, admin string // the edge's address and the admin socket's path
+}
+
+// startShippedUnits runs this test binary as the activator under the shipped units, with run's paths
+// and addresses, on m, until the test ends. What a user manager cannot apply here is dropped, and so
+// is what would hide the test's files from the service; the socket activation, Type=notify, the stop
+// and kill settings, the restart policy and the rest of the sandbox stay as shipped.
+func startShippedUnits(t *testing.T, m *systemdtest.Manager, run shippedRun) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noRemount := "this host cannot remount it for a service (226/NAMESPACE)"
+	add := []string{
+		"Environment=" + serveChildEnv + "=1",
+		// The race detector's pause at exit is not the activator's: leave it out of the restart.
+		"Environment=GORACE=atexit_sleep_ms=0",
+		// There is no journal here: the activators' logs go to a file the test prints on failure.
+		"StandardError=append:" + run.log,
+	}
+	if run.readWrite != "" {
+		add = append(add, "ReadWritePaths="+run.readWrite)
+	}
+	service := unitEdit{
+		set: map[string]string{
+			"ExecStart":     fmt.Sprintf("%s serve --config %s --log-format json", self, run.config),
+			"ReadOnlyPaths": run.readOnly,
+		},
+		drop: map[string]string{
+			"User":                  "a user manager runs services as its own user",
+			"Group":                 "a user manager runs services as its own user",
+			"PrivateTmp":            "the test binary and its config live under /tmp",
+			"StateDirectory":        "under a user manager it would be made in $HOME",
+			"ProtectHome":           noRemount,
+			"ProtectKernelTunables": noRemount,
+			"ProtectKernelLogs":     noRemount,
+		},
+		add: map[string][]string{"[Service]": add},
+	}.apply(t, "activator.service", shippedUnit(t, "activator.service"))
+	socket := unitEdit{set: map[string]string{"ListenStream": run.edge}}.apply(t, "activator.socket", shippedUnit(t, "activator.socket"))
+	adminSocket := unitEdit{
+		set: map[string]string{"ListenStream": run.admin},
+		drop: map[string]string{
+			"SocketUser":  "a user manager cannot chown the socket to another user",
+			"SocketGroup": "a user manager cannot chown the socket to another group",
+		},
+	}.apply(t, "activator-admin.socket", shippedUnit(t, "activator-admin.socket"))
+	m.WriteUnit(t, "activator.service", service)
+	m.WriteUnit(t, "activator.socket", socket)
+	m.WriteUnit(t, "activator-admin.socket", adminSocket)
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpServiceLogs(t, m, run.log)
+		}
+	})
+	m.StartUnit(t, "activator.socket")
+	m.StartUnit(t, "activator-admin.socket")
+	m.StartUnit(t, "activator.service") // Type=notify: done once it sent READY=1
+	t.Cleanup(func() { m.StopUnit(t, "activator.service") })
 }

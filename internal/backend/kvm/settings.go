@@ -348,24 +348,45 @@ func checkFile(p string) error {
 	return nil
 }
 
+// defaultRuntimeDir is runtime_dir's default: systemd's RuntimeDirectory= when the activator runs
+// under a unit that has one (the shipped unit: /run/activator), else /run/activator for root, else
+// the user's runtime dir, else a dir under $TMPDIR (privdir refuses it if another user made it).
 func defaultRuntimeDir(route string) string {
-	if os.Geteuid() == 0 {
-		return filepath.Join("/run/activator/kvm", route)
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "activator/kvm", route)
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("activator-%d", os.Geteuid()), "kvm", route)
+	return defaultDir(route, "RUNTIME_DIRECTORY", "kvm", func() string {
+		if os.Geteuid() == 0 {
+			return "/run/activator"
+		}
+		if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+			return filepath.Join(d, "activator")
+		}
+		return ""
+	})
 }
 
+// defaultSnapshotDir is snapshot_dir's default: systemd's StateDirectory= (the shipped unit:
+// /var/lib/activator), else /var/lib/activator for root, else the user's cache dir, else $TMPDIR.
 func defaultSnapshotDir(route string) string {
-	if os.Geteuid() == 0 {
-		return filepath.Join("/var/lib/activator/kvm", route)
+	return defaultDir(route, "STATE_DIRECTORY", "kvm-snapshots", func() string {
+		if os.Geteuid() == 0 {
+			return "/var/lib/activator"
+		}
+		if d, err := os.UserCacheDir(); err == nil {
+			return filepath.Join(d, "activator")
+		}
+		return ""
+	})
+}
+
+// defaultDir is <base>/kvm/<route>, base the first directory systemd lists in env (as tls.acme.storage
+// takes $STATE_DIRECTORY), else fallback's; without either, $TMPDIR/activator-<uid>/<tmpName>/<route>.
+func defaultDir(route, env, tmpName string, fallback func() string) string {
+	if first, _, _ := strings.Cut(os.Getenv(env), ":"); filepath.IsAbs(first) {
+		return filepath.Join(first, "kvm", route)
 	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "activator/kvm", route)
+	if base := fallback(); filepath.IsAbs(base) {
+		return filepath.Join(base, "kvm", route)
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("activator-%d", os.Geteuid()), "kvm-snapshots", route)
+	return filepath.Join(os.TempDir(), fmt.Sprintf("activator-%d", os.Geteuid()), tmpName, route)
 }
 
 func or(v, def string) string {

@@ -403,3 +403,39 @@ func TestLogTail(t *testing.T) {
 		t.Fatalf("logTail of a missing file = %q", got)
 	}
 }
+
+// TestDefaultDirs: runtime_dir and snapshot_dir default to systemd's RuntimeDirectory= and
+// StateDirectory= when the unit has them (the shipped unit runs as an unprivileged user, for whom the
+// defaults were $TMPDIR, private to the unit and lost at each restart, and the user's cache dir, which
+// ProtectSystem=strict makes read-only), then to root's or the user's own.
+func TestDefaultDirs(t *testing.T) {
+	type dirs struct{ runtime, snapshot string }
+	own := dirs{"/run/user/1000/activator/kvm/g", "/home/u/.cache/activator/kvm/g"}
+	if os.Geteuid() == 0 {
+		own = dirs{"/run/activator/kvm/g", "/var/lib/activator/kvm/g"}
+	}
+	cases := []struct {
+		name string
+		env  map[string]string
+		want dirs
+	}{
+		{"systemd's", map[string]string{"RUNTIME_DIRECTORY": "/run/activator:/run/other", "STATE_DIRECTORY": "/var/lib/activator"},
+			dirs{"/run/activator/kvm/g", "/var/lib/activator/kvm/g"}},
+		{"relative ones ignored", map[string]string{"RUNTIME_DIRECTORY": "run", "STATE_DIRECTORY": "state"}, own},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+			t.Setenv("XDG_CACHE_HOME", "/home/u/.cache")
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			if got := defaultRuntimeDir("g"); got != c.want.runtime {
+				t.Errorf("runtime_dir default %q, want %q", got, c.want.runtime)
+			}
+			if got := defaultSnapshotDir("g"); got != c.want.snapshot {
+				t.Errorf("snapshot_dir default %q, want %q", got, c.want.snapshot)
+			}
+		})
+	}
+}
