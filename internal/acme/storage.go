@@ -67,6 +67,7 @@ func Check(opts Options) (problems []error, warnings []string) {
 	}
 	// The directory, or the nearest of its parents that exists, must be a directory this user may
 	// write (New makes the rest), and nobody but this user and root may change it or the path to it.
+	private := privdir.CheckIfExists(dir)
 	for p := dir; ; p = filepath.Dir(p) {
 		fi, err := os.Stat(p)
 		if (errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR)) && p != filepath.Dir(p) {
@@ -79,8 +80,8 @@ func Check(opts Options) (problems []error, warnings []string) {
 			problems = append(problems, fmt.Errorf("tls.acme.storage: %s: %s is not a directory", dir, p))
 		case unix.Access(p, unix.W_OK|unix.X_OK) != nil:
 			problems = append(problems, fmt.Errorf("tls.acme.storage: %s: %s is not writable by this user", dir, p))
-		case privdir.CheckIfExists(dir) != nil:
-			problems = append(problems, fmt.Errorf("tls.acme.storage: %w (fix: a directory only this user and root can write)", privdir.CheckIfExists(dir)))
+		case private != nil:
+			problems = append(problems, fmt.Errorf("tls.acme.storage: %w (fix: a directory only this user and root can write, every step of the path to it too)", private))
 		case p == dir && fi.Mode().Perm()&0o077 != 0:
 			warnings = append(warnings, fmt.Sprintf("tls.acme.storage: %s is mode %04o: others may read the private keys in it (the activator makes it 0700)", dir, fi.Mode().Perm()))
 		}

@@ -33,19 +33,37 @@ import (
 const maxLinks = 40
 
 // Make creates dir and its missing parents (mode 0700), checks it by the package's rules and makes it
-// 0700. The path to it is checked before anything is created, so nothing is made under a step
-// someone else controls. dir must be absolute; it is cleaned first (as filepath.Join cleans the
-// paths made in it), so a ".." in it is taken lexically, as those paths take it.
+// 0700. The path is checked before anything is made, and each missing step as it is made (by this
+// call or by anyone racing it), so nothing is made under a step someone else controls. dir must be
+// absolute; it is cleaned first (as filepath.Join cleans the paths made in it), so a ".." in it is
+// taken lexically, as those paths take it.
 func Make(dir string) error {
-	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("%q is not an absolute path", dir)
-	}
-	dir = filepath.Clean(dir)
-	if err := checkExisting(dir); err != nil {
+	dir, err := absClean(dir)
+	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	p, missing := dir, []string(nil)
+	for {
+		_, err := os.Lstat(p)
+		if err == nil {
+			break
+		}
+		parent := filepath.Dir(p)
+		if !errors.Is(err, fs.ErrNotExist) || parent == p {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		missing, p = append(missing, p), parent
+	}
+	if err := checkStep(dir, p); err != nil {
 		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+		if err := checkStep(dir, missing[i]); err != nil {
+			return err
+		}
 	}
 	if err := Check(dir); err != nil {
 		return err
@@ -54,15 +72,19 @@ func Make(dir string) error {
 }
 
 // Check reports whether dir, which must exist, is a directory of this user's that nobody but this
-// user and root can change, nor any step of the path to it. The error names the step and why, and
-// matches ErrUnsafe.
+// user and root can change, nor any step of the path to it. The error names the step and why; one
+// someone else could change matches ErrUnsafe. dir is cleaned first, as Make cleans it.
 func Check(dir string) error {
+	dir, err := absClean(dir)
+	if err != nil {
+		return err
+	}
 	w := walker{uid: uint32(os.Geteuid()), asked: dir}
 	real, err := w.walk(dir, true)
 	if err != nil {
 		return err
 	}
-	st, err := lstat(real)
+	st, err := w.lstat(real)
 	if err != nil {
 		return err
 	}
@@ -72,39 +94,40 @@ func Check(dir string) error {
 	return nil
 }
 
-// CheckIfExists is Check for a directory that may not exist yet: the nearest of dir and its parents
-// that exists is checked as a step on the way (any owner allowed of root and this user), so that a
-// path someone else controls is refused before anything is made or read under it.
+// CheckIfExists is Check for a directory that may not exist yet: then the nearest of its parents that
+// exists is checked as a step on the way (/tmp may be that parent), so that a path someone else
+// controls is refused before anything is made or read under it.
 func CheckIfExists(dir string) error {
-	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("%q is not an absolute path", dir)
+	dir, err := absClean(dir)
+	if err != nil {
+		return err
 	}
-	if _, err := os.Lstat(dir); err == nil {
-		return Check(dir)
-	}
-	return checkExisting(dir)
-}
-
-// checkExisting checks the nearest existing step of dir: dir itself as the directory asked for, or a
-// parent as a step on the way (/tmp may be that parent).
-func checkExisting(dir string) error {
-	p := filepath.Clean(dir)
-	for {
+	for p := dir; ; p = filepath.Dir(p) {
 		_, err := os.Lstat(p)
-		if err == nil {
-			w := walker{uid: uint32(os.Geteuid()), asked: dir}
-			_, err := w.walk(p, p == filepath.Clean(dir))
-			return err
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
+		switch {
+		case err == nil && p == dir:
+			return Check(dir)
+		case err == nil:
+			return checkStep(dir, p)
+		case !errors.Is(err, fs.ErrNotExist) || p == filepath.Dir(p):
 			return fmt.Errorf("%s: %w", dir, err)
 		}
-		parent := filepath.Dir(p)
-		if parent == p {
-			return err
-		}
-		p = parent
 	}
+}
+
+// checkStep checks p, dir or one of its parents, and the path to it: as the directory asked for when
+// it is dir, else as a step on the way.
+func checkStep(dir, p string) error {
+	w := walker{uid: uint32(os.Geteuid()), asked: dir}
+	_, err := w.walk(p, p == dir)
+	return err
+}
+
+func absClean(dir string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("%q is not an absolute path", dir)
+	}
+	return filepath.Clean(dir), nil
 }
 
 // ErrUnsafe is matched by the errors of a step someone else could change.
@@ -129,7 +152,7 @@ type walker struct {
 // ".." is taken as the kernel takes it, to the parent of where the walk has got to, links resolved.
 func (w *walker) walk(path string, final bool) (string, error) {
 	cur := "/"
-	st, err := lstat(cur)
+	st, err := w.lstat(cur)
 	if err != nil {
 		return "", err
 	}
@@ -147,7 +170,7 @@ func (w *walker) walk(path string, final bool) (string, error) {
 		if c == ".." {
 			cur = filepath.Dir(cur) // cur has no link in it: its parent is the kernel's
 			if last {
-				if st, err = lstat(cur); err != nil {
+				if st, err = w.lstat(cur); err != nil {
 					return "", err
 				}
 				if err := w.step(cur, st, true); err != nil {
@@ -157,7 +180,7 @@ func (w *walker) walk(path string, final bool) (string, error) {
 			continue
 		}
 		next := filepath.Join(cur, c)
-		if st, err = lstat(next); err != nil {
+		if st, err = w.lstat(next); err != nil {
 			return "", err
 		}
 		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
@@ -197,7 +220,7 @@ func (w *walker) step(name string, st *syscall.Stat_t, last bool) error {
 		return nil
 	case syscall.S_IFDIR:
 	default:
-		return unsafe(w.asked, name, "is not a directory")
+		return fmt.Errorf("%s: %s is not a directory", w.asked, name)
 	}
 	perm := st.Mode & 0o7777
 	if perm&0o022 != 0 && (perm&syscall.S_ISVTX == 0 || last) {
@@ -210,10 +233,12 @@ func (w *walker) step(name string, st *syscall.Stat_t, last bool) error {
 	return nil
 }
 
-func lstat(p string) (*syscall.Stat_t, error) {
+// lstat is the step at p, an error naming the directory asked for when it cannot be had (a link of
+// ours to a directory not made yet, for one).
+func (w *walker) lstat(p string) (*syscall.Stat_t, error) {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(p, &st); err != nil {
-		return nil, &fs.PathError{Op: "lstat", Path: p, Err: err}
+		return nil, fmt.Errorf("%s: %w", w.asked, &fs.PathError{Op: "lstat", Path: p, Err: err})
 	}
 	return &st, nil
 }

@@ -155,8 +155,8 @@ func TestRefused(t *testing.T) {
 			if !strings.Contains(err.Error(), c.why) || !strings.Contains(err.Error(), step) || !strings.HasPrefix(err.Error(), dir) {
 				t.Fatalf("Make(%s) = %q, want it to name %s and say %q", dir, err, step, c.why)
 			}
-			if step != "" && !errors.Is(err, ErrUnsafe) {
-				t.Fatalf("error %q does not match ErrUnsafe", err)
+			if unsafe := c.why != "is not a directory" && step != ""; errors.Is(err, ErrUnsafe) != unsafe {
+				t.Fatalf("error %q: matches ErrUnsafe %v, want %v", err, !unsafe, unsafe)
 			}
 			if _, err := os.Lstat(filepath.Join(step, "kvm")); step != dir && step != "" && err == nil {
 				t.Fatalf("Make created %s under the refused step", filepath.Join(step, "kvm"))
@@ -185,14 +185,28 @@ func TestAllowed(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(real, "sub", "kvm")); err != nil {
 		t.Fatalf("Make through the link did not make the dir at its target: %v", err)
 	}
-	// Check walks "..": link/.. is real, not base; a step open to all at base/real... would be
-	// missed if ".." were taken lexically.
+	// A ".." in a link's target is taken as the kernel takes it: l3 -> link/.. is real (link's
+	// target's parent), not base. A step open to all there would be missed if ".." were lexical.
+	if err := os.Symlink("link/../sub", filepath.Join(base, "l3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(filepath.Join(base, "l3", "kvm")); err != nil {
+		t.Fatalf("through a link whose target has \"..\": %v", err)
+	}
 	if err := os.Chmod(real, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	err := Check(link + "/../sub/kvm") // not filepath.Join, which would take ".." lexically
+	err := Check(filepath.Join(base, "l3", "kvm"))
 	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), real+" is writable by others") {
-		t.Fatalf("Check through link/..: %v, want %s refused as writable by others", err, real)
+		t.Fatalf("Check through l3: %v, want %s refused as writable by others", err, real)
+	}
+	// A link of ours to a directory not made yet: the error names the directory asked for.
+	dangling := filepath.Join(base, "dangling")
+	if err := os.Symlink(filepath.Join(base, "not-yet"), dangling); err != nil {
+		t.Fatal(err)
+	}
+	if err := Make(filepath.Join(dangling, "kvm")); err == nil || !strings.HasPrefix(err.Error(), filepath.Join(dangling, "kvm")+": ") {
+		t.Fatalf("Make through a dangling link: %v, want an error naming the directory", err)
 	}
 	if err := CheckIfExists(filepath.Join(base, "no", "such")); err != nil {
 		t.Fatalf("CheckIfExists of a dir not made yet under a sound path: %v", err)

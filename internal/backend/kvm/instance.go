@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -48,6 +49,11 @@ type instance struct {
 	lateStops int  // QMP stops the backend gave up waiting for (stopFailed): QEMU may still do them
 	detached  bool
 	fatalOnce bool
+	// The guest's suspends to RAM (wakeSuspended): when it was last woken, and the suspends since the
+	// last line about them, written at suspendLogged.
+	wokenAt       time.Time
+	suspends      int
+	suspendLogged time.Time
 }
 
 func newInstance(pid int, mon *monitor, log *slog.Logger, onGone func(*instance, error), onStop func(*instance)) *instance {
@@ -102,7 +108,7 @@ func (in *instance) drain() {
 func (in *instance) handle(name string, data map[string]any) {
 	str := func(k string) string { s, _ := data[k].(string); return s }
 	in.mu.Lock()
-	var stopCB, fatal, late bool
+	var stopCB, fatal, late, wakeUp bool
 	switch name {
 	case "STOP":
 		in.status = "paused"
@@ -118,7 +124,12 @@ func (in *instance) handle(name string, data map[string]any) {
 	case "RESUME":
 		in.status = "running"
 	case "SHUTDOWN":
-		if in.reason != suspendedReason { // the quit that follows a suspend is ours, not the reason
+		switch {
+		case strings.HasPrefix(in.reason, suspendedReason):
+			// The quit that follows a suspend the guest could not be woken from is ours, not the reason.
+		case str("reason") == "guest-reset" && !in.wokenAt.IsZero() && time.Since(in.wokenAt) < wokenWindow:
+			in.reason = resetAtWakeReason
+		default:
 			in.reason = "guest shut down (" + str("reason") + ")"
 		}
 		fatal = true
@@ -126,12 +137,13 @@ func (in *instance) handle(name string, data map[string]any) {
 		in.reason = "guest panicked"
 		fatal = true
 	case "SUSPEND":
-		// The guest suspended itself to RAM (ACPI S3): its vCPUs stop and it answers nothing. QEMU's
-		// system_wakeup resumes it through a reset, which -no-reboot turns into a power-off, so there
-		// is no waking it: the guest has ended itself, as with a power-off, and QEMU is quit at once.
-		in.reason = suspendedReason
+		// The guest suspended itself to RAM (ACPI S3): its vCPUs stop and it answers nothing. The
+		// backing decides when a guest sleeps, so one it expects to run is woken (wakeSuspended).
 		in.status = "suspended"
-		fatal = true
+		wakeUp = in.wantRun
+	case "WAKEUP":
+		in.status = "running"
+		in.wokenAt = time.Now()
 	case "RESET":
 		in.log.Info("guest reset", "reason", str("reason"))
 	case "MIGRATION":
@@ -154,6 +166,46 @@ func (in *instance) handle(name string, data map[string]any) {
 	if late {
 		go in.contLate() // not here: the monitor's events must keep being drained
 	}
+	if wakeUp {
+		go in.wakeSuspended() // likewise
+	}
+}
+
+// wokenWindow is how soon after a wake-up from a suspend to RAM a guest's reset is taken for a failed
+// resume: a resume that fails resets the guest at once (the test guest, booted with -kernel, reset
+// within milliseconds of WAKEUP on QEMU 7.2).
+const wokenWindow = 30 * time.Second
+
+// resetAtWakeReason is why QEMU ends when a guest woken from a suspend to RAM resets instead of
+// resuming: -no-reboot makes the reset a power-off.
+const resetAtWakeReason = "guest suspended itself to RAM (ACPI S3) and, woken, reset instead of resuming (-no-reboot makes that a power-off)"
+
+// wakeSuspended wakes a guest that suspended itself to RAM while the backend expected it to run
+// (system_wakeup). The first of a QEMU's is logged at once, the rest at most every logCutEvery. A
+// wake-up that fails leaves the guest unreachable: its life ends (suspendedReason) and QEMU is quit.
+func (in *instance) wakeSuspended() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := in.mon.run(ctx, nil, "system_wakeup", nil)
+	in.mu.Lock()
+	in.suspends++
+	n, write := in.suspends, time.Since(in.suspendLogged) >= logCutEvery
+	if write {
+		in.suspends, in.suspendLogged = 0, time.Now()
+	}
+	if err != nil && !in.fatalOnce {
+		in.reason = suspendedReason + ": " + err.Error()
+		in.fatalOnce = true
+		close(in.fatal)
+	}
+	in.mu.Unlock()
+	const fix = "keep the guest from suspending itself (systemd: systemctl mask sleep.target suspend.target; or turn off its idle suspend): the activator puts it to sleep"
+	switch {
+	case err != nil:
+		in.log.Warn("the guest suspended itself to RAM (ACPI S3) and cannot be woken: quitting its QEMU; the next wake boots it", "err", err, "fix", fix)
+	case write:
+		in.log.Warn("the guest suspended itself to RAM (ACPI S3): woke it", "suspends", n, "fix", fix)
+	}
 }
 
 // contLate continues a guest that a late stop of the backend's own paused (see stopFailed).
@@ -167,8 +219,8 @@ func (in *instance) contLate() {
 	in.log.Info("a failed sleep's stop paused the guest late: continued it")
 }
 
-// suspendedReason is why QEMU ends when the guest suspended itself to RAM.
-const suspendedReason = "guest suspended itself to RAM (ACPI S3), which it cannot be woken from: QEMU quit"
+// suspendedReason is why QEMU ends when the guest suspended itself to RAM and could not be woken.
+const suspendedReason = "guest suspended itself to RAM (ACPI S3) and could not be woken: QEMU quit"
 
 func (in *instance) watch() {
 	select {
@@ -185,12 +237,10 @@ func (in *instance) watch() {
 	// QEMU is ending: give it a moment to exit by itself, then make sure. The QEMU of a guest that
 	// suspended itself does not end by itself: it is asked to quit.
 	in.mu.Lock()
-	suspended := in.reason == suspendedReason
+	suspended := strings.HasPrefix(in.reason, suspendedReason)
 	in.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if suspended {
-		in.log.Warn("the guest suspended itself to RAM (ACPI S3), which it cannot be woken from under -no-reboot: quitting its QEMU; the next wake boots it",
-			"fix", "keep the guest from suspending itself (systemd: mask sleep.target suspend.target; or disable its idle suspend): the activator puts it to sleep")
 		_ = in.mon.run(ctx, nil, "quit", nil)
 	}
 	if err := waitGone(ctx, in.pid); err != nil {

@@ -117,7 +117,9 @@ func (p *Provider) Open(r *registry.Route) (tenant.Backend, error) {
 	if err != nil {
 		return nil, tenant.Terminal(fmt.Errorf("kvm: qemu binary: %w", err))
 	}
-	if err := dirsPrivate(s); err != nil {
+	// Made now, private, so that nobody else can make them or anything in them before the backing
+	// reads them (a pid file, the record of snapshot dirs, a snapshot to resume).
+	if err := dirsPrivate(s, privdir.Make); err != nil {
 		return nil, tenant.Terminal(err)
 	}
 	log := p.log.With("route", r.Name, "backing", "kvm")
@@ -154,7 +156,7 @@ func (p *Provider) Check(ctx context.Context, r *registry.Route) error {
 	if err := bootFiles(s); err != nil {
 		errs = append(errs, err)
 	}
-	if err := dirsPrivate(s); err != nil {
+	if err := dirsPrivate(s, privdir.CheckIfExists); err != nil {
 		errs = append(errs, err)
 	}
 	if s.Sleep == SleepSnapshot && s.SnapshotCompress == "zstd" {
@@ -784,7 +786,7 @@ func (b *Backend) Adopt(ctx context.Context) (*tenant.Life, bool, error) {
 	case "suspended":
 		// The guest suspended itself to RAM while no activator watched it: see the SUSPEND event
 		// (instance.handle). It is not resumed from the older snapshot either (removed above).
-		b.log.Warn("adopted qemu's guest had suspended itself to RAM (ACPI S3), which it cannot be woken from under -no-reboot; killing it: the next wake boots it", "qemu_pid", pid)
+		b.log.Warn("adopted qemu's guest had suspended itself to RAM (ACPI S3) while no activator watched it; killing it: the next wake boots it", "qemu_pid", pid)
 		inst.kill()
 		inst.close()
 		removeStale(b.p)
@@ -866,15 +868,15 @@ func (b *Backend) Close(ctx context.Context) error {
 // and root could change (privdir).
 func privateDir(dir string) error { return privdir.Make(dir) }
 
-// dirsPrivate refuses runtime_dir and snapshot_dir, as far as they exist, when someone other than this
-// user and root could change them or a step of the path to them: the backing trusts what it finds
+// dirsPrivate applies check (privdir.Make, or privdir.CheckIfExists to change nothing) to
+// runtime_dir and snapshot_dir, naming the key of each that fails: the backing trusts what it finds
 // there (a pid file it signals, the record of snapshot dirs it cleans up, a snapshot it resumes), and
 // the fallback under $TMPDIR is a path any local user can make first.
-func dirsPrivate(s *Settings) error {
+func dirsPrivate(s *Settings, check func(string) error) error {
 	var errs []error
 	for _, d := range []struct{ key, path string }{{"runtime_dir", s.RuntimeDir}, {"snapshot_dir", s.SnapshotDir}} {
-		if err := privdir.CheckIfExists(d.path); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w (fix: a directory only this user and root can write, such as $XDG_RUNTIME_DIR's or /run/activator)", d.key, err))
+		if err := check(d.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w (fix: a directory only this user and root can write, every step of the path to it too: a group-writable one is refused even for a private group)", d.key, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -2,9 +2,12 @@ package kvm
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,9 +31,14 @@ const (
 )
 
 // capLog holds file to logCap bytes on disk. It returns the bytes it freed (0 when the file is
-// within the cap, or missing).
+// within the cap, or missing). file is a path (whose last step may not be a link) or QEMU's own
+// descriptor for it under /proc (qemuFD).
 func capLog(file string) (freed int64, err error) {
-	f, err := os.OpenFile(file, os.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	flags := os.O_WRONLY | unix.O_NONBLOCK
+	if !strings.HasPrefix(file, "/proc/") {
+		flags |= unix.O_NOFOLLOW
+	}
+	f, err := os.OpenFile(file, flags, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -60,8 +68,30 @@ func capLog(file string) (freed int64, err error) {
 	return before - st.Blocks*512, nil
 }
 
+// qemuFD returns QEMU's own descriptor for file, /proc/<pid>/fd/N, or "" when QEMU has none open.
+// Through it the cap reaches the file QEMU writes even after someone removed or renamed the path (a
+// log rotation, an rm to make room), which would otherwise grow unseen.
+func qemuFD(pid int, file string) string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if p := filepath.Join(dir, e.Name()); namesFile(p, file) {
+			return p
+		}
+	}
+	return ""
+}
+
+// namesFile reports whether the descriptor link fd (/proc/<pid>/fd/N) is open on file, which may
+// have been removed since.
+func namesFile(fd, file string) bool {
+	t, err := os.Readlink(fd)
+	return err == nil && (t == file || t == file+" (deleted)")
+}
+
 // capLogs holds the instance's logs to logCap each, checking every logEvery until the monitor closes
-// (QEMU gone, or the instance detached: a QEMU left running past the activator is not watched).
+// (QEMU gone, or the instance detached: a QEMU left running past the activator is not watched). Each
+// is reached through QEMU's own descriptor for it when QEMU has one (qemuFD), else by its path.
 func (in *instance) capLogs(files []string) {
 	t := time.NewTicker(logEvery)
 	defer t.Stop()
@@ -70,21 +100,33 @@ func (in *instance) capLogs(files []string) {
 		freed    int64
 		cut      []string // the files cut since the last line
 		logged   time.Time
-		failures = map[string]bool{} // files whose cut failed, warned of once
+		fds      = map[string]string{} // file -> QEMU's descriptor for it
+		failures = map[string]bool{}   // files whose cut failed, warned of once per QEMU
 	)
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-in.monClosed:
 			return
 		case <-t.C:
 		}
 		for _, f := range files {
-			n, err := capLog(f)
+			target := f
+			if fd := fds[f]; fd != "" && namesFile(fd, f) { // checked again: the pid could be another's
+				target = fd
+			} else if tick%10 == 0 {
+				if fds[f] = qemuFD(in.pid, f); fds[f] != "" {
+					target = fds[f]
+				}
+			}
+			n, err := capLog(target)
 			if err != nil {
 				if !failures[f] {
 					failures[f] = true
-					in.log.Warn("kvm log cannot be held to its cap: it grows while the guest writes to it", "file", f, "cap_bytes", logCap, "err", err,
-						"fix", "put runtime_dir on a filesystem that can punch holes (tmpfs, ext4, xfs, btrfs)")
+					fix := "see the error"
+					if errors.Is(err, unix.EOPNOTSUPP) {
+						fix = "put runtime_dir on a filesystem that can punch holes (tmpfs, ext4, xfs, btrfs)"
+					}
+					in.log.Warn("kvm log cannot be held to its cap: it grows while the guest writes to it", "file", f, "cap_bytes", logCap, "err", err, "fix", fix)
 				}
 				continue
 			}

@@ -88,15 +88,16 @@ func TestConsoleLogCapped(t *testing.T) {
 	b := openWith(t, New(Options{Logger: tap.logger()}), r)
 	wake(t, b, r.Upstream, tenant.Discard)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	await := func(what string, done func(size, disk int64) bool) {
+	// await waits until done holds for file (a path, or QEMU's descriptor under /proc).
+	await := func(file, what string, done func(size, disk int64) bool) {
 		t.Helper()
 		for {
 			var st unix.Stat_t
-			if err := unix.Stat(b.p.console, &st); err != nil {
+			if err := unix.Stat(file, &st); err != nil {
 				t.Fatal(err)
 			}
 			if done(st.Size, st.Blocks*512) {
@@ -104,14 +105,14 @@ func TestConsoleLogCapped(t *testing.T) {
 			}
 			select {
 			case <-ctx.Done():
-				t.Fatalf("%s: console.log is %d bytes long, %d on disk, after 3 minutes", what, st.Size, st.Blocks*512)
+				t.Fatalf("%s: %s is %d bytes long, %d on disk, after 4 minutes", what, file, st.Size, st.Blocks*512)
 			case <-tick.C:
 			}
 		}
 	}
-	await("the guest printed less than twice the cap", func(size, _ int64) bool { return size > 2*logCap })
+	await(b.p.console, "the guest printed less than twice the cap", func(size, _ int64) bool { return size > 2*logCap })
 	sleepB(t, b) // paused: the guest prints no more
-	await("console.log was never cut to the cap", func(_, disk int64) bool { return disk <= logCap })
+	await(b.p.console, "console.log was never cut to the cap", func(_, disk int64) bool { return disk <= logCap })
 	tail := logTail(b.p.console, 200)
 	if !strings.Contains(tail, "activator-test-guest chatter\r\n") { // the pause may cut a line short
 		t.Errorf("after the cut the console's last bytes are %q, want the guest's newest lines", tail)
@@ -119,4 +120,21 @@ func TestConsoleLogCapped(t *testing.T) {
 	if tap.find("kvm log cut", consoleName) == "" {
 		t.Error("the cut was not logged")
 	}
+
+	// An operator removes console.log to make room (or a rotation moves it): QEMU writes on into the
+	// removed file, which only its descriptor reaches; it is held to the cap all the same.
+	pid := qemuPid(b.p)
+	wake(t, b, r.Upstream, tenant.Discard)
+	if err := os.Remove(b.p.console); err != nil {
+		t.Fatal(err)
+	}
+	fd := qemuFD(pid, b.p.console)
+	if fd == "" {
+		t.Fatalf("QEMU (pid %d) has no descriptor open on the removed %s", pid, b.p.console)
+	}
+	var from int64
+	await(fd, "", func(size, _ int64) bool { from = size; return true })
+	await(fd, "the guest printed less than twice the cap into the removed console.log", func(size, _ int64) bool { return size > from+2*logCap })
+	sleepB(t, b)
+	await(fd, "the removed console.log was never cut to the cap", func(_, disk int64) bool { return disk <= logCap })
 }
