@@ -50,6 +50,13 @@ func edgeConnCap(cfg *registry.Config, nofile uint64) (int, string) {
 	return int(nofile - admin - fileReserve(nofile)), ""
 }
 
+// spillFiles is edge.max_spill_files's default: half of fileReserve, the descriptors the default
+// edge cap leaves for the rest. Each request body past edge.body_memory holds a spill file while it
+// arrives and while it is held: without a bound, about 450 slow uploads under a 1,024 limit (one
+// HTTP/2 connection carries 250) took every descriptor the edge cap had left, and accepts, upstream
+// dials and spawns failed with EMFILE.
+func spillFiles(nofile uint64) int { return int(fileReserve(nofile) / 2) }
+
 // openFileLimit is the process's RLIMIT_NOFILE, as the Go runtime raised it at start (to the hard
 // limit); 1024 when it cannot be read.
 func openFileLimit() uint64 {

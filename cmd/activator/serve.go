@@ -138,7 +138,8 @@ func serve(o serveOptions) int {
 		printConfigErrors(os.Stderr, o.configPath, err)
 		return 1
 	}
-	edgeCap, capWarning := edgeConnCap(cfg, openFileLimit())
+	nofile := openFileLimit()
+	edgeCap, capWarning := edgeConnCap(cfg, nofile)
 	if capWarning != "" {
 		log.Warn(capWarning)
 	}
@@ -160,10 +161,11 @@ func serve(o serveOptions) int {
 	}()
 	metrics := activator.NewMetrics(reg)
 	srv := activator.New(activator.Options{
-		Opener:  bk.provider,
-		Logger:  log,
-		Metrics: metrics,
-		Pacer:   pacer,
+		Opener:     bk.provider,
+		Logger:     log,
+		Metrics:    metrics,
+		Pacer:      pacer,
+		SpillFiles: spillFiles(nofile),
 	})
 	// The listeners bind first, so the ports open (and READY is sent) without waiting for any
 	// backing; the routes' host checks run after READY, concurrently (liveCheck).

@@ -30,12 +30,18 @@ import (
 // path still applies to it.
 func (s *Server) takeBody(w *statusWriter, r *http.Request, rt *registry.Route, e *registry.EdgeLimits) (*bodybuf.Body, error) {
 	if !rt.RequestBuffering {
-		return nil, streamBody(w, r, rt.MaxBody, e.BodyTimeout)
+		err := streamBody(w, r, rt.MaxBody, e.BodyTimeout)
+		if err == nil {
+			delete(w.Header(), "Connection") // ServeHTTP's, for answers before the body: the proxy reads it
+		}
+		return nil, err
 	}
-	b, err := bodybuf.Read(w, r, bodybuf.Options{Memory: e.BodyMemory, Dir: e.BodyBufferDir, Max: rt.MaxBody, Idle: e.BodyTimeout})
+	b, err := bodybuf.Read(w, r, bodybuf.Options{Memory: e.BodyMemory, Dir: e.BodyBufferDir, Max: rt.MaxBody, Idle: e.BodyTimeout, Spills: &s.spills})
 	if err != nil {
 		return nil, s.bodyFailed(rt, err)
 	}
+	delete(w.Header(), "Connection") // ServeHTTP's, for answers before the body: it is read
+
 	if b == nil {
 		r.Body, r.ContentLength = http.NoBody, 0
 	} else {
@@ -49,6 +55,9 @@ func (s *Server) takeBody(w *statusWriter, r *http.Request, rt *registry.Route, 
 	return b, nil
 }
 
+// spillLogEvery is how often, at most, the edge logs the bodies it could not buffer.
+const spillLogEvery = 10 * time.Second
+
 // bodyFailed classifies a failed bodybuf.Read for statusFor: too large and idle as they are, a spill
 // file that could not be written as ErrBodyBuffer (the operator's problem: logged), anything else as
 // the client's (ErrBodyRead, not logged: clients that hang up mid-upload are no news).
@@ -57,8 +66,19 @@ func (s *Server) bodyFailed(rt *registry.Route, err error) error {
 	switch {
 	case errors.Is(err, bodybuf.ErrTooLarge), errors.Is(err, bodybuf.ErrIdle):
 		return err
+	case errors.Is(err, bodybuf.ErrSpillsFull):
+		if n, write := s.spillLog.note(time.Now(), spillLogEvery); write {
+			files, bytes := s.spills.InUse()
+			s.log.Warn("request bodies refused: their spill files are at their cap (edge.max_spill_files, edge.max_spill_bytes)",
+				"route", rt.Name, "refused", n, "files", files, "bytes", bytes, "err", err)
+		}
+		return err
 	case errors.As(err, &pe):
-		s.log.Warn("cannot buffer a request body", "route", rt.Name, "err", err)
+		// A full disk or no descriptor left fails every upload at once: a line per body would flood
+		// the log (and the disk under it).
+		if n, write := s.spillLog.note(time.Now(), spillLogEvery); write {
+			s.log.Warn("cannot buffer a request body", "route", rt.Name, "bodies", n, "err", err)
+		}
 		return fmt.Errorf("%w: %w", ErrBodyBuffer, err)
 	}
 	return fmt.Errorf("%w: %w", ErrBodyRead, err)
@@ -275,7 +295,7 @@ func (c *holdCharge) give() {
 // read-only edge.body_buffer_dir stops Apply (the start, or a reload) instead of failing uploads.
 func checkBodyDir(dir string) error {
 	if dir == "" {
-		return nil
+		dir = os.TempDir()
 	}
 	f, err := os.CreateTemp(dir, "activator-check-*")
 	if err != nil {

@@ -797,3 +797,96 @@ func TestHeldClientGoneGetsNoFakeAnswer(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedBeforeItsBody: a request refused before its body is read (an unknown host, a path the
+// edge refuses, a head too large) is answered at once with Connection: close, though its client
+// declared a body and sent none of it. Before, net/http read the unread body's rest before writing
+// the answer, with no deadline (edge.body_timeout applies only to bodies the edge takes): no answer
+// came, and the connection, busy, was never closed for room, so a few thousand such clients filled
+// edge.max_conns.
+func TestRefusedBeforeItsBody(t *testing.T) {
+	g := newEdgeRig(t, &fakeBackend{}, registry.EdgeLimits{BodyTimeout: 200 * time.Millisecond, MaxHeaderBytes: 4096}, readAllHandler(nil), nil)
+	for _, tc := range []struct {
+		name, head string
+		want       int
+	}{
+		{"unknown host", "POST / HTTP/1.1\nHost: nosuch.test\nContent-Length: 1000", http.StatusNotFound},
+		{"refused path", "POST /a%2Fb HTTP/1.1\nHost: app.test\nContent-Length: 1000", http.StatusBadRequest},
+		{"head too large", "POST / HTTP/1.1\nHost: app.test\nX-Big: " + strings.Repeat("b", 5000) + "\nContent-Length: 1000", http.StatusRequestHeaderFieldsTooLarge},
+		{"chunked, unknown host", "POST / HTTP/1.1\nHost: nosuch.test\nTransfer-Encoding: chunked", http.StatusNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := g.dial(t)
+			if err := send(c, tc.head, nil); err != nil {
+				t.Fatal(err)
+			}
+			a, err := answer(c)
+			if err != nil || a.code != tc.want {
+				t.Fatalf("%d %q %v, want %d at once (within %v)", a.code, a.body, err, tc.want, patience)
+			}
+			if !a.closed {
+				t.Fatal("answered without Connection: close: the body the client goes on to send would be read as a request")
+			}
+		})
+	}
+}
+
+// TestSpillCap: request bodies' spill files are bounded across the edge (edge.max_spill_files,
+// edge.max_spill_bytes): past either, a body that needs a file gets 503 with Retry-After, and one that
+// fits in memory is served. Before, each body was bounded alone (max_body): enough slow uploads took
+// every descriptor the process had left (one HTTP/2 connection carries 250), or filled the disk.
+func TestSpillCap(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edge  registry.EdgeLimits
+		other int // the second body's length
+	}{
+		{"files", registry.EdgeLimits{BodyMemory: 100, BodyTimeout: time.Minute, MaxSpillFiles: 1, MaxSpillBytes: 1 << 30}, 1000},
+		{"bytes", registry.EdgeLimits{BodyMemory: 100, BodyTimeout: time.Minute, MaxSpillBytes: 1500}, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newEdgeRig(t, &fakeBackend{}, tc.edge, readAllHandler(nil), func(r *registry.Route) { r.RequestBuffering = true })
+			g.wake(t)
+			// One upload takes its spill file (and declares 1000 bytes), and stalls.
+			slow := g.dial(t)
+			if err := send(slow, "POST /slow HTTP/1.1\nHost: app.test\nContent-Length: 1000", bytes.Repeat([]byte("s"), 500)); err != nil {
+				t.Fatal(err)
+			}
+			until(t, func() (bool, string) {
+				files, bytes := g.s.spills.InUse()
+				return files == 1, fmt.Sprintf("%d spill files, %d bytes in use, want 1", files, bytes)
+			})
+			post := func(n int) reply {
+				c := g.dial(t)
+				if err := send(c, fmt.Sprintf("POST /up HTTP/1.1\nHost: app.test\nContent-Length: %d", n), bytes.Repeat([]byte("u"), n)); err != nil {
+					t.Fatal(err)
+				}
+				a, err := answer(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return a
+			}
+			if a := post(tc.other); a.code != http.StatusServiceUnavailable || a.h.Get("Retry-After") == "" || !strings.Contains(a.body, "no room to buffer the request body") {
+				t.Fatalf("a body past the spill cap: %d %q (Retry-After %q), want 503 with Retry-After saying there is no room", a.code, a.body, a.h.Get("Retry-After"))
+			}
+			if a := post(50); a.code != http.StatusOK {
+				t.Fatalf("a body that fits in memory: %d %q, want 200", a.code, a.body)
+			}
+			// The stalled upload completes, is served, and gives its file back.
+			if _, err := slow.Write(bytes.Repeat([]byte("s"), 500)); err != nil {
+				t.Fatal(err)
+			}
+			if a, err := answer(slow); err != nil || a.code != http.StatusOK {
+				t.Fatalf("the slow upload: %d %q %v, want 200", a.code, a.body, err)
+			}
+			until(t, func() (bool, string) {
+				files, bytes := g.s.spills.InUse()
+				return files == 0 && bytes == 0, fmt.Sprintf("%d spill files, %d bytes in use after the upload, want none", files, bytes)
+			})
+			if a := post(tc.other); a.code != http.StatusOK {
+				t.Fatalf("with room again: %d %q, want 200", a.code, a.body)
+			}
+		})
+	}
+}

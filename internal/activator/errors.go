@@ -176,6 +176,8 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 		return http.StatusBadRequest, 0
 	case errors.Is(err, ErrBodyBuffer):
 		return http.StatusInternalServerError, 0
+	case errors.Is(err, bodybuf.ErrSpillsFull):
+		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, ErrEdgeFull), errors.Is(err, ErrUpstreamBusy):
 		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, ErrHoldTimeout):
@@ -204,7 +206,7 @@ func statusFor(err error) (code int, retryAfter time.Duration) {
 // limit's own words with its detail ("request body too large: more than 1024 bytes"), else the
 // sentinel alone.
 func clientMessage(err error) string {
-	for _, sentinel := range [...]error{bodybuf.ErrTooLarge, bodybuf.ErrIdle, ErrBodyRead, ErrBodyBuffer} {
+	for _, sentinel := range [...]error{bodybuf.ErrTooLarge, bodybuf.ErrIdle, bodybuf.ErrSpillsFull, ErrBodyRead, ErrBodyBuffer} {
 		if !errors.Is(err, sentinel) {
 			continue
 		}

@@ -91,10 +91,18 @@ func (f *filter) ignores(r *http.Request) bool {
 			return true
 		}
 	}
-	ua := r.Header.Get("User-Agent")
-	if ua == "" {
-		return false
+	// Every User-Agent field: a client that sends two is a bot if either says so (the tenant may read
+	// either; net/http's Get reads the first).
+	for _, ua := range r.Header["User-Agent"] {
+		if ua != "" && f.agentIgnored(ua) {
+			return true
+		}
 	}
+	return false
+}
+
+// agentIgnored reports whether one User-Agent value matches the preset, a word or a pattern.
+func (f *filter) agentIgnored(ua string) bool {
 	if f.preset != nil && f.preset.match(ua) {
 		return true
 	}
@@ -226,12 +234,18 @@ func (in *instance) releaseIgnored() {
 // nothing counted in flight. With ignored requests still in flight it marks the sleep due and reports
 // true: the sleep waits for them, so a monitor's answer is never cut, and the last of them starts it.
 // Meanwhile new ignored requests are refused, so a steady stream of them cannot postpone it for ever,
-// and a counted request makes it stale (it moves idleGen on).
+// and a counted request makes it stale (it moves idleGen on). The wait is bounded by the instance's
+// grace (a reload's: shutdown_grace, at most half of hold.max_time): the idle timer is armed again
+// for it, and when it fires with the sleep still due, the sleep goes ahead under them. Without the
+// bound, one ignored request that stays open (a monitor's WebSocket or event stream, a long poll on
+// an ignored path) kept the tenant awake for ever.
 func (in *instance) postponeIdleLocked(gen uint64) bool {
-	if in.unseen == 0 {
+	if in.unseen == 0 || in.grace <= 0 || in.sleepDueLocked() {
 		return false
 	}
 	in.idleDue = gen
+	in.idle.Reset(in.grace)
+	in.idleArmed = true
 	return true
 }
 

@@ -184,6 +184,12 @@ func TestFilterMatches(t *testing.T) {
 			t.Errorf("%s %s %q: ignored %v, want %v", tc.method, tc.path, tc.ua, got, tc.want)
 		}
 	}
+	// Every User-Agent field counts: a bot's behind a browser's first one is still the bot's.
+	two := requestAs("GET", "/", chrome)
+	two.Header.Add("User-Agent", "ZetaWatch/1.0")
+	if !f.ignores(two) {
+		t.Error("a request with a browser's User-Agent, then a matching one, was not ignored")
+	}
 	if all := newFilter(&registry.Ignore{Paths: []string{"/**"}, Status: 503}, nil); !all.ignores(requestAs("GET", "/a/b", chrome)) {
 		t.Error("/** does not match /a/b")
 	}
@@ -214,6 +220,7 @@ func TestIgnoredRequestsNeitherWakeNorKeepAwake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		_, in := newTestServer(t, b, passGate{}, withMonitorsIgnored) // idle: 1m
+		in.setGrace(10 * time.Minute) // the longest an ignored request in flight puts a due sleep off
 		monitor := requestAs(http.MethodGet, "/", uptimeRobot)
 		browser := requestAs(http.MethodGet, "/", browserAgents[0])
 
@@ -323,12 +330,36 @@ func TestIgnoredRequestsNeitherWakeNorKeepAwake(t *testing.T) {
 			t.Fatalf("idle window after the browser's request: state %s, %d sleeps; want asleep, 3", st.State, b.sleeps.Load())
 		}
 
-		st := in.status()
-		if st.Filtered == nil || st.Filtered.Refused != 3 || st.Filtered.Served != 7 {
-			t.Errorf("status filtered %+v, want 3 refused, 7 served", st.Filtered)
+		// An ignored request that never ends (a monitor's event stream) puts the sleep off for the
+		// grace, no longer: the sleep then goes ahead under it.
+		in.setGrace(30 * time.Second)
+		rel, err = in.acquireRequest(browser, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if b.wakes.Load() != 3 {
-			t.Errorf("%d wakes, want 3 (each by a browser request)", b.wakes.Load())
+		rel()
+		stuck, err := in.acquireRequest(monitor, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stuck()
+		time.Sleep(time.Minute + 29*time.Second)
+		synctest.Wait()
+		if st := in.status(); st.State != "awake" {
+			t.Fatalf("within the grace after the idle window: state %s, want awake", st.State)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if st := in.status(); st.State != "asleep" || b.sleeps.Load() != 4 {
+			t.Fatalf("past the grace with an ignored request still in flight: state %s, %d sleeps; want asleep, 4", st.State, b.sleeps.Load())
+		}
+
+		st := in.status()
+		if st.Filtered == nil || st.Filtered.Refused != 3 || st.Filtered.Served != 8 {
+			t.Errorf("status filtered %+v, want 3 refused, 8 served", st.Filtered)
+		}
+		if b.wakes.Load() != 4 {
+			t.Errorf("%d wakes, want 4 (each by a browser request)", b.wakes.Load())
 		}
 	})
 }

@@ -174,7 +174,9 @@ func TestEdgeRefusesWithoutWaking(t *testing.T) {
 		{"TRACE /api/x HTTP/1.1\r\nHost: app.test\r\nMax-Forwards: 0\r\n\r\n", http.StatusNotImplemented, false},
 		{"GET /api%2Fx HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
 		{"GET /x/..%2f..%2Fapi HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
-		{"POST /api%2fx HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\n\r\nhi", http.StatusBadRequest, false},
+		// A request refused before its body is read closes its connection: net/http would otherwise
+		// wait, without a deadline, for a body the client may never send (TestRefusedBeforeItsBody).
+		{"POST /api%2fx HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\n\r\nhi", http.StatusBadRequest, true},
 		{"GET * HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
 		{"GET http:x HTTP/1.1\r\nHost: app.test\r\n\r\n", http.StatusBadRequest, false},
 	} {

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/activator/activator/internal/bodybuf"
 	"github.com/activator/activator/internal/health"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
@@ -45,6 +46,9 @@ type Options struct {
 	// ParkAbove is how many requests the edge holds before it parks more (park.go); 0 is the default
 	// (parkAbove), a negative value parks from the first (tests).
 	ParkAbove int
+	// SpillFiles is edge.max_spill_files when the config leaves it out: cmd/activator derives it
+	// from the open-file limit. 0: no bound then.
+	SpillFiles int
 }
 
 // Server is the activator: the edge handler, the instances and the admin operations. Create it with
@@ -67,6 +71,10 @@ type Server struct {
 	// written again), for the wakes' requirement lookups (peer).
 	peers atomic.Pointer[map[string]*instance]
 	held  heldAccount // requests held across all routes, for edge.max_held and max_held_bytes
+	// spills bounds the request bodies' spill files across all routes (edge.max_spill_files,
+	// edge.max_spill_bytes); spillLog throttles the lines about bodies that could not be buffered.
+	spills   bodybuf.Spills
+	spillLog throttle
 	// streams counts the waiting pages' event streams open across all routes (waiting.go).
 	streams atomic.Int64
 	// resume serves parked connections again (park.go); nil: nothing is parked. Set before serving.
@@ -189,6 +197,11 @@ func (s *Server) Apply(cfg *registry.Config) error {
 		}
 	}
 	s.table.Store(buildTable(cfg, next))
+	files := cfg.Edge.MaxSpillFiles
+	if files == 0 {
+		files = s.opts.SpillFiles
+	}
+	s.spills.SetLimits(int64(files), cfg.Edge.MaxSpillBytes)
 	// Only now, with the new table published, are the replaced instances retired. Retired first, they
 	// stopped their tenants while the table still routed to them, for as long as building it took
 	// (hundreds of milliseconds at 100,000 routes): a warm route's requests then woke the tenant again
@@ -513,6 +526,14 @@ func (s *Server) ProxyProtocol() registry.ProxyProtocol { return s.table.Load().
 
 // ServeHTTP is the edge: route, hold, proxy.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		// Until takeBody has the body (and takes this back), an answer closes the connection: net/http
+		// would read an unread body's rest before writing it, with no deadline (the edge has no
+		// ReadTimeout, and edge.body_timeout bounds only the bodies the edge takes), so a client that
+		// declared a body and sent none held its refused request's connection, busy, for ever
+		// (TestRefusedBeforeItsBody).
+		w.Header().Set("Connection", "close")
+	}
 	if w, r = s.hygiene(w, r); r == nil {
 		return // refused before routing (hygiene.go)
 	}

@@ -171,7 +171,8 @@ func eventsURL(prefix, wakeID string) string {
 
 // serveEvents answers the waiting page's event stream (waitpage.EventsPath, on every host, before
 // routing by path): the wake in progress, or the last one, of the route that serves the Host at the
-// query's path. It wakes nothing: before a route's first wake it answers 404. Streams are capped by the
+// query's path. It wakes nothing: before a route's first wake, and on a route without a waiting page,
+// it answers 404. Streams are capped by the
 // route's hold.max_requests and by maxEventStreams (503 with Retry-After past either), and end when
 // the wake does, when the client goes, after waitpage's own limits, or at Shutdown's cut.
 func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request, t *table) {
@@ -190,8 +191,12 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request, t *table) {
 	in := rt.in
 	in.mu.Lock()
 	att := in.wake
-	in.mu.Unlock()
 	if att == nil {
+		att = in.lastAtt // a reload's new instance has the old one's last wake, not its wake
+	}
+	in.mu.Unlock()
+	// A route without a page has no stream either: it would tell anyone its wakes' ids and phases.
+	if att == nil || in.pages.page.Load() == nil {
 		sw.Header().Set("Cache-Control", "no-store")
 		http.Error(sw, "no wake to follow", http.StatusNotFound)
 		return

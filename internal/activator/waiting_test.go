@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
@@ -374,5 +375,40 @@ func TestErrorPageForPeopleWraps(t *testing.T) {
 	}
 	if strings.Contains(body, "<pre>") || strings.Contains(body, "/srv/tenant") {
 		t.Errorf("error page %q: want no <pre> and no tenant output", body)
+	}
+}
+
+// TestWakeEventsNeedAPageAndSurviveAReload: a route with waiting_page off has no event stream (it
+// told anyone its wakes' ids and phases), and a reload that gives the route a new instance keeps the
+// stream of its last wake ("or its last one"): before, it answered 404 "no wake to follow".
+func TestWakeEventsNeedAPageAndSurviveAReload(t *testing.T) {
+	events := func(s *Server) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.test"+waitpage.EventsPath+"?path=%2F", nil))
+		return w
+	}
+	off, in := newPageServer(t, &fakeBackend{}, appUpstream(t), func(r *registry.Route) { r.WaitingPage.Off = true })
+	if err := in.wakeNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if w := events(off); w.Code != http.StatusNotFound {
+		t.Errorf("events of a route without a page: %d %q, want 404", w.Code, w.Body)
+	}
+
+	s, in := newPageServer(t, &fakeBackend{}, appUpstream(t))
+	if err := in.wakeNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := testRoute("app")
+	r.Upstream = in.route.Upstream
+	r.Idle = 2 * time.Minute // a change that gives the route a new instance
+	if err := s.Apply(&registry.Config{Routes: []*registry.Route{r}}); err != nil {
+		t.Fatal(err)
+	}
+	if s.instance("app") == in {
+		t.Fatal("the reload kept the instance; the test needs a new one")
+	}
+	if w := events(s); w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "event: ready") {
+		t.Errorf("events after a reload: %d %q, want 200 with the last wake's ready", w.Code, w.Body)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,7 +32,62 @@ var (
 	ErrTooLarge = errors.New("request body too large")
 	// ErrIdle: no byte of the body arrived for Options.Idle.
 	ErrIdle = errors.New("request body timed out")
+	// ErrSpillsFull: the body needs a spill file, and the Spills it shares are at their cap of
+	// files or bytes.
+	ErrSpillsFull = errors.New("no room to buffer the request body")
 )
+
+// Spills bounds the spill files of every Read that shares it, together: how many are open at once,
+// and how many bytes they hold on disk. Without it the edge's uploads were bounded one by one
+// (Options.Max) but not together: enough slow uploads took every file descriptor the process had
+// left, or filled the disk. A file is counted from its creation to its Body's Close; its bytes as
+// they are written (a declared length at once). The zero value bounds nothing; SetLimits changes
+// the bounds for the files made after it. It is safe for concurrent use.
+type Spills struct {
+	maxFiles, maxBytes atomic.Int64 // 0: no bound
+	files, bytes       atomic.Int64 // in use
+}
+
+// SetLimits sets the most files and bytes (0: no bound).
+func (s *Spills) SetLimits(files, bytes int64) {
+	s.maxFiles.Store(max(files, 0))
+	s.maxBytes.Store(max(bytes, 0))
+}
+
+// InUse is the files and bytes the spill files hold now.
+func (s *Spills) InUse() (files, bytes int64) { return s.files.Load(), s.bytes.Load() }
+
+// take reserves a file (file) and n bytes, or nothing and ErrSpillsFull. A nil s takes anything.
+func (s *Spills) take(file bool, n int64) error {
+	if s == nil {
+		return nil
+	}
+	if file {
+		if f, m := s.files.Add(1), s.maxFiles.Load(); m > 0 && f > m {
+			s.files.Add(-1)
+			return fmt.Errorf("%w: %d spill files open, edge.max_spill_files", ErrSpillsFull, m)
+		}
+	}
+	if b, m := s.bytes.Add(n), s.maxBytes.Load(); m > 0 && b > m {
+		s.bytes.Add(-n)
+		if file {
+			s.files.Add(-1)
+		}
+		return fmt.Errorf("%w: %d bytes in spill files, edge.max_spill_bytes", ErrSpillsFull, m)
+	}
+	return nil
+}
+
+// give returns what take took.
+func (s *Spills) give(file bool, n int64) {
+	if s == nil {
+		return
+	}
+	if file {
+		s.files.Add(-1)
+	}
+	s.bytes.Add(-n)
+}
 
 // Options say how Read buffers one body. The zero value keeps nothing in memory, spills every body
 // into os.TempDir(), accepts any length and waits without bound for each byte. Negative numbers
@@ -46,6 +102,9 @@ type Options struct {
 	Max int64
 	// Idle is the longest wait for the next byte of the body; then ErrIdle. 0 is no bound.
 	Idle time.Duration
+	// Spills, when set, bounds this body's spill file together with every other Read's that shares
+	// it; a body it has no room for is ErrSpillsFull.
+	Spills *Spills
 }
 
 // Read reads r.Body to its end per o and returns a Body that replays it, of exactly the length read.
@@ -97,7 +156,7 @@ func Read(w http.ResponseWriter, r *http.Request, o Options) (*Body, error) {
 		err = fmt.Errorf("%w: %d bytes declared, at most %d accepted", ErrTooLarge, r.ContentLength, rd.max)
 		_ = rd.setDeadline() // bounds what the server reads of the body after the handler
 	} else {
-		b, err = rd.readAll(r.ContentLength, max(o.Memory, 0), o.Dir)
+		b, err = rd.readAll(r.ContentLength, max(o.Memory, 0), o.Dir, o.Spills)
 	}
 	if err != nil {
 		if r.ProtoMajor == 1 && w != nil {
@@ -123,8 +182,8 @@ type reader struct {
 }
 
 // readAll reads the body to its end: into memory while it fits in memory bytes, then into a spill
-// file in dir. declared is r.ContentLength (-1: unknown).
-func (rd *reader) readAll(declared, memory int64, dir string) (*Body, error) {
+// file in dir, within spills. declared is r.ContentLength (-1: unknown).
+func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*Body, error) {
 	var mem []byte
 	if declared > 0 && declared <= memory {
 		mem = make([]byte, 0, declared)
@@ -162,12 +221,12 @@ func (rd *reader) readAll(declared, memory int64, dir string) (*Body, error) {
 		}
 		switch {
 		case n == 0:
-		case sp == nil && int64(len(mem)+n) <= memory:
+		case sp == nil && declared <= memory && int64(len(mem)+n) <= memory: // a longer declared body spills at once
 			mem = appendGrow(mem, buf[:n], memory)
 		default:
 			if sp == nil {
 				var serr error
-				if sp, serr = newSpill(dir); serr != nil {
+				if sp, serr = newSpill(dir, spills, declared); serr != nil {
 					return nil, serr
 				}
 				if serr := sp.write(mem); serr != nil {
@@ -187,7 +246,7 @@ func (rd *reader) readAll(declared, memory int64, dir string) (*Body, error) {
 	case rd.n == 0:
 		return nil, nil
 	case sp != nil:
-		return &Body{n: rd.n, f: sp.f, name: sp.name}, nil
+		return &Body{n: rd.n, f: sp.f, name: sp.name, spills: sp.spills, taken: sp.taken}, nil
 	default:
 		return &Body{n: rd.n, inMemory: int64(cap(mem)), mem: mem}, nil
 	}
@@ -252,16 +311,26 @@ func appendGrow(mem, p []byte, limit int64) []byte {
 
 // spill is a body's file while Read writes it.
 type spill struct {
-	f    *os.File
-	name string // the path Close must remove; "" once unlinked
+	f      *os.File
+	name   string  // the path Close must remove; "" once unlinked
+	spills *Spills // the budget it counts in (nil: none)
+	taken  int64   // bytes reserved in spills: the declared length, or what was written
+	grows  bool    // no length was declared: each write reserves its bytes
 }
 
-func newSpill(dir string) (*spill, error) {
+// newSpill makes a spill file in dir, counted in spills with declared bytes (grown as written when
+// declared is unknown, -1).
+func newSpill(dir string, spills *Spills, declared int64) (*spill, error) {
+	reserve := max(declared, 0)
+	if err := spills.take(true, reserve); err != nil {
+		return nil, err
+	}
 	f, err := os.CreateTemp(dir, "activator-body-*")
 	if err != nil {
+		spills.give(true, reserve)
 		return nil, fmt.Errorf("bodybuf: creating the spill file: %w", err)
 	}
-	sp := &spill{f: f, name: f.Name()}
+	sp := &spill{f: f, name: f.Name(), spills: spills, taken: reserve, grows: declared < 0}
 	// Unix lets an open file be unlinked: its space is freed when the last descriptor closes, even
 	// if the process dies. Where removal fails (Windows), Close removes it by name.
 	if os.Remove(sp.name) == nil {
@@ -272,6 +341,13 @@ func newSpill(dir string) (*spill, error) {
 
 // write appends p to the file, discarding the file on error.
 func (sp *spill) write(p []byte) error {
+	if sp.grows {
+		if err := sp.spills.take(false, int64(len(p))); err != nil {
+			sp.discard()
+			return err
+		}
+		sp.taken += int64(len(p))
+	}
 	if _, err := sp.f.Write(p); err != nil {
 		sp.discard()
 		return fmt.Errorf("bodybuf: writing the spill file: %w", err)
@@ -279,7 +355,8 @@ func (sp *spill) write(p []byte) error {
 	return nil
 }
 
-// discard closes and removes the file; on a nil spill it does nothing.
+// discard closes and removes the file, and gives back what it took of its Spills; on a nil spill it
+// does nothing.
 func (sp *spill) discard() {
 	if sp == nil {
 		return
@@ -288,6 +365,7 @@ func (sp *spill) discard() {
 	if sp.name != "" {
 		os.Remove(sp.name)
 	}
+	sp.spills.give(true, sp.taken)
 }
 
 // Body replays a body that Read read completely: an io.ReadCloser of exactly Len bytes.
@@ -305,6 +383,9 @@ type Body struct {
 	name   string     // path Close must remove; "" when the file was unlinked at creation
 	off    int64      // bytes replayed so far
 	closed bool
+
+	spills *Spills // the spill file's budget, given back its file and taken bytes at Close
+	taken  int64
 }
 
 // Len is the body's exact length, for r.ContentLength. It does not change on Close.
@@ -378,6 +459,7 @@ func (b *Body) Close() error {
 	if b.name != "" {
 		err = errors.Join(err, os.Remove(b.name))
 	}
+	b.spills.give(true, b.taken)
 	if err != nil {
 		return fmt.Errorf("bodybuf: closing the spill file: %w", err)
 	}

@@ -708,3 +708,71 @@ func BenchmarkReadSmall(b *testing.B) {
 		})
 	}
 }
+
+// TestSpills: spill files that share a Spills are bounded together, by files and by bytes; a body
+// with no room is ErrSpillsFull and takes nothing; Close (and a failed read) gives back what a body
+// took. Before, each body was bounded alone (Max), and enough slow uploads took every descriptor
+// the process had, or the disk.
+func TestSpills(t *testing.T) {
+	dir := t.TempDir()
+	var sp bodybuf.Spills
+	sp.SetLimits(2, 3000)
+	read := func(body []byte, chunked bool) (*bodybuf.Body, error) {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		if chunked {
+			r.ContentLength = -1
+		}
+		return bodybuf.Read(nil, r, bodybuf.Options{Memory: 100, Dir: dir, Spills: &sp})
+	}
+	inUse := func(files, bytes int64) {
+		t.Helper()
+		if f, b := sp.InUse(); f != files || b != bytes {
+			t.Fatalf("in use: %d files, %d bytes; want %d, %d", f, b, files, bytes)
+		}
+	}
+	small, err := read(randomBytes(50), false) // in memory: no file
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	inUse(0, 0)
+	a, err := read(randomBytes(1000), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse(1, 1000)
+	// Over the bytes: a declared 2500 is refused at once, a chunked one as it crosses the cap.
+	for _, chunked := range []bool{false, true} {
+		if b, err := read(randomBytes(2500), chunked); !errors.Is(err, bodybuf.ErrSpillsFull) || b != nil {
+			t.Fatalf("chunked=%v: a body past edge.max_spill_bytes: %v, %v; want ErrSpillsFull", chunked, b, err)
+		}
+		inUse(1, 1000)
+	}
+	c, err := read(randomBytes(1500), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse(2, 2500)
+	// Over the files: a third is refused, though its bytes would fit.
+	if _, err := read(randomBytes(200), false); !errors.Is(err, bodybuf.ErrSpillsFull) || !strings.Contains(err.Error(), "edge.max_spill_files") {
+		t.Fatalf("a third spill file past edge.max_spill_files: %v, want ErrSpillsFull naming the key", err)
+	}
+	inUse(2, 2500)
+	a.Close()
+	a.Close() // a second Close gives back nothing more
+	inUse(1, 1500)
+	if d, err := read(randomBytes(200), false); err != nil {
+		t.Fatalf("after a Close there is room: %v", err)
+	} else {
+		d.Close()
+	}
+	c.Close()
+	inUse(0, 0)
+	// A body that fails after it spilled gives back its file and bytes.
+	r := httptest.NewRequest(http.MethodPost, "/", io.MultiReader(bytes.NewReader(randomBytes(500)), iotest.ErrReader(errors.New("client gone"))))
+	r.ContentLength = -1
+	if _, err := bodybuf.Read(nil, r, bodybuf.Options{Memory: 100, Dir: dir, Spills: &sp}); err == nil {
+		t.Fatal("a body that failed mid-way was read")
+	}
+	inUse(0, 0)
+}

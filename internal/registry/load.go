@@ -53,6 +53,8 @@ const (
 	DefaultMaxHeldTotal = 20000
 	DefaultMaxHeldBytes = 256 * miB
 	DefaultBodyMemory   = 64 * kiB
+	// DefaultMaxSpillBytes is edge.max_spill_bytes: ten of the default max_body's uploads at once.
+	DefaultMaxSpillBytes = 1 << 30
 )
 
 // Bounds of the edge's sizes, and of its tunnel_timeout.
@@ -94,6 +96,8 @@ type edgeKeys struct {
 	MaxHeldBytes     *ByteSize `yaml:"max_held_bytes"`
 	BodyMemory       *ByteSize `yaml:"body_memory"`
 	BodyBufferDir    string    `yaml:"body_buffer_dir"`
+	MaxSpillFiles    *int      `yaml:"max_spill_files"`
+	MaxSpillBytes    *ByteSize `yaml:"max_spill_bytes"`
 	TLSHandshake     *Duration `yaml:"tls_handshake_timeout"`
 	MaxTLSHandshakes *int      `yaml:"max_tls_handshakes"`
 	MaxConns         *int      `yaml:"max_conns"`
@@ -696,6 +700,8 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 		MaxHeldBytes:        ek.MaxHeldBytes.or(DefaultMaxHeldBytes),
 		BodyMemory:          ek.BodyMemory.or(DefaultBodyMemory),
 		BodyBufferDir:       ek.BodyBufferDir,
+		MaxSpillFiles:       valueOr(ek.MaxSpillFiles, 0),
+		MaxSpillBytes:       ek.MaxSpillBytes.or(DefaultMaxSpillBytes),
 		TLSHandshakeTimeout: c.duration("edge.tls_handshake_timeout", ek.TLSHandshake, DefaultTLSHandshakeTimeout),
 		MaxTLSHandshakes:    valueOr(ek.MaxTLSHandshakes, DefaultMaxTLSHandshakes),
 		MaxConns:            valueOr(ek.MaxConns, 0),
@@ -724,6 +730,12 @@ func (c topCheck) checkEdge(ek edgeKeys) EdgeLimits {
 	}
 	if e.BodyMemory > maxBodyMemory {
 		c.add("edge.body_memory", "must be at most %v, got %v (the rest of a body goes to body_buffer_dir)", ByteSize(maxBodyMemory), ByteSize(e.BodyMemory))
+	}
+	if ek.MaxSpillFiles != nil && e.MaxSpillFiles <= 0 {
+		c.add("edge.max_spill_files", "must be positive, got %d (leave the key out to derive it from the open-file limit)", e.MaxSpillFiles)
+	}
+	if e.MaxSpillBytes <= 0 {
+		c.add("edge.max_spill_bytes", "must be positive, got %v (leave the key out for the default %v)", ByteSize(e.MaxSpillBytes), ByteSize(DefaultMaxSpillBytes))
 	}
 	if d := e.BodyBufferDir; d != "" && !filepath.IsAbs(d) {
 		c.add("edge.body_buffer_dir", "%q is not an absolute path (leave the key out for the system's temporary directory)", d)

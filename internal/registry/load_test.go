@@ -857,6 +857,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 		MaxHeld:          20000,
 		MaxHeldBytes:     256 * mib,
 		BodyMemory:       64 * kib,
+		MaxSpillBytes:    1024 * mib,
 		// The TLS listener's limits.
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxTLSHandshakes:    256,
@@ -894,7 +895,7 @@ func TestLoadEdgeBlock(t *testing.T) {
 				`line 6: edge.max_held_bytes: size "1.5GiB" is not a whole number (write 1536KiB, not 1.5MiB)`,
 				`line 7: edge.body_memory: must be at most 16MiB, got 17MiB (the rest of a body goes to body_buffer_dir)`,
 				`line 8: edge.body_buffer_dir: "./spool" is not an absolute path (leave the key out for the system's temporary directory)`,
-				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, event_loops, header_timeout, keepalive_timeout, max_conns, max_header_bytes, max_held, max_held_bytes, max_tls_handshakes, send_timeout, tls_handshake_timeout, tunnel_timeout)`,
+				`line 9: edge.keepalive: unknown key (known keys: body_buffer_dir, body_memory, body_timeout, event_loops, header_timeout, keepalive_timeout, max_conns, max_header_bytes, max_held, max_held_bytes, max_spill_bytes, max_spill_files, max_tls_handshakes, send_timeout, tls_handshake_timeout, tunnel_timeout)`,
 				`line 10: edge.tunnel_timeout: 500ms would close WebSockets between their messages: 0 for no bound, or at least 1s`,
 				`line 15: route "a": upstream: upstream "localhost" is neither host:port nor a unix socket path`,
 			},

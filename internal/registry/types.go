@@ -95,6 +95,11 @@ type EdgeLimits struct {
 	// BodyBufferDir is the directory of those temporary files: an absolute path, or "" for
 	// os.TempDir() at run time. Load does not check that it exists.
 	BodyBufferDir string
+	// MaxSpillFiles is the most of those files open at once across all routes (0: the serving
+	// activator derives it from the open-file limit); MaxSpillBytes the most bytes they hold together
+	// (default 1GiB). A body with no room gets 503.
+	MaxSpillFiles int
+	MaxSpillBytes int64
 	// TLSHandshakeTimeout bounds one TLS handshake (default 10s); MaxTLSHandshakes is how many may be
 	// in flight at once (default 256).
 	TLSHandshakeTimeout time.Duration
