@@ -1,6 +1,7 @@
 package activator
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -95,10 +96,17 @@ func (a *AdminAccess) Guard(next http.Handler) http.Handler {
 			return
 		}
 		auth, hasAuth := bearer(req)
-		if hasAuth && len(p.Token) > 0 && subtle.ConstantTimeCompare(auth, p.Token) != 1 ||
+		if hasAuth && len(p.Token) > 0 && !tokenEqual(auth, p.Token) ||
 			!hasAuth && len(p.Token) > 0 && !unix && !(p.MetricsOpen && req.URL.Path == "/metrics" && isRead(req.Method)) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="activator admin"`)
 			refuse(http.StatusUnauthorized, "a valid bearer token is required (see admin_token_file)")
+			return
+		}
+		if s := req.Header.Get("Sec-Fetch-Site"); s == "cross-site" || s == "same-site" {
+			// A read too: a page on any site could otherwise have a visitor's browser ask a token-less
+			// loopback API for a CPU profile or a 100,000-route listing, though it cannot read the
+			// answer. Tools and Prometheus send no Sec-Fetch-Site; a browser opening the URL, "none".
+			refuse(http.StatusForbidden, "cross-site request refused (Sec-Fetch-Site: "+s+")")
 			return
 		}
 		if !isRead(req.Method) {
@@ -258,4 +266,12 @@ func crossSite(req *http.Request, authed bool) string {
 		return "cross-site request refused (Sec-Fetch-Site: " + s + ")"
 	}
 	return ""
+}
+
+// tokenEqual compares a presented token with the admin token in time that depends on neither:
+// subtle.ConstantTimeCompare returns at once when the lengths differ, which tells the token's length
+// to whoever times it. Their SHA-256 digests have one length.
+func tokenEqual(got, want []byte) bool {
+	g, w := sha256.Sum256(got), sha256.Sum256(want)
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }

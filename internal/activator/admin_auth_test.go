@@ -100,6 +100,10 @@ func TestAdminGuardTCP(t *testing.T) {
 		{"null Origin", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Origin": "null"}}, 403},
 		{"cross-site fetch", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Sec-Fetch-Site": "cross-site"}}, 403},
 		{"same-site fetch (another port)", AdminPolicy{}, adminReq{"POST", "/routes/app/wake", h{CSRFHeader: "1", "Sec-Fetch-Site": "same-site"}}, 403},
+		// Reads too: a page could have a visitor's browser ask for a CPU profile or a huge listing.
+		{"cross-site read", AdminPolicy{}, adminReq{"GET", "/routes", h{"Sec-Fetch-Site": "cross-site"}}, 403},
+		{"same-site read (another port)", AdminPolicy{}, adminReq{"GET", "/routes", h{"Sec-Fetch-Site": "same-site"}}, 403},
+		{"a browser opening the URL", AdminPolicy{}, adminReq{"GET", "/routes", h{"Sec-Fetch-Site": "none"}}, 200},
 		{"token: missing", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", nil}, 401},
 		{"token: wrong", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", h{"Authorization": "Bearer nope"}}, 401},
 		{"token: basic auth", AdminPolicy{Token: []byte(tok)}, adminReq{"GET", "/routes", h{"Authorization": "Basic " + tok}}, 401},

@@ -220,7 +220,8 @@ func TestIgnoredRequestsNeitherWakeNorKeepAwake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &fakeBackend{}
 		_, in := newTestServer(t, b, passGate{}, withMonitorsIgnored) // idle: 1m
-		in.setGrace(10 * time.Minute) // the longest an ignored request in flight puts a due sleep off
+		// The longest an ignored request in flight puts a due sleep off.
+		in.setGrace(10 * time.Minute)
 		monitor := requestAs(http.MethodGet, "/", uptimeRobot)
 		browser := requestAs(http.MethodGet, "/", browserAgents[0])
 
