@@ -163,6 +163,11 @@ func (in *instance) holdLocked(trig trigger, first bool) (wait <-chan struct{}, 
 		return nil, nil, err
 	}
 	if in.state == Stopping {
+		// A request's first turn counts against hold.max_requests behind a stop too (it did not, so
+		// a herd arriving during a stop was held past the cap); a later turn was counted already.
+		if first && in.held >= in.route.Hold.MaxRequests {
+			return nil, nil, ErrHoldFull
+		}
 		in.held++
 		return in.stopDone, nil, nil
 	}

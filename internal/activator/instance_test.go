@@ -655,3 +655,37 @@ func TestLateGateNoted(t *testing.T) {
 		t.Fatalf("the wake's record %+v does not say the gate passed on a late answer", st.LastWake)
 	}
 }
+
+// TestHoldLimitBehindAStop: requests that arrive while the tenant stops count against
+// hold.max_requests as those held for a wake do. Before, a request behind a stop was held before the
+// cap was looked at, so a herd arriving during a stop was held past it.
+func TestHoldLimitBehindAStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &fakeBackend{}
+		_, in := newTestServer(t, b, passGate{}, func(r *registry.Route) {
+			r.Hold = registry.Hold{MaxRequests: 2, MaxTime: 10 * time.Minute}
+		})
+		rel, err := in.acquire(context.Background(), triggerRequest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.set(func(f *fakeBackend) { f.sleepGte = make(chan struct{}) })
+		rel()
+		time.Sleep(time.Minute + time.Millisecond)
+		synctest.Wait()
+		if st := in.status().State; st != "stopping" {
+			t.Fatalf("state = %s, want stopping", st)
+		}
+		first, second := request(in), request(in)
+		synctest.Wait()
+		if _, err := in.acquire(context.Background(), triggerRequest); !errors.Is(err, ErrHoldFull) {
+			t.Fatalf("a third request behind the stop: %v, want ErrHoldFull", err)
+		}
+		close(b.sleepGte)
+		for _, got := range []<-chan error{first, second} {
+			if err := <-got; err != nil {
+				t.Fatalf("a request held behind the stop: %v", err)
+			}
+		}
+	})
+}
