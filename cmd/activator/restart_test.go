@@ -343,6 +343,11 @@ func startShippedUnits(t *testing.T, m *systemdtest.Manager, run shippedRun) {
 	if run.readWrite != "" {
 		add = append(add, "ReadWritePaths="+run.readWrite)
 	}
+	// Without PrivateTmp (dropped below) /tmp is read-only under ProtectSystem=strict, and the
+	// activator refuses to start where it cannot spill request bodies (edge.body_buffer_dir, unset:
+	// $TMPDIR): the shipped unit's private /tmp is writable, so this one gets a $TMPDIR of its own.
+	tmp := t.TempDir()
+	add = append(add, "ReadWritePaths="+tmp, "Environment=TMPDIR="+tmp)
 	service := unitEdit{
 		set: map[string]string{
 			"ExecStart":     fmt.Sprintf("%s serve --config %s --log-format json", self, run.config),
