@@ -50,7 +50,7 @@ type Event struct {
 	Elapsed    time.Duration
 	Expected   time.Duration // 0: no estimate yet
 	WakeID     string
-	Cause      string        // Failed only: the short client message, never the tenant's output
+	Cause      string        // Failed only: the short client message (the tenant's output: detailed_errors)
 	RetryAfter time.Duration // Failed only: the route's failure backoff
 }
 
@@ -117,8 +117,8 @@ func (p *Progress) Ready() {
 	p.notifyLocked(true)
 }
 
-// Fail records that the wake failed: cause is the short client message (never the tenant's output),
-// retryAfter the route's failure backoff. Only the first of Ready and Fail counts.
+// Fail records that the wake failed: cause is the short client message (the tenant's output only
+// with the route's detailed_errors), retryAfter the route's failure backoff. Only the first of Ready and Fail counts.
 func (p *Progress) Fail(cause string, retryAfter time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

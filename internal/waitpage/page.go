@@ -56,7 +56,7 @@ type View struct {
 	WakeID   string
 	Phase    string   // the current phase, "" before the first
 	Phases   []string // every phase begun so far, oldest first; nil: just Phase, if any
-	Cause    string   // Failed only: the short client message (never the tenant's output)
+	Cause    string   // Failed only: the short client message (the tenant's output only with the route's detailed_errors)
 	Elapsed  time.Duration
 	Expected time.Duration // the route's History.Expected; 0: no estimate, the bar is indeterminate
 	// RetryAfter is the Retry-After sent, rounded up to whole seconds, at least 1 s: on the waiting

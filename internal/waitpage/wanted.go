@@ -29,8 +29,8 @@
 // not reload by itself, so an open tab does not keep waking a broken tenant.
 //
 // What strangers may read (docs/security.md): the route's name, the phase names, the wake id, the
-// times, and the Cause the edge passes, which must be the short client message (never the tenant's
-// output). Every value is escaped by html/template, and in the event stream by encoding/json.
+// times, and the Cause the edge passes, which must be the short client message (the tenant's output
+// only when the route sets detailed_errors). Every value is escaped by html/template, and in the event stream by encoding/json.
 package waitpage
 
 import (
