@@ -54,12 +54,18 @@ func Make(dir string) error {
 		}
 		missing, p = append(missing, p), parent
 	}
-	if err := checkStep(dir, p); err != nil {
-		return err
+	// Each step on the way as it is found or made; dir itself once, by Check, below.
+	if p != dir {
+		if err := checkStep(dir, p); err != nil {
+			return err
+		}
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
 		if err := os.Mkdir(missing[i], 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%s: %w", dir, err)
+		}
+		if missing[i] == dir {
+			break
 		}
 		if err := checkStep(dir, missing[i]); err != nil {
 			return err

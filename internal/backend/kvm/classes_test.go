@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/activator/activator/internal/foreign"
+	"github.com/activator/activator/internal/privdir"
 	"github.com/activator/activator/internal/registry"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
@@ -215,7 +216,7 @@ func TestRetryableQMPRefused(t *testing.T) {
 	dir := shortDir(t)
 	r := cheapRoute(t, dir, "qemu: /bin/true\nbudgets: {qmp: 200ms}\n")
 	b := open(t, r)
-	if err := privateDir(b.s.RuntimeDir); err != nil {
+	if err := privdir.Make(b.s.RuntimeDir); err != nil {
 		t.Fatal(err)
 	}
 	refusing(t, b.p.sock)

@@ -488,7 +488,7 @@ func (b *Backend) start(ctx context.Context, t tenant.Tracker, l launch) (*insta
 	if err := bootFiles(b.s); err != nil {
 		return nil, fmt.Errorf("%s: qemu not launched: %w", PhaseQEMUStart, err)
 	}
-	if err := privateDir(b.s.RuntimeDir); err != nil {
+	if err := privdir.Make(b.s.RuntimeDir); err != nil {
 		return nil, fmt.Errorf("%s: runtime dir: %w", PhaseQEMUStart, err)
 	}
 	b.reapOrphan(nil)
@@ -863,10 +863,6 @@ func (b *Backend) Close(ctx context.Context) error {
 		return fmt.Errorf("kvm close: %w", ctx.Err())
 	}
 }
-
-// privateDir creates dir (and parents) with mode 0700, refusing a path someone other than this user
-// and root could change (privdir).
-func privateDir(dir string) error { return privdir.Make(dir) }
 
 // dirsPrivate applies check (privdir.Make, or privdir.CheckIfExists to change nothing) to
 // runtime_dir and snapshot_dir, naming the key of each that fails: the backing trusts what it finds

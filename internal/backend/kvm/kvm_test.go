@@ -18,6 +18,7 @@ import (
 
 	"github.com/activator/activator/internal/backend/backendtest"
 	"github.com/activator/activator/internal/foreign"
+	"github.com/activator/activator/internal/privdir"
 	"github.com/activator/activator/internal/tenant"
 	"github.com/activator/activator/internal/testenv"
 )
@@ -226,7 +227,7 @@ func TestCorruptSnapshot(t *testing.T) {
 			// In file mode the copied snapshot is loaded into a fresh RAM file.
 			r := route(t, g, SleepSnapshot, "snapshot_ram: "+ram)
 			b := open(t, r)
-			if err := privateDir(b.s.SnapshotDir); err != nil {
+			if err := privdir.Make(b.s.SnapshotDir); err != nil {
 				t.Fatal(err)
 			}
 			snap := filepath.Join(b.s.SnapshotDir, snapBase)
@@ -339,7 +340,7 @@ func TestAdoptStale(t *testing.T) {
 	g := needGuest(t)
 	r := route(t, g, SleepPause, "")
 	b := open(t, r)
-	if err := privateDir(b.s.RuntimeDir); err != nil {
+	if err := privdir.Make(b.s.RuntimeDir); err != nil {
 		t.Fatal(err)
 	}
 	// A pid that certainly is not our QEMU: this test process.

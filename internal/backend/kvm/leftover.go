@@ -35,6 +35,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/activator/activator/internal/privdir"
 )
 
 const (
@@ -77,7 +79,7 @@ func (b *Backend) readDirs() []string {
 }
 
 func (b *Backend) writeDirs(dirs []string) error {
-	if err := privateDir(b.s.RuntimeDir); err != nil {
+	if err := privdir.Make(b.s.RuntimeDir); err != nil {
 		return err
 	}
 	return writeSidecar(b.p.dirs, dirsRecord{SnapshotDirs: dirs})
@@ -98,7 +100,7 @@ func (b *Backend) useSnapshotDir() error {
 		}
 	}
 	b.dirsMu.Unlock()
-	return privateDir(b.s.SnapshotDir)
+	return privdir.Make(b.s.SnapshotDir)
 }
 
 // leaveOldDirs removes what the backing left in the route's earlier snapshot dirs (its record's,
