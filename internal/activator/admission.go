@@ -208,7 +208,8 @@ type heldAccount struct {
 }
 
 // holdCharge is one request's entry in the server's heldAccount, which acquire takes when the
-// request is first held and gives back when it leaves the hold. A nil *holdCharge counts nothing
+// request is first held, or admit when it must wait for an upstream slot, and which admit gives back
+// when the request has its slot (or answer, or abandon, when it fails). A nil *holdCharge counts nothing
 // (admin wakes, tests); one without an account counts nothing but notes the wake it held on.
 type holdCharge struct {
 	acct  *heldAccount
@@ -264,6 +265,9 @@ func headerSizes(r *http.Request) (wire, held int64) {
 // take counts the request as held, or refuses it with ErrEdgeFull when either cap would be passed.
 // Two requests racing for the last place may both be refused; neither cap is ever passed.
 func (c *holdCharge) take() error {
+	if c == nil || c.taken {
+		return nil // nothing to count, or counted already (a request held, then waiting for a slot)
+	}
 	a := c.acct
 	if a == nil {
 		return nil // a charge without an account only notes its wake (a requirement's hold, chain.go)

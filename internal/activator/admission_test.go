@@ -337,7 +337,7 @@ func TestAdmitBoundedByHoldBudget(t *testing.T) {
 		r.MaxUpstreamConns = 1
 		r.Hold.MaxTime = time.Second
 	})
-	done, err := in.admit(context.Background(), 0)
+	done, err := in.admit(context.Background(), 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestAdmitBoundedByHoldBudget(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), patience) // fails the test instead of hanging it
 		defer cancel()
 		start := time.Now()
-		_, err := in.admit(ctx, heldFor)
+		_, err := in.admit(ctx, heldFor, nil)
 		return time.Since(start), err
 	}
 	if _, err := admit(time.Second); !errors.Is(err, ErrUpstreamBusy) {
@@ -592,6 +592,45 @@ func TestEdgeCaps(t *testing.T) {
 		close(b.wakeGate)
 		if code := <-held; code != http.StatusOK {
 			t.Fatalf("held request: %d, want 200", code)
+		}
+	})
+	// A request waiting for one of its route's upstream slots keeps its body and header as a held one
+	// does, and counts as one: a herd's released requests until each has its slot, and a request to an
+	// awake route whose slots are all taken. Before, neither counted, and such requests could keep any
+	// number of buffered bodies for up to hold.max_time.
+	t.Run("waiting for an upstream slot", func(t *testing.T) {
+		started, release := make(chan string, 8), make(chan struct{})
+		up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			started <- r.URL.Path
+			<-release
+		})
+		var once sync.Once
+		open := func() { once.Do(func() { close(release) }) }
+		b := &fakeBackend{wakeGate: make(chan struct{})}
+		g := newEdgeRig(t, b, registry.EdgeLimits{MaxHeld: 2}, up, func(r *registry.Route) { r.MaxUpstreamConns = 1 })
+		t.Cleanup(open) // before the rig's own clean-up, which waits for the upstream's handlers
+		codes := make(chan int, 8)
+		for range 2 {
+			g.getAsync(codes, nil)
+		}
+		g.waitHeld(t, 2)
+		close(b.wakeGate)
+		<-started // one has the slot and has left the count; the other waits for the slot, counted
+		g.waitHeld(t, 1)
+		g.getAsync(codes, nil) // to the awake route: waits for the slot, counted
+		g.waitHeld(t, 2)
+		if code, _, body := g.get(t, "/", nil); code != http.StatusServiceUnavailable || !strings.Contains(body, "edge.max_held") {
+			t.Fatalf("a third request waiting for the slot past max_held 2: %d %q, want 503 naming edge.max_held", code, body)
+		}
+		open()
+		for range 3 {
+			if code := <-codes; code != http.StatusOK {
+				t.Fatalf("request: %d, want 200", code)
+			}
+		}
+		g.waitHeld(t, 0)
+		if got := g.s.held.bytes.Load(); got != 0 {
+			t.Fatalf("held bytes %d with nothing held or waiting, want 0", got)
 		}
 	})
 }

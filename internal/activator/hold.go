@@ -20,8 +20,8 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 
 // acquireFor is acquire for a request that counts against the process-wide caps: when the instance
 // is not awake, the request is charged to c's account before it is held, or refused with ErrEdgeFull
-// without starting or joining anything; it is uncharged when it leaves the hold, and c.heldFor tells
-// admit how long it was held. An awake instance returns at once without touching c: the warm path
+// without starting or joining anything; it stays charged after the hold until admit gives it an
+// upstream slot (or the request fails), and c.heldFor tells admit how long it was held. An awake instance returns at once without touching c: the warm path
 // costs no atomic beyond the instance's lock. c nil counts nothing.
 func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge) (release func(), err error) {
 	var (
@@ -35,8 +35,7 @@ func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge)
 			d := in.now().Sub(heldSince)
 			in.series.holdEnd(d)
 			if c != nil {
-				c.heldFor = d
-				c.give()
+				c.heldFor = d // the charge stays until the request has an upstream slot (admit)
 			}
 		}
 	}()
@@ -292,11 +291,21 @@ func (in *instance) giveUpQuiet(att *attempt) {
 // ErrUpstreamBusy, so requests that keep every slot (slow uploads with buffering off, long polls)
 // make the others fail in bounded time instead of queueing without end. A route without a
 // hold.max_time (hand-built in tests) waits without bound.
-func (in *instance) admit(ctx context.Context, heldFor time.Duration) (done func(), err error) {
+//
+// c is the request's charge (nil counts nothing). A request that was held is still charged, and one
+// that must wait for a slot is charged now, or refused with ErrEdgeFull: while it waits it keeps its
+// header and buffered body as a held request does. admit gives the charge back when it returns.
+// Before, a released herd's requests, and requests to an awake route whose slots were all taken,
+// kept their bodies uncounted for up to hold.max_time.
+func (in *instance) admit(ctx context.Context, heldFor time.Duration, c *holdCharge) (done func(), err error) {
+	defer c.give()
 	select {
 	case in.slots <- struct{}{}:
 		return in.unadmitFn, nil
 	default:
+	}
+	if err := c.take(); err != nil {
+		return nil, err
 	}
 	var expired <-chan time.Time
 	if budget := in.route.Hold.MaxTime; budget > 0 {

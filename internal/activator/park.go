@@ -211,6 +211,7 @@ func (p *parkedReq) abandon(code int) {
 	if p.release != nil {
 		p.release() // the wake succeeded just as the client left
 	}
+	p.charge.give() // no answer follows to give it (answer)
 	p.cancel()
 	p.body.Close()
 	if code == http.StatusServiceUnavailable {

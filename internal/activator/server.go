@@ -621,6 +621,7 @@ func (s *Server) acquireRouted(rt *routed, r *http.Request, c *holdCharge) (*rou
 // free, with release called when it is done.
 func (s *Server) answer(sw *statusWriter, r *http.Request, in *instance, charge *holdCharge, release func(), err error) {
 	if err != nil {
+		charge.give()
 		charge.writer(sw) // a request that was held is answered with its Server-Timing and wake id too
 		sw.fail(r, err)
 		return
@@ -628,7 +629,7 @@ func (s *Server) answer(sw *statusWriter, r *http.Request, in *instance, charge 
 	defer release()
 	// A herd released at once parks in admit; what it builds for its response comes after, so the
 	// last of them leaves the hold sooner.
-	done, err := in.admit(r.Context(), charge.heldFor)
+	done, err := in.admit(r.Context(), charge.heldFor, charge)
 	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
 		sw.fail(r, err) // the client went away, or no slot came within the hold budget

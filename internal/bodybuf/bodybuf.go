@@ -115,10 +115,11 @@ type Options struct {
 // nil error, at once and without allocating; so does a body that turns out empty (a chunked body
 // with no data). A nil *Body is a valid empty body.
 //
-// A body of at most o.Memory bytes is kept in one []byte, allocated once at its declared length or
-// grown as a chunked body arrives. A longer one is written to a file made by os.CreateTemp in o.Dir
-// (mode 0600, named activator-body-*) and unlinked at once where the OS allows it (Unix), so nothing
-// is left behind even if the process dies; elsewhere Close removes it.
+// A body of at most o.Memory bytes is kept in one []byte, grown as it arrives (twofold at most, from 4
+// KiB, to its declared length): a body holds memory for what its client has sent, not for what it
+// declared. A longer one is written to a file made by os.CreateTemp in o.Dir at its first byte (mode
+// 0600, named activator-body-*) and unlinked at once where the OS allows it (Unix), so nothing is left
+// behind even if the process dies; elsewhere Close removes it.
 //
 // o.Idle is enforced with http.ResponseController.SetReadDeadline, set to now+Idle before each read
 // of r.Body and cleared (zero) once the body is read; so a trickle that never pauses for Idle is
@@ -181,61 +182,49 @@ type reader struct {
 	n       int64 // bytes read so far
 }
 
+// firstRead is the most a body's first read is given. Each read that fills the buffer at most
+// doubles it, so while a body arrives it holds at most max(firstRead, twice what its client has sent)
+// of memory, whatever length it declares: about what net/http itself keeps for a request in flight.
+// Before, a body that declared up to Options.Memory got a buffer of that length before its first byte,
+// and one declared longer a pooled 32 KiB buffer: a client that sent 250 such heads on one HTTP/2
+// connection, and no byte of any body, had the edge hold 250 times that for it
+// (TestBufferFollowsArrival). At 4 KiB most bodies still take one allocation, at their declared
+// length.
+const firstRead = 4 << 10
+
+// chunk is the most a spilling body gathers in memory before writing it to its file: the pool's
+// buffers.
+const chunk = 32 << 10
+
 // readAll reads the body to its end: into memory while it fits in memory bytes, then into a spill
 // file in dir, within spills. declared is r.ContentLength (-1: unknown).
 func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*Body, error) {
-	var mem []byte
-	if declared > 0 && declared <= memory {
-		mem = make([]byte, 0, declared)
-	}
-	var (
-		sp   *spill
-		pbuf *[]byte // pooled; taken at the first read that does not go straight into mem
-		buf  []byte
-	)
-	defer func() {
-		if pbuf != nil {
-			buffers.put(pbuf)
-		}
-	}()
+	f := filling{declared: declared, memory: memory, dir: dir, spills: spills, spilling: declared > memory || memory == 0}
+	defer f.done()
 	for {
-		if sp == nil && len(mem) < cap(mem) {
-			n, err := rd.read(mem[len(mem):cap(mem)])
-			mem = mem[:len(mem)+n]
-			if err == io.EOF {
-				break
-			}
+		if len(f.buf) == cap(f.buf) {
+			end, err := f.room(rd)
 			if err != nil {
+				f.sp.discard()
 				return nil, err
+			}
+			if end {
+				break
 			}
 			continue
 		}
-		if pbuf == nil {
-			pbuf = buffers.get()
-			buf = *pbuf
-		}
-		n, err := rd.read(buf)
+		n, err := rd.read(f.buf[len(f.buf):cap(f.buf)])
+		f.buf = f.buf[:len(f.buf)+n]
 		if err != nil && err != io.EOF {
-			sp.discard()
+			f.sp.discard()
 			return nil, err
 		}
-		switch {
-		case n == 0:
-		case sp == nil && declared <= memory && int64(len(mem)+n) <= memory: // a longer declared body spills at once
-			mem = appendGrow(mem, buf[:n], memory)
-		default:
-			if sp == nil {
-				var serr error
-				if sp, serr = newSpill(dir, spills, declared); serr != nil {
-					return nil, serr
-				}
-				if serr := sp.write(mem); serr != nil {
-					return nil, serr
-				}
-				mem = nil
+		if f.spilling && n > 0 { // into the file at once: the buffer holds nothing between reads
+			if ferr := f.flush(); ferr != nil {
+				return nil, ferr
 			}
-			if serr := sp.write(buf[:n]); serr != nil {
-				return nil, serr
+			if n == cap(f.buf) && n < chunk { // the client sends faster than the buffer takes
+				f.grow(min(rd.n, chunk))
 			}
 		}
 		if err == io.EOF {
@@ -245,11 +234,105 @@ func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*
 	switch {
 	case rd.n == 0:
 		return nil, nil
-	case sp != nil:
+	case f.spilling:
+		sp := f.sp
 		return &Body{n: rd.n, f: sp.f, name: sp.name, spills: sp.spills, taken: sp.taken}, nil
 	default:
-		return &Body{n: rd.n, inMemory: int64(cap(mem)), mem: mem}, nil
+		return &Body{n: rd.n, inMemory: int64(cap(f.buf)), mem: f.buf}, nil
 	}
+}
+
+// filling is readAll's buffer and file while a body arrives.
+type filling struct {
+	declared int64 // r.ContentLength; -1: unknown
+	memory   int64 // the longest body kept in memory
+	dir      string
+	spills   *Spills
+	spilling bool    // the body goes to a file: it is declared, or has turned out, longer than memory
+	buf      []byte  // the body while it is kept in memory; once it spills, each read's bytes until written
+	pbuf     *[]byte // the pool's buffer buf is, once a spilling body has needed chunk bytes
+	sp       *spill  // the file, from the first byte written to it
+}
+
+// done gives back the pooled buffer.
+func (f *filling) done() {
+	if f.pbuf != nil {
+		buffers.put(f.pbuf)
+	}
+}
+
+// room makes room in f.buf, which is full, for rd's next read: it grows the buffer of a body kept in
+// memory, or gives a spilling body its first buffer. A body full at its declared length, or at
+// memory, may have nothing left to send, so the next read goes to a byte of its own: at the end (end
+// true) the body stays in memory; bytes past memory make it spill; bytes past its declared length are
+// an error (net/http's body never gives them).
+func (f *filling) room(rd *reader) (end bool, err error) {
+	n := int64(len(f.buf))
+	switch {
+	case f.spilling: // no buffer yet (a spilling body's is emptied into the file at each read)
+		f.grow(chunk)
+		return false, nil
+	case n < f.memory && (f.declared < 0 || n < f.declared):
+		limit := f.memory
+		if f.declared >= 0 {
+			limit = min(limit, f.declared)
+		}
+		f.grow(limit)
+		return false, nil
+	}
+	var probe [1]byte // enough to tell the end from more
+	got, err := rd.read(probe[:])
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	switch {
+	case got == 0:
+	case f.declared >= 0:
+		return false, fmt.Errorf("bodybuf: reading the request body: more than its declared %d bytes", f.declared)
+	default:
+		f.spilling = true
+		if err := f.flush(); err != nil {
+			return false, err
+		}
+		if err := f.sp.write(probe[:got]); err != nil {
+			return false, err
+		}
+	}
+	return err == io.EOF, nil
+}
+
+// grow gives f.buf a capacity of twice its own (firstRead to start with), at most limit, keeping its
+// bytes: limit is more than it holds. A spilling body's buffer (empty then) grows into the pool's when
+// it reaches chunk.
+func (f *filling) grow(limit int64) {
+	c := min(max(2*int64(cap(f.buf)), firstRead), limit)
+	if f.spilling && c >= chunk {
+		if f.pbuf == nil {
+			f.pbuf = buffers.get()
+		}
+		f.buf = (*f.pbuf)[:0]
+		return
+	}
+	grown := make([]byte, len(f.buf), c)
+	copy(grown, f.buf)
+	f.buf = grown
+}
+
+// flush writes f.buf to the spill file, making it first, and empties f.buf.
+func (f *filling) flush() error {
+	if f.sp == nil {
+		sp, err := newSpill(f.dir, f.spills, f.declared)
+		if err != nil {
+			return err
+		}
+		f.sp = sp
+	}
+	if err := f.sp.write(f.buf); err != nil {
+		f.sp = nil // write discarded it
+		return err
+	}
+	f.buf = f.buf[:0]
+	return nil
 }
 
 // read reads once from the body into p, bounded by the idle deadline and by max+1 bytes in all. It
@@ -295,18 +378,6 @@ func (rd *reader) setDeadline() error {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
-}
-
-// appendGrow appends p to mem, growing it at least twofold (from 512 bytes) but never past limit,
-// which len(mem)+len(p) does not exceed.
-func appendGrow(mem, p []byte, limit int64) []byte {
-	if len(p) <= cap(mem)-len(mem) {
-		return append(mem, p...)
-	}
-	c := int64(max(2*cap(mem), len(mem)+len(p), 512))
-	grown := make([]byte, len(mem), min(c, limit))
-	copy(grown, mem)
-	return append(grown, p...)
 }
 
 // spill is a body's file while Read writes it.

@@ -776,3 +776,95 @@ func TestSpills(t *testing.T) {
 	}
 	inUse(0, 0)
 }
+
+// trickle is a request body that gives at most step bytes a read, and records the largest buffer a
+// read was given while fewer than each amount had arrived.
+type trickle struct {
+	data   []byte
+	off    int
+	step   int
+	widest func(off, width int) // called with the bytes arrived so far and len(p), at each read
+}
+
+func (tr *trickle) Read(p []byte) (int, error) {
+	tr.widest(tr.off, len(p))
+	if tr.off == len(tr.data) {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), tr.step)], tr.data[tr.off:])
+	tr.off += n
+	return n, nil
+}
+
+func (*trickle) Close() error { return nil }
+
+// TestBufferFollowsArrival: the memory a body waits in grows with what its client has sent, not
+// with what it declared. Before, a body that declared up to Memory bytes got a buffer of that length
+// before its first byte: a client that sent 250 such heads on one HTTP/2 connection, and no byte of
+// any body, had the edge hold 250 × body_memory for it; one that declared more than Memory had a
+// pooled 32 KiB buffer wait on its first byte. Now a read's buffer is at most max(4 KiB, what has
+// arrived), so the memory held is at most twice what was sent; and the body comes out whole.
+func TestBufferFollowsArrival(t *testing.T) {
+	const memory = 64 << 10
+	for _, tc := range []struct {
+		name    string
+		n       int
+		chunked bool
+	}{
+		{"declared, in memory", memory, false},
+		{"declared, spilled", 4 * memory, false},
+		{"chunked, in memory", memory, true},
+		{"chunked, spilled", 4 * memory, true},
+		{"declared, small", 100, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := randomBytes(tc.n)
+			reads := 0
+			tr := &trickle{data: data, step: 10, widest: func(off, width int) {
+				reads++
+				if width > max(4<<10, off) {
+					t.Fatalf("read %d was given %d bytes with %d arrived; want at most max(4 KiB, %d)", reads, width, off, off)
+				}
+			}}
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			r.Body, r.ContentLength = tr, int64(tc.n)
+			if tc.chunked {
+				r.ContentLength = -1
+			}
+			b, err := bodybuf.Read(nil, r, bodybuf.Options{Memory: memory, Dir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			got, err := io.ReadAll(b)
+			if err != nil || sum(got) != sum(data) {
+				t.Fatalf("replayed %d bytes (%v), want the %d sent", len(got), err, len(data))
+			}
+			switch inMem := b.InMemory(); {
+			case tc.n > memory && inMem != 0:
+				t.Errorf("a spilled body holds %d bytes of memory, want 0", inMem)
+			case tc.n <= memory && !tc.chunked && inMem != int64(tc.n):
+				t.Errorf("a body of declared length %d holds %d bytes, want exactly its length", tc.n, inMem)
+			case tc.n <= memory && (inMem < int64(tc.n) || inMem > memory):
+				t.Errorf("a chunked body of %d holds %d bytes, want between its length and %d", tc.n, inMem, memory)
+			}
+		})
+	}
+}
+
+// TestNoFileBeforeTheFirstByte: a body declared longer than Memory takes its spill file (a
+// descriptor, and a place under edge.max_spill_files) at its first byte, not at its head.
+func TestNoFileBeforeTheFirstByte(t *testing.T) {
+	var sp bodybuf.Spills
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.ContentLength = 1 << 20
+	r.Body = io.NopCloser(readFunc(func(p []byte) (int, error) {
+		if f, _ := sp.InUse(); f != 0 {
+			t.Errorf("%d spill files in use before the body's first byte, want 0", f)
+		}
+		return 0, io.ErrUnexpectedEOF
+	}))
+	if _, err := bodybuf.Read(nil, r, bodybuf.Options{Memory: 100, Dir: t.TempDir(), Spills: &sp}); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("Read: %v, want the body's error", err)
+	}
+}
