@@ -18,19 +18,34 @@ import (
 // that a duplicate name or a bad requirement is reported even beside the entry's own problems.
 type entry struct {
 	r     *Route // nil when the entry is not a mapping
-	n     *yaml.Node
 	idx   int    // position in its list
 	label string // the name, or "#N"
 	ok    bool   // the entry has no problem of its own
 	reqs  []reqAt
-	// reused is set for an entry a Reloader took from its last load: r is a copy of that load's
-	// Route, compact already, and n only a placeholder with its line.
+	// The lines of the keys that the checks across entries report: they are taken while the entry's
+	// node is at hand, and the node is not kept, so that each entry's tree can be collected as soon as
+	// it is decoded (a large file's trees outweigh everything else a load holds).
+	nameLine, hostsLine, backingLine int
+	// reused is set for an entry a Reloader took from its last load: r is that load's Route, compact
+	// already, and its lines are those of a placeholder node.
 	reused bool
 }
 
-// reqAt is one decoded entry of requires: and its key ("requires[2]").
+// reqAt is one decoded entry of requires:, its key ("requires[2]") and that key's line.
 type reqAt struct {
 	name, key string
+	line      int
+}
+
+// withLines sets e's lines (and its requirements') from n, the entry's node, as KeyLine finds them.
+func (e *entry) withLines(n *yaml.Node) {
+	e.nameLine, e.hostsLine = KeyLine(n, "name"), KeyLine(n, "hosts")
+	if e.r != nil {
+		e.backingLine = KeyLine(n, e.r.Backing)
+	}
+	for i := range e.reqs {
+		e.reqs[i].line = KeyLine(n, e.reqs[i].key)
+	}
 }
 
 // kind is how problems and hints name the entry's list.
@@ -60,8 +75,9 @@ func markInstance(list []error, instance bool) {
 
 // loadEntries loads the routes and the instances, the list written first first, and checks that their
 // names are unique across both lists and that no two routes share a host and path prefix. It returns
-// every entry, usable or not, in file order.
-func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr, reuse *reuseSet) []entry {
+// every entry, usable or not, in file order; with false, and nothing else, when a run of cut's does
+// not parse as its entries (see loadRoutes).
+func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]SettingsDecoder, own []ownAddr, cut *cutLoad) ([]entry, bool) {
 	lists := []struct {
 		nodes    []yaml.Node
 		instance bool
@@ -72,16 +88,15 @@ func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]Se
 	// Sized up front: growing them to a large config's every name and host rehashes them again and again.
 	n := len(fc.Routes) + len(fc.Instances)
 	ents := make([]entry, 0, n)
-	names := make(map[string]entry, n)
+	names := make(map[string]*entry, n)
 	hosts := make(map[string]string, len(fc.Routes))
 	owned := map[string]string{}
 	for _, list := range lists {
-		var rs []*Route
-		var hc *HostCache
-		if reuse != nil {
-			rs, hc = reuse.routes[list.instance], reuse.hosts
+		lrs, ok := loadRoutes(list.nodes, list.instance, backings, own, cut)
+		if !ok {
+			return nil, false
 		}
-		for _, lr := range loadRoutes(list.nodes, list.instance, backings, own, rs, hc) {
+		for _, lr := range lrs {
 			l.list = append(l.list, lr.problems...)
 			if lr.e.r == nil {
 				continue
@@ -91,7 +106,7 @@ func loadEntries(l *errs, doc *yaml.Node, fc *fileConfig, backings map[string]Se
 			checkOwned(l, &ents[len(ents)-1], owned)
 		}
 	}
-	return ents
+	return ents, true
 }
 
 // loaded is one entry as loadRoute left it, with the problems it found.
@@ -104,25 +119,87 @@ type loaded struct {
 // costs nothing beside decoding them, few enough that the workers finish together.
 const loadChunk = 256
 
-// loadRoutes runs loadRoute over every node, on up to GOMAXPROCS goroutines: each entry is decoded
-// and checked on its own (its backing's decoder included), so a large config's load scales with the
-// CPUs. Each entry's problems are kept apart and the result is in file order, so that the caller
-// reports them, and the checks across entries, just as one loop would. An entry with a Route in reuse
-// (a Reloader's, at the entry's index) is not decoded: its host checks run again, with hosts.
-func loadRoutes(nodes []yaml.Node, instance bool, backings map[string]SettingsDecoder, own []ownAddr, reuse []*Route, hosts *HostCache) []loaded {
+// loadRoutes runs loadRoute over every entry of one list, on up to GOMAXPROCS goroutines: each entry
+// is decoded and checked on its own (its backing's decoder included), so a large config's load scales
+// with the CPUs. Each entry's problems are kept apart and the result is in file order, so that the
+// caller reports them, and the checks across entries, just as one loop would.
+//
+// The entries are nodes, the list as the document decoded it, unless cut (a Reloader's load by the
+// cut) is set. Then the nodes are placeholders: an entry in one of cut's runs is parsed from the
+// file's text, with the rest of its run, by the worker that decodes it, and an entry with a Route in
+// cut's reuse (at the entry's index) is not decoded: its host checks run again. Either way the entry's
+// tree is let go of once it is decoded (loadDoc does not read the document's lists after this), so that
+// a large file's trees, several times the size of the Routes decoded from them, are not all held until
+// the load ends. It reports false when a run does not parse as its entries (parseEntries); no run
+// starts after that.
+func loadRoutes(nodes []yaml.Node, instance bool, backings map[string]SettingsDecoder, own []ownAddr, cut *cutLoad) ([]loaded, bool) {
 	out := make([]loaded, len(nodes))
-	inParallel(len(nodes), loadChunk, func(lo, hi int) bool {
-		for i := lo; i < hi; i++ {
+	var (
+		runs  []parseRun
+		reuse []*Route
+		hosts *HostCache
+	)
+	if cut != nil {
+		runs = cut.runs[instance]
+		if cut.reuse != nil {
+			reuse, hosts = cut.reuse.routes[instance], cut.reuse.hosts
+		}
+	}
+	decode := func(n *yaml.Node, i int) {
+		var l errs
+		out[i].e = loadRoute(&l, n, i, instance, backings, own)
+		out[i].problems = l.list
+	}
+	spans := spansOf(len(nodes), runs)
+	ok := inParallel(len(spans), 1, func(k, _ int) bool {
+		sp := spans[k]
+		if sp.run != nil {
+			items, ok := parseEntries(cut.sp, *sp.run)
+			if !ok {
+				return false
+			}
+			for j, n := range items {
+				decode(n, sp.lo+j)
+				items[j] = nil // the entry's tree: see above
+			}
+			return true
+		}
+		for i := sp.lo; i < sp.hi; i++ {
 			if i < len(reuse) && reuse[i] != nil {
 				out[i].e, out[i].problems = reusedEntry(reuse[i], &nodes[i], i, hosts)
 				continue
 			}
-			var l errs
-			out[i].e = loadRoute(&l, &nodes[i], i, instance, backings, own)
-			out[i].problems = l.list
+			decode(&nodes[i], i)
+			nodes[i] = yaml.Node{} // the entry's tree: see above
 		}
 		return true
 	})
+	return out, ok
+}
+
+// span is the entries lo to hi (exclusive) of a list, as one loadRoutes worker takes them: a run to
+// parse, or (run nil) entries whose nodes are at hand.
+type span struct {
+	lo, hi int
+	run    *parseRun
+}
+
+// spansOf cuts a list of n entries into spans: each of runs (in order, as loadSplit makes them) whole,
+// and the entries between them in spans of at most loadChunk.
+func spansOf(n int, runs []parseRun) []span {
+	var out []span
+	add := func(lo, hi int) {
+		for ; lo < hi; lo += loadChunk {
+			out = append(out, span{lo: lo, hi: min(lo+loadChunk, hi)})
+		}
+	}
+	at := 0
+	for k := range runs {
+		add(at, runs[k].start)
+		out = append(out, span{lo: runs[k].start, hi: runs[k].end, run: &runs[k]})
+		at = runs[k].end
+	}
+	add(at, n)
 	return out
 }
 
@@ -149,20 +226,20 @@ func inParallel(n, batch int, do func(lo, hi int) bool) bool {
 // hosts under its path prefix when an earlier route has it, and records e's for the entries after it.
 // An entry with problems of its own takes part too, so that fixing those does not reveal a duplicate
 // only then.
-func checkUnique(l *errs, e *entry, names map[string]entry, hosts map[string]string) {
+func checkUnique(l *errs, e *entry, names map[string]*entry, hosts map[string]string) {
 	r := e.r
 	switch prev, dup := names[r.Name]; {
 	case dup && prev.kind() == e.kind():
-		e.add(l, "name", KeyLine(e.n, "name"), "duplicate %s name (also %s #%d)", e.kind(), prev.kind(), prev.idx+1)
+		e.add(l, "name", e.nameLine, "duplicate %s name (also %s #%d)", e.kind(), prev.kind(), prev.idx+1)
 	case dup:
-		e.add(l, "name", KeyLine(e.n, "name"), "duplicate name (also %s #%d: names are unique across routes and instances)", prev.kind(), prev.idx+1)
+		e.add(l, "name", e.nameLine, "duplicate name (also %s #%d: names are unique across routes and instances)", prev.kind(), prev.idx+1)
 	case r.Name != "":
-		names[r.Name] = *e
+		names[r.Name] = e
 	}
 	for _, h := range r.Hosts {
 		k := h + r.PathPrefix
 		if other, dup := hosts[k]; dup {
-			e.add(l, "hosts", KeyLine(e.n, "hosts"), "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
+			e.add(l, "hosts", e.hostsLine, "host %q with path prefix %q is already routed to %q", h, r.PathPrefix, other)
 			continue
 		}
 		hosts[k] = e.label
@@ -209,7 +286,7 @@ func checkOwner(l *errs, e *entry, ow Owner, who func() string, owned map[string
 		}
 		key := r.Backing + "." + it.Key
 		if prev, dup := owned[it.Value]; dup {
-			e.add(l, key, KeyLine(e.n, r.Backing), "%s %q is also that of %s: no two may share it", it.Key, it.Value, prev)
+			e.add(l, key, e.backingLine, "%s %q is also that of %s: no two may share it", it.Key, it.Value, prev)
 			continue
 		}
 		owned[it.Value] = fmt.Sprintf("%s (%s)", who(), key)
@@ -288,7 +365,7 @@ func checkRequires(l *errs, ents []entry) {
 		}
 		var reqs []string
 		for _, q := range e.reqs {
-			line := KeyLine(e.n, q.key)
+			line := q.line
 			_, isInstance := instances[q.name]
 			switch {
 			case seen[q.name]:
@@ -331,7 +408,7 @@ func checkCycles(l *errs, ents []entry, instances map[string]int) {
 		e := &ents[cyc[0]]
 		next := path[1]
 		i := slices.IndexFunc(e.reqs, func(q reqAt) bool { return q.name == next })
-		e.add(l, e.reqs[i].key, KeyLine(e.n, e.reqs[i].key), "requires cycle: %s", strings.Join(path, " → "))
+		e.add(l, e.reqs[i].key, e.reqs[i].line, "requires cycle: %s", strings.Join(path, " → "))
 	}
 }
 

@@ -191,9 +191,11 @@ func parse(data []byte) (yaml.Node, error) {
 }
 
 // loadDoc is Load after the parse. It also returns the usable entries, each with its final Route, and
-// the own addresses the routes were checked against. reuse is what a Reloader takes as it was
-// (reuse.go); nil for a whole load.
-func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSet) (*Config, []entry, []ownAddr, error) {
+// the own addresses the routes were checked against. cut is set for a Reloader's load by the cut
+// (reuse.go), whose entries are not in doc; nil for a whole load. A load by the cut fails with
+// errOwnChanged when it reuses Routes checked against other own addresses, and with errNoCut when
+// one of its runs does not parse as its entries.
+func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, cut *cutLoad) (*Config, []entry, []ownAddr, error) {
 	// A problem in the top-level keys does not stop the routes from being checked: the operator gets
 	// the whole list at once.
 	var l errs
@@ -211,7 +213,7 @@ func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSe
 	}
 	top := topCheck{l: &l, doc: doc}
 	own := top.checkListenTLS(fc.ListenTLS, top.checkAddrs(cfg.Listen, cfg.Admin))
-	if reuse != nil && !slices.Equal(own, reuse.own) {
+	if cut != nil && cut.reuse != nil && !slices.Equal(own, cut.reuse.own) {
 		return nil, nil, nil, errOwnChanged
 	}
 	cfg.ListenTLS, cfg.RedirectHTTP = fc.ListenTLS, fc.RedirectHTTP
@@ -224,7 +226,10 @@ func loadDoc(doc *yaml.Node, backings map[string]SettingsDecoder, reuse *reuseSe
 	if len(fc.Routes) == 0 && !topBad["routes"] {
 		l.add("", "routes", 0, "no routes configured")
 	}
-	ents := loadEntries(&l, doc, &fc, backings, own, reuse)
+	ents, cutOK := loadEntries(&l, doc, &fc, backings, own, cut)
+	if !cutOK {
+		return nil, nil, nil, errNoCut
+	}
 	checkRequires(&l, ents)
 	if len(l.list) > 0 {
 		return nil, nil, nil, l.err()
@@ -255,7 +260,7 @@ func routesOf(ents []entry) (routes, instances []*Route) {
 // the entry with its route as far as it decoded and whether it is usable (it has no problems); the
 // entry's route is nil when n is not even a mapping.
 func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[string]SettingsDecoder, own []ownAddr) entry {
-	e := entry{n: n, idx: idx, label: routeLabel(n, idx)}
+	e := entry{idx: idx, label: routeLabel(n, idx)}
 	if n.Kind != yaml.MappingNode {
 		e.label = fmt.Sprintf("#%d", idx+1)
 		what := "a route"
@@ -297,6 +302,7 @@ func loadRoute(l *errs, n *yaml.Node, idx int, instance bool, backings map[strin
 	c.checkBacking(blocks, backings)
 	markInstance(l.list[c.start:], instance)
 	e.r, e.ok, e.reqs = c.r, len(l.list) == c.start, c.requireKeys()
+	e.withLines(n)
 	return e
 }
 
@@ -834,7 +840,7 @@ func KeyLine(n *yaml.Node, key string) int {
 		n = n.Content[0]
 	}
 	line := n.Line
-	for _, part := range strings.Split(key, ".") {
+	for part := range strings.SplitSeq(key, ".") {
 		name, idx := part, -1
 		if i := strings.IndexByte(part, '['); i >= 0 && strings.HasSuffix(part, "]") {
 			name = part[:i]

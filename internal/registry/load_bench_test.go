@@ -3,8 +3,12 @@ package registry_test
 import (
 	"bytes"
 	"fmt"
+	"runtime"
+	"runtime/metrics"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/activator/activator/internal/registry"
 )
@@ -26,8 +30,14 @@ func scaleConfig(n int) []byte {
 func BenchmarkLoad100k(b *testing.B) {
 	data := scaleConfig(100000)
 	b.ReportAllocs()
+	var peak heapPeak
 	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		stop := peak.watch()
+		b.StartTimer()
 		cfg, err := registry.Load(data, backings)
+		stop()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -35,6 +45,7 @@ func BenchmarkLoad100k(b *testing.B) {
 			b.Fatalf("%d routes", len(cfg.Routes))
 		}
 	}
+	peak.report(b)
 }
 
 // BenchmarkSame100k compares 100,000 routes with those of a second load of the same file, as a reload
@@ -73,17 +84,63 @@ func BenchmarkReload100k(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
+			var peak heapPeak
 			for b.Loop() {
 				b.StopTimer()
 				rl := registry.NewReloader(reusing)
-				if _, err := rl.Load(data); err != nil {
+				old, err := rl.Load(data)
+				if err != nil {
 					b.Fatal(err)
 				}
+				runtime.GC()
+				stop := peak.watch()
 				b.StartTimer()
 				if _, err := rl.Load(tc.next); err != nil {
 					b.Fatal(err)
 				}
+				stop()
+				runtime.KeepAlive(old) // the server holds the old config until the new one replaces it
 			}
+			peak.report(b)
 		})
 	}
+}
+
+// heapPeak is the largest heap seen across the loads of a benchmark, sampled every millisecond from a
+// goroutine of its own (runtime/metrics stops nothing, where ReadMemStats stops the world): heap is
+// the heap's objects, garbage not yet swept included (what RSS follows), and live what the latest
+// collection marked, with what was allocated while it ran. A peak between two samples is missed.
+type heapPeak struct {
+	heap, live uint64
+}
+
+// watch samples the heap until the returned func is called, which waits for the sampler to end.
+func (p *heapPeak) watch() (stop func()) {
+	samples := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(samples)
+			p.heap = max(p.heap, samples[0].Value.Uint64())
+			p.live = max(p.live, samples[1].Value.Uint64())
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// report adds the peaks to the benchmark's results, in MB (10^6 bytes).
+func (p *heapPeak) report(b *testing.B) {
+	b.ReportMetric(float64(p.heap)/1e6, "peak-heap-MB")
+	b.ReportMetric(float64(p.live)/1e6, "peak-live-MB")
 }

@@ -145,13 +145,15 @@ type sum [16]byte // the first half of a SHA-256: the entries are the operator's
 
 // loadSplit loads sp entry by entry: the header and the entries not in the memo (every entry, without
 // one) are parsed, the others taken from the memo. The entries to parse go in runs of consecutive
-// ones, each run's text parsed as one list, on up to GOMAXPROCS goroutines: a reload that changes
-// every entry of 100,000 (or the first load) parses on every CPU, where one parse of the whole file
-// runs on one. m is the memo to take unchanged entries from (nil: none, every entry is decoded). It
-// fails, and leaves the work to a whole load, when anything parsed here has an anchor or an alias
-// (which can reach across entries), a run's text does not parse as exactly its entries (errNoCut), or
-// the load finds any problem (a whole load then names them, with the file's lines); with
-// errOwnChanged when the own addresses are not m's.
+// ones, each run's text parsed as one list by the worker that then decodes its entries, on up to
+// GOMAXPROCS goroutines (loadRoutes): a reload that changes every entry of 100,000 (or the first load)
+// parses on every CPU, where one parse of the whole file runs on one, and holds the trees of the runs
+// being decoded, where the whole file's would outweigh everything else the load holds. m is the memo
+// to take unchanged entries from (nil: none, every entry is decoded). It fails, and leaves the work to
+// a whole load, when anything parsed here has an anchor or an alias (which can reach across entries),
+// a run's text does not parse as exactly its entries (errNoCut), or the load finds any problem (a
+// whole load then names them, with the file's lines); with errOwnChanged when the own addresses are
+// not m's.
 func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
 	if sp == nil {
 		return nil, errNoCut
@@ -161,12 +163,13 @@ func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
 		return nil, errNoCut
 	}
 	root := doc.Content[0]
+	cut := &cutLoad{sp: sp, runs: map[bool][]parseRun{}}
 	reuse := map[bool][]*Route{}
 	decoded := 0
-	// One placeholder serves every reused entry: its node is read only for the line of a problem, and
-	// any problem sends the load to a whole one.
+	// One placeholder serves every entry: the top level decodes it as a node, as it would the entry's
+	// own. A reused entry's is read only for the line of a problem, and any problem sends the load to
+	// a whole one; an entry to decode is parsed from its run instead (loadRoutes).
 	placeholder := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-	var runs []parseRun
 	for li, list := range sp.lists {
 		val := mappingValue(root, list.key)
 		if val == nil || val.Kind != yaml.ScalarNode || val.ShortTag() != "!!null" {
@@ -175,33 +178,30 @@ func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
 		instance := list.key == "instances"
 		*val = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: list.chunks[0].line, Column: list.col + 1, Content: make([]*yaml.Node, len(list.chunks))}
 		rs := make([]*Route, len(list.chunks))
+		var runs []parseRun
 		for i, ch := range list.chunks {
+			val.Content[i] = placeholder
 			if m != nil {
 				if r := m.entries[ch.sum]; r != nil && r.Instance == instance && reusable(r) {
 					rs[i] = r
-					val.Content[i] = placeholder
 					continue
 				}
 			}
 			decoded++
-			if n := len(runs); n > 0 && runs[n-1].list == li && runs[n-1].end == i && i-runs[n-1].start < parseRunMax {
+			if n := len(runs); n > 0 && runs[n-1].end == i && i-runs[n-1].start < parseRunMax {
 				runs[n-1].end++
 			} else {
-				runs = append(runs, parseRun{list: li, start: i, end: i + 1, into: val.Content})
+				runs = append(runs, parseRun{list: li, start: i, end: i + 1})
 			}
 		}
-		reuse[instance] = rs
+		reuse[instance], cut.runs[instance] = rs, runs
 	}
-	if !parseRuns(sp, runs) {
-		return nil, errNoCut
+	if m != nil { // without a memo, a load of every entry: nothing to reuse, no own addresses to match
+		cut.reuse = &reuseSet{routes: reuse, hosts: &HostCache{}, own: m.own}
 	}
-	var set *reuseSet // without a memo, a load of every entry: nothing to reuse, no own addresses to match
-	if m != nil {
-		set = &reuseSet{routes: reuse, hosts: &HostCache{}, own: m.own}
-	}
-	cfg, ents, own, err := loadDoc(&doc, rl.backings, set)
+	cfg, ents, own, err := loadDoc(&doc, rl.backings, cut)
 	if err != nil {
-		return nil, err // errOwnChanged, or problems: a whole load names them
+		return nil, err // errNoCut, errOwnChanged, or problems: a whole load names them
 	}
 	if m != nil { // the reused entries are the memo's Routes already
 		rl.memo, rl.decoded = newMemo(sp, ents, own, nil), decoded
@@ -212,50 +212,52 @@ func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
 	return cfg, nil
 }
 
+// cutLoad is what a load by the cut (loadSplit) gives loadDoc. The document's lists hold a placeholder
+// for each entry: the entries to decode are in runs (by list, true for instances:, in file order) of
+// sp's text, each parsed as it is decoded (loadRoutes); reuse is the Routes taken as they were (nil:
+// none, every entry is in a run).
+type cutLoad struct {
+	sp    *entrySplit
+	runs  map[bool][]parseRun
+	reuse *reuseSet
+}
+
 // errNoCut ends a load by the cut that the cut cannot serve (see loadSplit): a whole load follows.
 var errNoCut = errors.New("the file's cut does not serve this load")
 
-// parseRun is entries start to end (exclusive) of sp.lists[list], to be parsed together into
-// into[start:end].
+// parseRun is entries start to end (exclusive) of sp.lists[list], to be parsed together.
 type parseRun struct {
 	list, start, end int
-	into             []*yaml.Node
 }
 
 // parseRunMax bounds a run, so that the runs of a file whose every entry is new share out over the
 // CPUs; a parse's own setup is small beside 512 entries.
 const parseRunMax = 512
 
-// parseRuns parses each run's text (its entries' lines, consecutive in the file) on its own, on up to
-// GOMAXPROCS goroutines, and places each entry's node, moved to the file's line numbers (the text is
-// not padded with the lines before it: that made a reload that changes every entry quadratic in the
-// file's length). It reports false when a run's text is not a list of exactly its entries, each
-// starting on one of its own lines, or has an anchor or an alias: the cut (splitEntries) was wrong
-// there, or the text is one a whole load must judge.
-func parseRuns(sp *entrySplit, runs []parseRun) bool {
-	return inParallel(len(runs), 1, func(k, _ int) bool { return parseOne(sp, runs[k]) })
-}
-
-// parseOne parses one run for parseRuns.
-func parseOne(sp *entrySplit, run parseRun) bool {
+// parseEntries parses one run's text (its entries' lines, consecutive in the file) on its own and
+// returns each entry's node, moved to the file's line numbers (the text is not padded with the lines
+// before it: that made a reload that changes every entry quadratic in the file's length). It reports
+// false when the run's text is not a list of exactly its entries, each starting on one of its own
+// lines, or has an anchor or an alias: the cut (splitEntries) was wrong there, or the text is one a
+// whole load must judge.
+func parseEntries(sp *entrySplit, run parseRun) ([]*yaml.Node, bool) {
 	chunks := sp.lists[run.list].chunks[run.start:run.end]
 	var d yaml.Node
 	if err := yaml.Unmarshal(sp.data[chunks[0].start:chunks[len(chunks)-1].end], &d); err != nil || len(d.Content) != 1 {
-		return false
+		return nil, false
 	}
 	seq := d.Content[0]
 	if seq.Kind != yaml.SequenceNode || len(seq.Content) != len(chunks) || hasAnchors(seq) {
-		return false
+		return nil, false
 	}
 	by := chunks[0].line - 1
 	for i, item := range seq.Content {
 		shiftLines(item, by)
 		if ch := chunks[i]; item.Line < ch.line || item.Line >= ch.next {
-			return false
+			return nil, false
 		}
-		run.into[run.start+i] = item
 	}
-	return true
+	return seq.Content, true
 }
 
 // shiftLines adds by to the line of every node under n.
@@ -338,10 +340,11 @@ var errOwnChanged = errors.New("the activator's own addresses changed")
 // copy lives on beside it: nothing after the decode writes to a reused Route (checkRequires leaves its
 // Requires, the same already). Its host checks run again; a failure is its one problem.
 func reusedEntry(r *Route, n *yaml.Node, idx int, hosts *HostCache) (entry, []error) {
-	e := entry{r: r, n: n, idx: idx, label: r.Name, ok: true, reused: true}
+	e := entry{r: r, idx: idx, label: r.Name, ok: true, reused: true}
 	for i, name := range r.Requires {
 		e.reqs = append(e.reqs, reqAt{name: name, key: fmt.Sprintf("requires[%d]", i)})
 	}
+	e.withLines(n)
 	if err := checkHostAgain(r, hosts); err != nil {
 		e.ok = false
 		return e, []error{&Error{Route: r.Name, Line: n.Line, Err: fmt.Errorf("%w: %w", errHostChanged, err)}}
