@@ -207,9 +207,10 @@ type heldAccount struct {
 	bytes atomic.Int64 // what they keep: see holdCharge.bytes
 }
 
-// holdCharge is one request's entry in the server's heldAccount, which acquire takes when the
-// request is first held, or admit when it must wait for an upstream slot, and which admit gives back
-// when the request has its slot (or answer, or abandon, when it fails). A nil *holdCharge counts nothing
+// holdCharge is one request's entry in the server's heldAccount, taken when the edge starts reading
+// its buffered body, when acquire first holds it, or when admit must wait for an upstream slot,
+// whichever comes first, and given back by admit when the request has its slot (or by ServeHTTP,
+// answer or abandon when it fails). A nil *holdCharge counts nothing
 // (admin wakes, tests); one without an account counts nothing but notes the wake it held on.
 type holdCharge struct {
 	acct  *heldAccount
@@ -283,6 +284,28 @@ func (c *holdCharge) take() error {
 	}
 	c.taken = true
 	return nil
+}
+
+// grow adds n bytes to what c counts (a body read whole after c was taken), or refuses them with
+// ErrEdgeFull past edge.max_held_bytes, counting nothing more.
+func (c *holdCharge) grow(n int64) error {
+	if n == 0 {
+		return nil
+	}
+	if c.taken {
+		if b := c.acct.bytes.Add(n); c.lim.MaxHeldBytes > 0 && b > c.lim.MaxHeldBytes {
+			c.acct.bytes.Add(-n)
+			return fmt.Errorf("%w: held requests keep their maximum of %d bytes (edge.max_held_bytes)", ErrEdgeFull, c.lim.MaxHeldBytes)
+		}
+	}
+	c.bytes += n
+	return nil
+}
+
+// buffersBody reports whether takeBody reads r's body whole before anything else (request_buffering
+// on, and a body declared or chunked).
+func buffersBody(r *http.Request, rt *registry.Route) bool {
+	return rt.RequestBuffering && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
 
 // give ends what take counted; without a take, or on a nil c, it does nothing.

@@ -470,7 +470,11 @@ func TestBufferedBodySurvivesHold(t *testing.T) {
 	}
 	bigGot := post(bytes.NewReader(big), int64(len(big)))
 	smallGot := post(io.MultiReader(bytes.NewReader(small)), -1) // chunked
-	g.waitHeld(t, 2)
+	// Held by the route, bodies read: the edge's count includes requests whose bodies it is reading.
+	until(t, func() (bool, string) {
+		st := g.in.status()
+		return st.Held == 2, fmt.Sprintf("route holds %d, want 2", st.Held)
+	})
 	if spills := openSpills(t, dir); spills != 1 {
 		t.Fatalf("%d spill files open in %s while held, want 1 (the big body's)", spills, dir)
 	}
@@ -592,6 +596,40 @@ func TestEdgeCaps(t *testing.T) {
 		close(b.wakeGate)
 		if code := <-held; code != http.StatusOK {
 			t.Fatalf("held request: %d, want 200", code)
+		}
+	})
+	// A request whose body the edge is reading counts too: its handler waits at the edge for as long as
+	// its client takes (up to edge.body_timeout between bytes), and HTTP/2 lets one connection carry
+	// 250 such, a few bytes of head each. Before, nothing bounded them but edge.max_conns.
+	t.Run("reading a body", func(t *testing.T) {
+		g := newEdgeRig(t, &fakeBackend{}, registry.EdgeLimits{MaxHeld: 1, BodyMemory: 64 << 10, BodyTimeout: time.Minute}, readAllHandler(nil), func(r *registry.Route) {
+			r.RequestBuffering = true
+		})
+		g.wake(t)
+		slow := g.dial(t)
+		if err := send(slow, "POST /slow HTTP/1.1\nHost: app.test\nContent-Length: 10", []byte("abc")); err != nil {
+			t.Fatal(err)
+		}
+		g.waitHeld(t, 1)
+		c := g.dial(t)
+		if err := send(c, "POST /up HTTP/1.1\nHost: app.test\nContent-Length: 5", []byte("12345")); err != nil {
+			t.Fatal(err)
+		}
+		if a, err := answer(c); err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "edge.max_held") || a.h.Get("Retry-After") == "" {
+			t.Fatalf("an upload past max_held 1 while another's body is read: %d %q %v, want 503 naming edge.max_held", a.code, a.body, err)
+		}
+		if code, _, body := g.get(t, "/", nil); code != http.StatusOK {
+			t.Fatalf("a GET to the awake route, with a free slot: %d %q, want 200 (it is not counted)", code, body)
+		}
+		if _, err := slow.Write([]byte("defghij")); err != nil {
+			t.Fatal(err)
+		}
+		if a, err := answer(slow); err != nil || a.code != http.StatusOK {
+			t.Fatalf("the slow upload, complete: %d %q %v, want 200", a.code, a.body, err)
+		}
+		g.waitHeld(t, 0)
+		if got := g.s.held.bytes.Load(); got != 0 {
+			t.Fatalf("held bytes %d with nothing held or read, want 0", got)
 		}
 	})
 	// A request waiting for one of its route's upstream slots keeps its body and header as a held one

@@ -569,13 +569,27 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !rt.in.awake.Load() && waitpage.Wanted(r) && !rt.in.ignores(r) && rt.in.serveWaiting(sw, r) {
 		return
 	}
-	// The body first: a slow upload must neither wake the tenant nor hold, nor take a slot.
+	// The body first: a slow upload must neither wake the tenant nor hold, nor take a slot. While the
+	// edge reads it, the request waits at the edge as a held one does, for as long as its client takes,
+	// and counts as one: else only edge.max_conns bounded them, and one HTTP/2 connection carries 250.
+	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr}
+	if buffersBody(r, rt.in.route) {
+		if err := charge.take(); err != nil {
+			sw.fail(r, err)
+			return
+		}
+	}
 	body, err := s.takeBody(sw, r, rt.in.route, &t.edge)
+	if err == nil {
+		if err = charge.grow(body.InMemory()); err != nil {
+			body.Close()
+		}
+	}
 	if err != nil {
+		charge.give()
 		sw.fail(r, err)
 		return
 	}
-	charge := holdCharge{acct: &s.held, lim: &t.edge, bytes: hdr + body.InMemory()}
 	if parked = s.park(w, r, rt, body, charge); parked {
 		return // held without this goroutine or the connection's buffers
 	}
