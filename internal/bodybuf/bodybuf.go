@@ -223,8 +223,8 @@ func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*
 			if ferr := f.flush(); ferr != nil {
 				return nil, ferr
 			}
-			if n == cap(f.buf) && n < chunk { // the client sends faster than the buffer takes
-				f.grow(min(rd.n, chunk))
+			if c := min(rd.n, chunk); n == cap(f.buf) && int64(n) < c { // it sends faster than the buffer takes
+				f.grow(c)
 			}
 		}
 		if err == io.EOF {
@@ -294,7 +294,7 @@ func (f *filling) room(rd *reader) (end bool, err error) {
 		if err := f.flush(); err != nil {
 			return false, err
 		}
-		if err := f.sp.write(probe[:got]); err != nil {
+		if err := f.write(probe[:got]); err != nil {
 			return false, err
 		}
 	}
@@ -327,11 +327,20 @@ func (f *filling) flush() error {
 		}
 		f.sp = sp
 	}
-	if err := f.sp.write(f.buf); err != nil {
-		f.sp = nil // write discarded it
+	if err := f.write(f.buf); err != nil {
 		return err
 	}
 	f.buf = f.buf[:0]
+	return nil
+}
+
+// write appends p to the spill file. On an error the file is discarded (spill.write), and forgotten
+// here, so that the caller's discard does not give back its budget a second time.
+func (f *filling) write(p []byte) error {
+	if err := f.sp.write(p); err != nil {
+		f.sp = nil
+		return err
+	}
 	return nil
 }
 

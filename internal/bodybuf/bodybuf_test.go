@@ -868,3 +868,18 @@ func TestNoFileBeforeTheFirstByte(t *testing.T) {
 		t.Fatalf("Read: %v, want the body's error", err)
 	}
 }
+
+// TestSpillRefusedAtTheSwitch: a chunked body that fills memory and then has its next byte refused by
+// the spill budget gives back what its file took, once.
+func TestSpillRefusedAtTheSwitch(t *testing.T) {
+	var sp bodybuf.Spills
+	sp.SetLimits(0, 100)
+	r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(randomBytes(150)))
+	r.ContentLength = -1
+	if b, err := bodybuf.Read(nil, r, bodybuf.Options{Memory: 100, Dir: t.TempDir(), Spills: &sp}); !errors.Is(err, bodybuf.ErrSpillsFull) || b != nil {
+		t.Fatalf("Read = %v, %v; want ErrSpillsFull", b, err)
+	}
+	if files, n := sp.InUse(); files != 0 || n != 0 {
+		t.Fatalf("in use after the refusal: %d files, %d bytes; want none", files, n)
+	}
+}
