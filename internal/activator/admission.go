@@ -267,7 +267,7 @@ func headerSizes(r *http.Request) (wire, held int64) {
 // Two requests racing for the last place may both be refused; neither cap is ever passed.
 func (c *holdCharge) take() error {
 	if c == nil || c.taken {
-		return nil // nothing to count, or counted already (a request held, then waiting for a slot)
+		return nil // nothing to count, or counted already (its body read, or held, before a wait for a slot)
 	}
 	a := c.acct
 	if a == nil {
@@ -277,10 +277,9 @@ func (c *holdCharge) take() error {
 		a.n.Add(-1)
 		return fmt.Errorf("%w: %d requests are held already (edge.max_held)", ErrEdgeFull, c.lim.MaxHeld)
 	}
-	if b := a.bytes.Add(c.bytes); c.lim.MaxHeldBytes > 0 && b > c.lim.MaxHeldBytes {
-		a.bytes.Add(-c.bytes)
+	if err := c.addBytes(c.bytes); err != nil {
 		a.n.Add(-1)
-		return fmt.Errorf("%w: held requests keep their maximum of %d bytes (edge.max_held_bytes)", ErrEdgeFull, c.lim.MaxHeldBytes)
+		return err
 	}
 	c.taken = true
 	return nil
@@ -293,12 +292,20 @@ func (c *holdCharge) grow(n int64) error {
 		return nil
 	}
 	if c.taken {
-		if b := c.acct.bytes.Add(n); c.lim.MaxHeldBytes > 0 && b > c.lim.MaxHeldBytes {
-			c.acct.bytes.Add(-n)
-			return fmt.Errorf("%w: held requests keep their maximum of %d bytes (edge.max_held_bytes)", ErrEdgeFull, c.lim.MaxHeldBytes)
+		if err := c.addBytes(n); err != nil {
+			return err
 		}
 	}
 	c.bytes += n
+	return nil
+}
+
+// addBytes adds n to the account's bytes, or nothing and ErrEdgeFull past edge.max_held_bytes.
+func (c *holdCharge) addBytes(n int64) error {
+	if b := c.acct.bytes.Add(n); c.lim.MaxHeldBytes > 0 && b > c.lim.MaxHeldBytes {
+		c.acct.bytes.Add(-n)
+		return fmt.Errorf("%w: held requests keep their maximum of %d bytes (edge.max_held_bytes)", ErrEdgeFull, c.lim.MaxHeldBytes)
+	}
 	return nil
 }
 
