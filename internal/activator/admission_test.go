@@ -337,7 +337,7 @@ func TestAdmitBoundedByHoldBudget(t *testing.T) {
 		r.MaxUpstreamConns = 1
 		r.Hold.MaxTime = time.Second
 	})
-	done, err := in.admit(context.Background(), 0, nil)
+	done, err := in.admit(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestAdmitBoundedByHoldBudget(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), patience) // fails the test instead of hanging it
 		defer cancel()
 		start := time.Now()
-		_, err := in.admit(ctx, heldFor, nil)
+		_, err := in.admit(ctx, &holdCharge{heldFor: heldFor})
 		return time.Since(start), err
 	}
 	if _, err := admit(time.Second); !errors.Is(err, ErrUpstreamBusy) {

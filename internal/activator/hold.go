@@ -21,8 +21,9 @@ func (in *instance) acquire(ctx context.Context, trig trigger) (release func(), 
 // acquireFor is acquire for a request that counts against the process-wide caps: when the instance
 // is not awake, the request is charged to c's account before it is held, or refused with ErrEdgeFull
 // without starting or joining anything; it stays charged after the hold until admit gives it an
-// upstream slot (or the request fails), and c.heldFor tells admit how long it was held. An awake instance returns at once without touching c: the warm path
-// costs no atomic beyond the instance's lock. c nil counts nothing.
+// upstream slot (or the request fails), and c.heldFor tells admit how long it was held. An awake
+// instance returns at once without touching c: the warm path costs no atomic beyond the instance's
+// lock. c nil counts nothing.
 func (in *instance) acquireFor(ctx context.Context, trig trigger, c *holdCharge) (release func(), err error) {
 	var (
 		limit     context.Context // ends at the hold limit or the server's end (holdLimitLocked); nil until first held
@@ -286,8 +287,8 @@ func (in *instance) giveUpQuiet(att *attempt) {
 // queues here, each request parked right after it left the hold, instead of every one of them first
 // building its outgoing request and then queueing for a connection inside the transport.
 //
-// The wait is bounded by what is left of the request's hold budget: hold.max_time less heldFor, the
-// time it was already held (0 for a request that found the route awake). Past it the request gets
+// The wait is bounded by what is left of the request's hold budget: hold.max_time less c.heldFor,
+// the time it was already held (0 for a request that found the route awake, or a nil c). Past it the request gets
 // ErrUpstreamBusy, so requests that keep every slot (slow uploads with buffering off, long polls)
 // make the others fail in bounded time instead of queueing without end. A route without a
 // hold.max_time (hand-built in tests) waits without bound.
@@ -297,8 +298,12 @@ func (in *instance) giveUpQuiet(att *attempt) {
 // header and buffered body as a held request does. admit gives the charge back when it returns.
 // Before, a released herd's requests, and requests to an awake route whose slots were all taken,
 // kept their bodies uncounted for up to hold.max_time.
-func (in *instance) admit(ctx context.Context, heldFor time.Duration, c *holdCharge) (done func(), err error) {
+func (in *instance) admit(ctx context.Context, c *holdCharge) (done func(), err error) {
 	defer c.give()
+	var heldFor time.Duration
+	if c != nil {
+		heldFor = c.heldFor
+	}
 	select {
 	case in.slots <- struct{}{}:
 		return in.unadmitFn, nil

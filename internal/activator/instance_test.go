@@ -574,18 +574,18 @@ func TestAdmitQueuesInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		_, in := newTestServer(t, &fakeBackend{}, passGate{}, func(r *registry.Route) { r.MaxUpstreamConns = 2 })
 		ctx := context.Background()
-		d1, err := in.admit(ctx, 0, nil)
+		d1, err := in.admit(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		d2, err := in.admit(ctx, 0, nil)
+		d2, err := in.admit(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		order := make(chan int, 3)
 		for i := 1; i <= 3; i++ {
 			go func() {
-				done, err := in.admit(ctx, 0, nil)
+				done, err := in.admit(ctx, nil)
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 					return
@@ -598,7 +598,7 @@ func TestAdmitQueuesInOrder(t *testing.T) {
 		gone, cancel := context.WithCancel(ctx)
 		left := make(chan error, 1)
 		go func() {
-			_, err := in.admit(gone, 0, nil)
+			_, err := in.admit(gone, nil)
 			left <- err
 		}()
 		synctest.Wait()

@@ -183,13 +183,13 @@ func TestUpstreamBusyIsLogged(t *testing.T) {
 		}
 		defer func() { _ = s.Shutdown(context.Background()) }()
 		in := s.instance("app")
-		done, err := in.admit(context.Background(), 0, nil) // the one slot, kept
+		done, err := in.admit(context.Background(), nil) // the one slot, kept
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer done()
 		for range 3 {
-			if _, err := in.admit(context.Background(), 0, nil); !errors.Is(err, ErrUpstreamBusy) {
+			if _, err := in.admit(context.Background(), nil); !errors.Is(err, ErrUpstreamBusy) {
 				t.Fatalf("admit with the slot taken: %v, want ErrUpstreamBusy", err)
 			}
 		}
@@ -197,7 +197,7 @@ func TestUpstreamBusyIsLogged(t *testing.T) {
 			t.Errorf("%d lines for three refusals within %v, want 1:\n%s", n, failedEvery, logs.String())
 		}
 		time.Sleep(failedEvery)
-		if _, err := in.admit(context.Background(), 0, nil); !errors.Is(err, ErrUpstreamBusy) {
+		if _, err := in.admit(context.Background(), nil); !errors.Is(err, ErrUpstreamBusy) {
 			t.Fatal(err)
 		}
 		if !strings.Contains(logs.String(), `"requests":3,"max_upstream_conns":1`) {

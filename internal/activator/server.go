@@ -643,7 +643,7 @@ func (s *Server) answer(sw *statusWriter, r *http.Request, in *instance, charge 
 	defer release()
 	// A herd released at once parks in admit; what it builds for its response comes after, so the
 	// last of them leaves the hold sooner.
-	done, err := in.admit(r.Context(), charge.heldFor, charge)
+	done, err := in.admit(r.Context(), charge)
 	out := charge.writer(sw) // sw; for a request that was held, with Server-Timing and the wake id (servertiming.go)
 	if err != nil {
 		sw.fail(r, err) // the client went away, or no slot came within the hold budget

@@ -124,7 +124,7 @@ func TestHeldBusyCarriesServerTiming(t *testing.T) {
 		r.MaxUpstreamConns = 1
 		r.Hold.MaxTime = 200 * time.Millisecond // the released request's whole budget for a slot
 	})
-	done, err := in.admit(context.Background(), 0, nil) // the only slot, kept until the end
+	done, err := in.admit(context.Background(), nil) // the only slot, kept until the end
 	if err != nil {
 		t.Fatal(err)
 	}
