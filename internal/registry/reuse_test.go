@@ -306,6 +306,7 @@ func FuzzReloader(f *testing.F) {
 	f.Add([]byte(base), []byte(strings.Replace(base, "9001", "9101", 1)))
 	f.Add([]byte(base), []byte(strings.Replace(base, "  - name: r1\n", "  - name: r1\n    hosts: &a [x.test]\n", 1)))
 	f.Add([]byte(base), []byte(base+"  - name: r9\n    backing: exec\n    upstream: 127.0.0.1:1\n    exec: {argv: [/a]}\n"))
+	f.Add([]byte(strings.Replace(base, "9001", "x", 1)), []byte(base)) // a first load's problems are the cut's
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		if len(a) > 4<<10 || len(b) > 4<<10 {
 			return // rendering large configs twice per input starves the fuzzer; the cut is per line
