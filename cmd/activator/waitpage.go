@@ -14,11 +14,12 @@ import (
 // and the reload's log alike.
 func checkWaitingPages(cfg *registry.Config) error {
 	var errs []error
+	var ts waitpage.Templates // each file once, however many routes name it
 	for _, r := range cfg.Routes {
 		if r.WaitingPage.Off || r.WaitingPage.Template == "" {
 			continue
 		}
-		if _, err := waitpage.New(r.WaitingPage.Template); err != nil {
+		if _, err := ts.Load(r.WaitingPage.Template); err != nil {
 			errs = append(errs, fmt.Errorf("route %q: waiting_page.template: %w", r.Name, err))
 		}
 	}

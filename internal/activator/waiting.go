@@ -52,10 +52,12 @@ func (p *routePage) addWake(d time.Duration) {
 
 // waitingPagesLocked builds the waiting page of every route in cfg: nil for a route with waiting_page
 // off, the built-in page (made once per Server) or the route's own template, which is read and checked
-// here, on every Apply. The error names every route whose template fails, and the file.
+// here, on every Apply, once for all the routes that name it. The error names every route whose
+// template fails, and the file.
 func (s *Server) waitingPagesLocked(cfg *registry.Config) (map[string]*waitpage.Page, error) {
 	pages := make(map[string]*waitpage.Page, len(cfg.Routes))
 	var errs []error
+	var own waitpage.Templates // a file many routes name is read and checked once
 	for _, r := range cfg.Routes {
 		switch {
 		case r.WaitingPage.Off:
@@ -70,7 +72,7 @@ func (s *Server) waitingPagesLocked(cfg *registry.Config) (map[string]*waitpage.
 			}
 			pages[r.Name] = s.builtinPage
 		default:
-			p, err := waitpage.New(r.WaitingPage.Template)
+			p, err := own.Load(r.WaitingPage.Template)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("route %q: waiting_page: %w", r.Name, err))
 				continue

@@ -288,3 +288,74 @@ func doubling(levels int) string {
 	fmt.Fprintf(&b, `{{template "d%d"}}`, levels)
 	return b.String()
 }
+
+// TestTemplatesLoadEachFileOnce: Templates reads, parses and checks a file once, however many routes
+// name it, and gives each the same Page, or the same error; another path is loaded on its own.
+func TestTemplatesLoadEachFileOnce(t *testing.T) {
+	good, bad := writeTemplate(t, goodTemplate), writeTemplate(t, "<html>{{.Nope}}</html>")
+	var ts Templates
+	p1, err := ts.Load(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err1 := ts.Load(bad)
+	if err1 == nil {
+		t.Fatal("a template with an unknown field loaded")
+	}
+	// Both files gone: a second Load of either path must not read it again.
+	if err := os.Remove(good); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := ts.Load(good)
+	if err != nil || p2 != p1 {
+		t.Errorf("second Load of %s: %p, %v; want the first Page %p", good, p2, err, p1)
+	}
+	if _, err2 := ts.Load(bad); err2 != err1 {
+		t.Errorf("second Load of %s: %v; want the first error %v", bad, err2, err1)
+	}
+	var fresh Templates // the next load reads the files again
+	if _, err := fresh.Load(good); err == nil || !strings.Contains(err.Error(), good) {
+		t.Errorf("a new Templates after the file was removed: %v; want an error naming %s", err, good)
+	}
+}
+
+// BenchmarkNew is one route template's load and check (a 0.5 KB file): what Templates saves for each
+// further route that names the same file.
+func BenchmarkNew(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "theme.html")
+	if err := os.WriteFile(path, []byte(goodTemplate), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := New(path); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// FuzzScriptIn holds scriptIn to the pattern it stands for.
+func FuzzScriptIn(f *testing.F) {
+	f.Add(`<script nonce="n">s()</script>`, "s()", "n")
+	f.Add(`<script type="module" nonce="n" async>`+"\n s()", "s()", "n")
+	f.Add(`<script data-nonce="n">s()`, "s()", "n")
+	f.Add(`<scriptx nonce="n">s()`, "s()", "n")
+	f.Add(`<script nonce="n" <scripts>s()`, "s()", "n")
+	f.Add(`<script nonce="n">x</script> s()`, "s()", "n")
+	f.Add(`<script nonce="m">s()<script nonce="n">s()`, "s()", "n")
+	f.Fuzz(func(t *testing.T, page, script, nonce string) {
+		if len(page) > 512 || len(script) > 64 || len(nonce) > 32 {
+			return
+		}
+		re, err := regexp.Compile(`<script\b[^>]*\bnonce="` + regexp.QuoteMeta(nonce) + `"[^>]*>\s*` + regexp.QuoteMeta(script))
+		if err != nil {
+			return
+		}
+		if got, want := scriptIn(page, script, nonce), re.MatchString(page); got != want {
+			t.Errorf("scriptIn(%q, %q, %q) = %v, the pattern says %v", page, script, nonce, got, want)
+		}
+	})
+}
