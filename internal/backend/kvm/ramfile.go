@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -192,8 +193,19 @@ func ramBlockID(machine string) string {
 }
 
 // machineTakesBackend runs `qemu -M MACHINE,help`: nil when the machine lists the memory-backend
-// property (QEMU 5.0 and later; x-ignore-shared is older).
+// property (QEMU 5.0 and later; x-ignore-shared is older). The answer is a fact of the binary, asked
+// by every snapshot route's Check (at start-up and at each reload), its Open and its notes in
+// `activator check`, and each run of QEMU costs 30–50 ms of CPU here. So an answer is kept for as long
+// as the binary's file stays the same (machineAnswers); a run that failed is asked again next time.
 func machineTakesBackend(ctx context.Context, bin, machine string) error {
+	var st unix.Stat_t
+	keyed := unix.Stat(bin, &st) == nil
+	key := machineKey{bin: bin, machine: machine, dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
+	if keyed {
+		if v, ok := machineAnswers.Load(key); ok {
+			return v.(machineAnswer).err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "-M", machine+",help").CombinedOutput()
@@ -201,10 +213,26 @@ func machineTakesBackend(ctx context.Context, bin, machine string) error {
 		return fmt.Errorf("%s -M %s,help: %v: %.200s", bin, machine, err, bytes.TrimSpace(out))
 	}
 	if !bytes.Contains(out, []byte("memory-backend=")) {
-		return fmt.Errorf("machine %s has no memory-backend property (QEMU 5.0 or later has it)", machine)
+		err = fmt.Errorf("machine %s has no memory-backend property (QEMU 5.0 or later has it)", machine)
 	}
-	return nil
+	if keyed {
+		machineAnswers.Store(key, machineAnswer{err})
+	}
+	return err
 }
+
+// machineAnswers holds machineTakesBackend's answers (machineAnswer) by machineKey: a binary replaced
+// or upgraded in place has another key, and is asked again.
+var machineAnswers sync.Map
+
+// machineKey is a QEMU binary, by its path and its file's identity, and a machine type.
+type machineKey struct {
+	bin, machine string
+	dev, ino     uint64
+	size, mtime  int64
+}
+
+type machineAnswer struct{ err error }
 
 func (b *Backend) ramPath() string { return filepath.Join(b.s.SnapshotDir, ramBase) }
 func (b *Backend) devPath() string { return filepath.Join(b.s.SnapshotDir, devBase) }

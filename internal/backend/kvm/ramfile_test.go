@@ -244,6 +244,63 @@ func TestPlanRAM(t *testing.T) {
 
 // A snapshot_ram: file that the host cannot give (here a QEMU without memory-backend) fails Check; in
 // auto, Open takes the copy and says why.
+// TestMachineAnswerKept: QEMU is asked whether a machine takes a memory backend once per binary file
+// and machine, not at every Check, Open and note; a binary changed in place is asked again, and a run
+// that failed is not kept. The "QEMU" is a script that counts its runs.
+func TestMachineAnswerKept(t *testing.T) {
+	dir := t.TempDir()
+	bin, count := filepath.Join(dir, "qemu"), filepath.Join(dir, "runs")
+	write := func(out string, exit int) {
+		t.Helper()
+		script := fmt.Sprintf("#!/bin/sh\necho run >> %s\necho '%s'\nexit %d\n", count, out, exit)
+		// Written to a new file and renamed in, as a package manager replaces a binary: a running
+		// text file cannot be rewritten in place (ETXTBSY).
+		if err := os.WriteFile(bin+".new", []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(bin+".new", bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "run")
+	}
+	ctx := context.Background()
+	write("memory-backend=<link<memory-backend>>", 0)
+	for range 3 {
+		if err := machineTakesBackend(ctx, bin, "pc"); err != nil {
+			t.Fatalf("machineTakesBackend: %v", err)
+		}
+	}
+	if n := runs(); n != 1 {
+		t.Errorf("QEMU ran %d times for three asks of one machine, want 1", n)
+	}
+	if err := machineTakesBackend(ctx, bin, "q35"); err != nil || runs() != 2 {
+		t.Errorf("another machine: %v after %d runs; want nil after 2", err, runs())
+	}
+
+	write("no such property here", 0) // an older QEMU, put in its place
+	for range 2 {
+		if err := machineTakesBackend(ctx, bin, "pc"); err == nil || !strings.Contains(err.Error(), "no memory-backend property") {
+			t.Errorf("the replaced binary: %v; want no memory-backend property", err)
+		}
+	}
+	if n := runs(); n != 3 {
+		t.Errorf("QEMU ran %d times in all, want 3: the replaced binary asked once", n)
+	}
+
+	write("broken", 1)
+	for range 2 {
+		if err := machineTakesBackend(ctx, bin, "pc"); err == nil {
+			t.Error("a QEMU that fails: no error")
+		}
+	}
+	if n := runs(); n != 5 {
+		t.Errorf("QEMU ran %d times in all, want 5: a failed run is asked again", n)
+	}
+}
+
 func TestCheckRAMFile(t *testing.T) {
 	dir := shortDir(t)
 	fake := filepath.Join(dir, "old-qemu")
