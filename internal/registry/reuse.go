@@ -504,6 +504,11 @@ func splitEntries(data []byte) *entrySplit {
 			case indent > cur.col:
 				continue // inside the open entry
 			case indent == cur.col && item:
+			case indent > 0:
+				// Neither in an entry nor a top-level key: not YAML a whole parse accepts, but the
+				// header alone might parse (" !" after the items read as the list's tag there), and a
+				// cut load would accept a file Load rejects. Found by FuzzReloader.
+				return nil
 			default:
 				closeChunk(off, line)
 				cur = nil

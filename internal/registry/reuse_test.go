@@ -124,6 +124,8 @@ func TestReloaderAgreesWithLoad(t *testing.T) {
 		{"a block scalar", strings.Replace(base, "      argv: [/usr/bin/app, \"1\"]\n", "      argv: [/usr/bin/app, \"1\"]\n      env:\n        NOTE: |\n          - not an item\n\n          # not a comment\n", 1), 1},
 		{"a bad value in a block scalar's place", strings.Replace(base, "  - name: r1\n", "  - name: r1\n    waiting_page: |\n      - not an item\n", 1), -1},
 		{"a second document", base + "---\nroutes: []\n", -1},
+		{"a line at the list's column that is no item", base + "  !\n", -1},
+		{"a line left of the list's column", strings.Replace(base, "instances:\n", " x\ninstances:\n", 1), -1},
 		{"a directive", "%YAML 1.1\n---\n" + base, -1},
 		{"a CR alone breaks a line", strings.Replace(base, "      argv: [/usr/bin/app, \"2\"]\n", "      argv: [/usr/bin/app, \"2\"]\r0\n", 1), -1},
 		{"a LINE SEPARATOR breaks a line", strings.Replace(base, "      argv: [/usr/bin/app, \"2\"]\n", "      argv: [/usr/bin/app, \"2\"]\u2028  - name: x\n", 1), -1},
