@@ -22,8 +22,10 @@ import (
 // activator's own addresses (listen, admin, listen_tls: no upstream may be one of them), so the memo
 // holds for as long as those stay the same. The entries to parse (all of them at a first load) are
 // parsed in runs of consecutive ones on every CPU, so a load of 100,000 new entries is not held to
-// one CPU by one parse of the whole file. Whatever the cut cannot vouch for falls back to a whole
-// load: see splitEntries, loadSplit and newMemo.
+// one CPU by one parse of the whole file. An entry's aliases may name anchors in earlier entries, so
+// the entries that may define one are parsed in front of each run and their text is part of every
+// later entry's hash (noteAnchors, parseEntries). Whatever the cut cannot vouch for falls back to a
+// whole load: see splitEntries, loadSplit and newMemo.
 
 // HostChecker is implemented by backing settings whose decoder consults the host (a directory
 // exists, an executable is found in PATH, an image file is a regular file). CheckHost returns nil when
@@ -156,10 +158,10 @@ type sum [16]byte // the first half of a SHA-256: the entries are the operator's
 // parses on every CPU, where one parse of the whole file runs on one, and holds the trees of the runs
 // being decoded, where the whole file's would outweigh everything else the load holds. m is the memo
 // to take unchanged entries from (nil: none, every entry is decoded). It fails, and leaves the work to
-// a whole load, when anything parsed here has an anchor or an alias (which can reach across entries),
-// a run's text does not parse as exactly its entries (errNoCut), or the load finds any problem (a
-// whole load then names them, with the file's lines); with errOwnChanged when the own addresses are
-// not m's.
+// a whole load, when the header has an anchor or an alias (which entries may use, or name), a run's
+// text does not parse as exactly its entries behind those that may define its anchors (errNoCut), or
+// the load finds any problem (which Load then names, from the cut when each is an entry's); with
+// errOwnChanged when the own addresses are not m's.
 func (rl *Reloader) loadSplit(sp *entrySplit, m *memo) (*Config, error) {
 	if sp == nil {
 		return nil, errNoCut
@@ -242,29 +244,81 @@ const parseRunMax = 512
 
 // parseEntries parses one run's text (its entries' lines, consecutive in the file) on its own and
 // returns each entry's node, moved to the file's line numbers (the text is not padded with the lines
-// before it: that made a reload that changes every entry quadratic in the file's length). It reports
-// false when the run's text is not a list of exactly its entries, each starting on one of its own
-// lines, or has an anchor or an alias: the cut (splitEntries) was wrong there, or the text is one a
-// whole load must judge.
+// before it: that made a reload that changes every entry quadratic in the file's length). The entries
+// before the run that may define anchors (entrySplit.anchors) are parsed in front of it, so that its
+// aliases mean what they mean in the whole file. It reports false when the run's text is not a list
+// of exactly its entries, each starting on one of its own lines, or when those entries are too many
+// or in a list of another column: the cut (splitEntries) was wrong there, or the text is one a whole
+// load must judge.
 func parseEntries(sp *entrySplit, run parseRun) ([]*yaml.Node, bool) {
-	chunks := sp.lists[run.list].chunks[run.start:run.end]
+	list := &sp.lists[run.list]
+	chunks := list.chunks[run.start:run.end]
+	text := sp.data[chunks[0].start:chunks[len(chunks)-1].end]
+	before := sp.anchors[:chunks[0].anchorsBefore]
+	lines := 0 // the lines of the anchors' entries in front of the run's
+	if len(before) > 0 {
+		if len(before) > maxAnchorEntries {
+			return nil, false
+		}
+		var front []byte
+		for _, a := range before {
+			if sp.lists[a.list].col != list.col {
+				return nil, false // one sequence cannot hold items at two columns
+			}
+			ch := sp.lists[a.list].chunks[a.chunk]
+			front = append(front, sp.data[ch.start:ch.end]...)
+			if front[len(front)-1] != '\n' {
+				front = append(front, '\n')
+			}
+			if len(front) > maxAnchorBytes {
+				return nil, false
+			}
+		}
+		lines = bytes.Count(front, []byte{'\n'})
+		text = append(front, text...)
+	}
 	var d yaml.Node
-	if err := yaml.Unmarshal(sp.data[chunks[0].start:chunks[len(chunks)-1].end], &d); err != nil || len(d.Content) != 1 {
+	if err := yaml.Unmarshal(text, &d); err != nil || len(d.Content) != 1 {
 		return nil, false
 	}
 	seq := d.Content[0]
-	if seq.Kind != yaml.SequenceNode || len(seq.Content) != len(chunks) || hasAnchors(seq) {
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) != len(before)+len(chunks) {
 		return nil, false
 	}
-	by := chunks[0].line - 1
-	for i, item := range seq.Content {
+	items := seq.Content[len(before):]
+	by := chunks[0].line - 1 - lines
+	for i, item := range items {
 		shiftLines(item, by)
-		if ch := chunks[i]; item.Line < ch.line || item.Line >= ch.next {
+		if ch := chunks[i]; item.Line < ch.line || item.Line >= ch.next || !ch.mayAnchor && definesAnchor(item) {
+			// The last: an anchor mayAnchor missed, which the entries after it would not be parsed
+			// behind, nor their sums hold. mayAnchor misses none, but a reuse it would make stale
+			// must not rest on that.
 			return nil, false
 		}
 	}
-	return seq.Content, true
+	return items, true
 }
+
+// definesAnchor reports whether the tree under n defines an anchor.
+func definesAnchor(n *yaml.Node) bool {
+	if n.Anchor != "" {
+		return true
+	}
+	for _, c := range n.Content {
+		if definesAnchor(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxAnchorEntries and maxAnchorBytes bound the entries parsed in front of each run for their anchors
+// (parseEntries): a file with more leaves the cut for a whole load, as every file with anchors did.
+// A config that shares a few defaults through anchors in its first entries stays far below them.
+const (
+	maxAnchorEntries = 64
+	maxAnchorBytes   = 64 << 10
+)
 
 // shiftLines adds by to the line of every node under n.
 func shiftLines(n *yaml.Node, by int) {
@@ -424,7 +478,13 @@ type entrySplit struct {
 	// only for a problem's line, and any problem sends the load to a whole one.
 	header []byte
 	lists  []entryList
+	// anchors is the entries whose text has a '&', in file order: those that may define an anchor
+	// (noteAnchors).
+	anchors []entryRef
 }
+
+// entryRef is one entry of an entrySplit: chunk of lists[list].
+type entryRef struct{ list, chunk int }
 
 // entryList is the entries of one top-level list: routes: or instances:.
 type entryList struct {
@@ -438,7 +498,11 @@ type entryList struct {
 type chunk struct {
 	start, end int // byte offsets in data
 	line, next int // its first line (1-based) and the line after its last
-	sum        sum // of its text (the memo checks the list: Route.Instance)
+	// sum is of its text (the memo checks the list: Route.Instance) and, after an entry that may
+	// define an anchor, of those entries' text too (noteAnchors).
+	sum           sum
+	anchorsBefore int  // how many of entrySplit.anchors come before it
+	mayAnchor     bool // it is one of entrySplit.anchors
 }
 
 func (sp *entrySplit) list(key string) *entryList {
@@ -545,7 +609,57 @@ func splitEntries(data []byte) *entrySplit {
 	}
 	sp.header = append(sp.header, data[from:]...)
 	sp.lists = kept
+	sp.noteAnchors()
 	return sp
+}
+
+// noteAnchors lists the entries that may define an anchor (mayAnchor), and folds their text into the
+// sum of every entry after them. An alias means what the anchors before it say, in whichever entry
+// they are: a Route decoded with an alias is reused only while the entries that may define its anchor
+// are unchanged too. A file without such an entry keeps each entry's sum of its own text.
+func (sp *entrySplit) noteAnchors() {
+	var ctx sum // of the anchors' entries so far
+	for li := range sp.lists {
+		for ci := range sp.lists[li].chunks {
+			ch := &sp.lists[li].chunks[ci]
+			own := ch.sum
+			ch.anchorsBefore = len(sp.anchors)
+			if len(sp.anchors) > 0 {
+				ch.sum = mixSums(own, ctx)
+			}
+			if ch.mayAnchor = mayAnchor(sp.data[ch.start:ch.end]); ch.mayAnchor {
+				sp.anchors = append(sp.anchors, entryRef{li, ci})
+				ctx = mixSums(ctx, own)
+			}
+		}
+	}
+}
+
+// mayAnchor reports whether text may define an anchor: it has a '&' where a node may start (after a
+// space, a tab, a line's start, '[', '{', ',' or ':') with a name after it. That is every anchor, and a
+// few things that are not (" &x" inside a quoted string or a comment), which cost only a parse in
+// front of the runs after them; a '&' inside a word, as in a URL's query ("?a=1&b=2"), is not one.
+func mayAnchor(text []byte) bool {
+	for i := bytes.IndexByte(text, '&'); i >= 0; {
+		if i+1 < len(text) && !bytes.ContainsRune([]byte(" \t\r\n"), rune(text[i+1])) &&
+			(i == 0 || bytes.ContainsRune([]byte(" \t\n[{,:"), rune(text[i-1]))) {
+			return true
+		}
+		j := bytes.IndexByte(text[i+1:], '&')
+		if j < 0 {
+			return false
+		}
+		i += j + 1
+	}
+	return false
+}
+
+// mixSums is the sum of a then b.
+func mixSums(a, b sum) sum {
+	full := sha256.Sum256(append(a[:], b[:]...))
+	var s sum
+	copy(s[:], full[:])
+	return s
 }
 
 // otherBreaks reports whether data has a line break the cut does not see: yaml.v3 (after libyaml)

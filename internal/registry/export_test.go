@@ -1,0 +1,4 @@
+package registry
+
+// MaxAnchorEntries is maxAnchorEntries, for the external tests.
+const MaxAnchorEntries = maxAnchorEntries
