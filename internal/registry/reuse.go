@@ -478,8 +478,7 @@ type entrySplit struct {
 	// only for a problem's line, and any problem sends the load to a whole one.
 	header []byte
 	lists  []entryList
-	// anchors is the entries whose text has a '&', in file order: those that may define an anchor
-	// (noteAnchors).
+	// anchors is the entries that may define an anchor (mayAnchor), in file order (noteAnchors).
 	anchors []entryRef
 }
 
