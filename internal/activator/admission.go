@@ -22,7 +22,8 @@ import (
 
 // takeBody readies r's body before the request is held or admitted, per its route and the edge's
 // limits: with request buffering on, it reads the whole body (bodybuf.Read) and swaps the replay in,
-// returning it for the caller to Close once the response is done; with buffering off, it leaves the
+// returning it for the caller to Close once the response is done (a replay the Transport made through
+// r.GetBody may keep the bytes until it closes too); with buffering off, it leaves the
 // body streaming but bounded by max_body and the body idle timeout (streamBody), and returns nil. A
 // nil *bodybuf.Body is an empty body, and closing it does nothing.
 //
@@ -45,7 +46,10 @@ func (s *Server) takeBody(w *statusWriter, r *http.Request, rt *registry.Route, 
 	if b == nil {
 		r.Body, r.ContentLength = http.NoBody, 0
 	} else {
-		r.Body, r.ContentLength = b, b.Len()
+		// GetBody lets the ReverseProxy's Transport send the body again on a new connection when the
+		// tenant closed a kept-alive one as the request arrived (TestBufferedBodyIsRetried): a request
+		// nothing of which was written, or one with an Idempotency-Key whose answer never began.
+		r.Body, r.ContentLength, r.GetBody = b, b.Len(), b.Replay
 	}
 	r.TransferEncoding = nil // the length is known now
 	// The client has had its 100 Continue (net/http sends it as the body is read) and the edge has the

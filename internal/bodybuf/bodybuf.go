@@ -235,10 +235,9 @@ func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*
 	case rd.n == 0:
 		return nil, nil
 	case f.spilling:
-		sp := f.sp
-		return &Body{n: rd.n, f: sp.f, name: sp.name, spills: sp.spills, taken: sp.taken}, nil
+		return &Body{n: rd.n, st: newStore(nil, f.sp)}, nil
 	default:
-		return &Body{n: rd.n, inMemory: int64(cap(f.buf)), mem: f.buf}, nil
+		return &Body{n: rd.n, inMemory: int64(cap(f.buf)), st: newStore(f.buf, nil)}, nil
 	}
 }
 
@@ -452,20 +451,30 @@ func (sp *spill) discard() {
 //
 // Close may be called concurrently with Read (http.Transport does so) and more than once; Read after
 // Close returns http.ErrBodyReadAfterClose. A nil *Body is an empty body: Len 0, Read io.EOF, Close
-// nil. A Body replays once: there is no rewind.
+// nil. A Body replays once: there is no rewind. Replay gives another Body over the same bytes, for a
+// request's GetBody.
 type Body struct {
 	n        int64 // length of the body
-	inMemory int64 // bytes of memory held for it: cap(mem) as Read left it
+	inMemory int64 // bytes of memory held for it: cap(mem) as Read left it; 0 for a Replay
+	st       *store
 
 	mu     sync.Mutex // guards the fields below
-	mem    []byte     // the body when kept in memory
-	f      *os.File   // the body when spilled, read with ReadAt from offset 0
-	name   string     // path Close must remove; "" when the file was unlinked at creation
 	off    int64      // bytes replayed so far
 	closed bool
+}
 
-	spills *Spills // the spill file's budget, given back its file and taken bytes at Close
+// store is a body's bytes, shared by the Body Read returned and every Replay of it, and released when
+// the last of them closes.
+type store struct {
+	mem  []byte   // the body when kept in memory
+	f    *os.File // the body when spilled, read with ReadAt
+	name string   // path release must remove; "" when the file was unlinked at creation
+
+	spills *Spills // the spill file's budget, given back its file and taken bytes at release
 	taken  int64
+
+	mu   sync.Mutex // guards refs
+	refs int        // open Bodies over the store; 0 once released, for good
 }
 
 // Len is the body's exact length, for r.ContentLength. It does not change on Close.
@@ -479,12 +488,29 @@ func (b *Body) Len() int64 {
 // InMemory is how many bytes of memory hold the body, for the caller's accounting of held memory:
 // the capacity of its buffer (Len for a body of declared length, between Len and Options.Memory for a
 // chunked one), or 0 for a spilled body. It does not change on Close, so the caller can add it when
-// it starts holding the request and subtract the same value when it is done.
+// it starts holding the request and subtract the same value when it is done. A Replay shares the
+// memory and reports 0, so that the bytes are counted once.
 func (b *Body) InMemory() int64 {
 	if b == nil {
 		return 0
 	}
 	return b.inMemory
+}
+
+// Replay returns a new Body over the same bytes, read from the start, with its own Close: the
+// request's GetBody, which http.Transport calls to send a body again on a new connection (a kept-alive
+// one the tenant closed as the request arrived), after it has closed the Body it sent. The bytes (the
+// memory, or the spill file and its place in Options.Spills) are kept until the last of the Body and
+// its replays is closed. Replay after that returns http.ErrBodyReadAfterClose; on a nil *Body it returns
+// http.NoBody.
+func (b *Body) Replay() (io.ReadCloser, error) {
+	if b == nil {
+		return http.NoBody, nil
+	}
+	if !b.st.hold() {
+		return nil, http.ErrBodyReadAfterClose
+	}
+	return &Body{n: b.n, st: b.st}, nil
 }
 
 // Read replays the body.
@@ -499,15 +525,15 @@ func (b *Body) Read(p []byte) (int, error) {
 		return 0, http.ErrBodyReadAfterClose
 	case b.off >= b.n:
 		return 0, io.EOF
-	case b.f == nil:
-		n := copy(p, b.mem[b.off:])
+	case b.st.f == nil:
+		n := copy(p, b.st.mem[b.off:])
 		b.off += int64(n)
 		return n, nil
 	}
 	if rest := b.n - b.off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
-	n, err := b.f.ReadAt(p, b.off)
+	n, err := b.st.f.ReadAt(p, b.off)
 	b.off += int64(n)
 	if err == io.EOF {
 		// The file is shorter than what was written to it: nothing but a failing disk does that.
@@ -519,8 +545,8 @@ func (b *Body) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close releases the body: its memory, or its spill file (closed, and removed if it had a name
-// still). A second Close returns nil.
+// Close releases the body; the last of a Body and its replays to close releases their bytes: the
+// memory, or the spill file (closed, and removed if it had a name still). A second Close returns nil.
 func (b *Body) Close() error {
 	if b == nil {
 		return nil
@@ -531,15 +557,49 @@ func (b *Body) Close() error {
 		return nil
 	}
 	b.closed = true
-	b.mem = nil
-	if b.f == nil {
+	return b.st.drop()
+}
+
+// newStore returns a store held once, by the Body Read returns.
+func newStore(mem []byte, sp *spill) *store {
+	st := &store{mem: mem, refs: 1}
+	if sp != nil {
+		st.f, st.name, st.spills, st.taken = sp.f, sp.name, sp.spills, sp.taken
+	}
+	return st
+}
+
+// hold takes one more reference to the store, unless it has been released.
+func (st *store) hold() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.refs == 0 {
+		return false
+	}
+	st.refs++
+	return true
+}
+
+// drop gives back one reference; the last releases the bytes. Each Body drops once, under its own
+// lock, so no Read of it is in progress; the other Bodies hold references, so none reads a released
+// store.
+func (st *store) drop() error {
+	st.mu.Lock()
+	st.refs--
+	last := st.refs == 0
+	st.mu.Unlock()
+	if !last {
 		return nil
 	}
-	err := b.f.Close()
-	if b.name != "" {
-		err = errors.Join(err, os.Remove(b.name))
+	st.mem = nil
+	if st.f == nil {
+		return nil
 	}
-	b.spills.give(true, b.taken)
+	err := st.f.Close()
+	if st.name != "" {
+		err = errors.Join(err, os.Remove(st.name))
+	}
+	st.spills.give(true, st.taken)
 	if err != nil {
 		return fmt.Errorf("bodybuf: closing the spill file: %w", err)
 	}

@@ -266,6 +266,81 @@ func TestReplay(t *testing.T) {
 	}
 }
 
+// TestReplayAfterClose: Replay, the request's GetBody, gives the whole body again from the start,
+// also after the Body it came from was half read and closed (http.Transport closes the Body it sent
+// before it calls GetBody). The memory or spill file is kept, and counted in Spills, until the last of
+// the Body and its replays closes, and not a moment longer; a Replay after that fails.
+func TestReplayAfterClose(t *testing.T) {
+	data := randomBytes(100 << 10)
+	for _, memory := range []int64{1 << 20, 1 << 10} {
+		t.Run(fmt.Sprintf("memory %d", memory), func(t *testing.T) {
+			dir := t.TempDir()
+			spills := &bodybuf.Spills{}
+			r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(data))
+			b, err := bodybuf.Read(nil, r, bodybuf.Options{Memory: memory, Dir: dir, Spills: spills})
+			if err != nil {
+				t.Fatal(err)
+			}
+			spilled := memory < int64(len(data))
+			inUse := func(when string, want bool) {
+				t.Helper()
+				files, n := spills.InUse()
+				if got := files == 1 && n == int64(len(data)); spilled && got != want {
+					t.Errorf("%s: %d spill files, %d bytes in use; want the body's file counted: %v", when, files, n, want)
+				}
+				if open, _ := openIn(t, dir); spilled && (open == 1) != want {
+					t.Errorf("%s: %d files open in Dir; want the body's open: %v", when, open, want)
+				}
+			}
+			if _, err := io.ReadFull(b, make([]byte, 1000)); err != nil {
+				t.Fatal(err)
+			}
+			again, err := b.Replay()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			inUse("the Body closed, its replay open", true)
+			third, err := b.Replay() // a Body closed still replays while a replay holds the bytes
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup // two replays read at once (run with -race)
+			for _, rc := range []io.Reader{again, third} {
+				wg.Go(func() {
+					if err := iotest.TestReader(rc, data); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			if err := again.Close(); err != nil {
+				t.Fatal(err)
+			}
+			inUse("one replay open", true)
+			if err := third.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := third.Close(); err != nil { // a second Close gives nothing back twice
+				t.Fatal(err)
+			}
+			inUse("all closed", false)
+			if files, n := spills.InUse(); files != 0 || n != 0 {
+				t.Errorf("all closed: %d spill files, %d bytes in use, want none", files, n)
+			}
+			if rc, err := b.Replay(); !errors.Is(err, http.ErrBodyReadAfterClose) {
+				t.Errorf("Replay after every Body closed = %v, %v; want http.ErrBodyReadAfterClose", rc, err)
+			}
+		})
+	}
+	var empty *bodybuf.Body
+	if rc, err := empty.Replay(); rc != http.NoBody || err != nil {
+		t.Errorf("nil Body's Replay = %v, %v; want http.NoBody, nil", rc, err)
+	}
+}
+
 // TestNoReadAfterEOF: Read stops at the first io.EOF, also when it comes with the last bytes (as
 // net/http's does for a declared length) and those bytes start a spill file.
 func TestNoReadAfterEOF(t *testing.T) {
