@@ -40,6 +40,10 @@ type instance struct {
 	onGone func(*instance, error)
 	onStop func(*instance)
 
+	// wakeMu makes wakeSuspended's check of wantRun and its wake-up one step against a sleep's
+	// setWantRun(false). Taken before mu, never under it.
+	wakeMu sync.Mutex
+
 	mu        sync.Mutex // guards the fields below
 	status    string     // run state: "running", "paused", "inmigrate", "postmigrate", ...
 	migration string     // status of the last MIGRATION event
@@ -186,7 +190,19 @@ const resetAtWakeReason = "guest suspended itself to RAM (ACPI S3) and, woken, r
 func (in *instance) wakeSuspended() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// A sleep may have begun since the SUSPEND: then the guest, suspended, is as good as asleep, and a
+	// wake-up sent now would run it behind the sleep's back (its stop, done already, does nothing to
+	// a suspended guest). The check and the wake-up are one step against the sleep's setWantRun.
+	in.wakeMu.Lock()
+	in.mu.Lock()
+	want := in.wantRun && in.status == "suspended"
+	in.mu.Unlock()
+	if !want {
+		in.wakeMu.Unlock()
+		return
+	}
 	err := in.mon.run(ctx, nil, "system_wakeup", nil)
+	in.wakeMu.Unlock()
 	in.mu.Lock()
 	in.suspends++
 	n, write := in.suspends, time.Since(in.suspendLogged) >= logCutEvery
@@ -199,14 +215,16 @@ func (in *instance) wakeSuspended() {
 		close(in.fatal)
 	}
 	in.mu.Unlock()
-	const fix = "keep the guest from suspending itself (systemd: systemctl mask sleep.target suspend.target; or turn off its idle suspend): the activator puts it to sleep"
 	switch {
 	case err != nil:
-		in.log.Warn("the guest suspended itself to RAM (ACPI S3) and cannot be woken: quitting its QEMU; the next wake boots it", "err", err, "fix", fix)
+		in.log.Warn("the guest suspended itself to RAM (ACPI S3) and cannot be woken: quitting its QEMU; the next wake boots it", "err", err, "fix", suspendFix)
 	case write:
-		in.log.Warn("the guest suspended itself to RAM (ACPI S3): woke it", "suspends", n, "fix", fix)
+		in.log.Warn("the guest suspended itself to RAM (ACPI S3): woke it", "suspends", n, "fix", suspendFix)
 	}
 }
+
+// suspendFix is what the log tells an operator whose guest suspends itself to RAM.
+const suspendFix = "keep the guest from suspending itself (systemd: systemctl mask sleep.target suspend.target; or turn off its idle suspend): the activator puts it to sleep"
 
 // contLate continues a guest that a late stop of the backend's own paused (see stopFailed).
 func (in *instance) contLate() {
@@ -271,9 +289,36 @@ func (in *instance) setStatus(s string) {
 }
 
 func (in *instance) setWantRun(v bool) {
+	if !v {
+		// After this, no wake-up wakeSuspended decided while the guest was wanted running reaches
+		// QEMU: it is sent under wakeMu, or not at all.
+		in.wakeMu.Lock()
+		defer in.wakeMu.Unlock()
+	}
 	in.mu.Lock()
 	in.wantRun = v
 	in.mu.Unlock()
+}
+
+// cont continues the guest (QMP cont). A guest that suspended itself to RAM (ACPI S3) as the backend
+// put it to sleep is not paused but suspended, and neither the sleep's stop nor cont does anything to
+// it: only a wake-up (system_wakeup) runs it again, its memory kept. cont sends one to such a guest and
+// reports that it did (TestGuestSuspendedAsItSlept). Before, the guest stayed suspended: the wake
+// waited out budgets.running and threw it away for a cold boot, and a failed snapshot's rollback left
+// it suspended under a Life that passed for awake.
+func (in *instance) cont(ctx context.Context) (woke bool, err error) {
+	if err := in.mon.run(ctx, nil, "cont", nil); err != nil {
+		return false, err
+	}
+	st, err := in.queryStatus(ctx)
+	if err != nil || st != "suspended" {
+		return false, err
+	}
+	in.log.Warn("the guest had suspended itself to RAM (ACPI S3) as it was put to sleep: waking it", "fix", suspendFix)
+	if err := in.mon.run(ctx, nil, "system_wakeup", nil); err != nil {
+		return false, fmt.Errorf("waking the guest, which had suspended itself to RAM (ACPI S3): %w", err)
+	}
+	return true, nil
 }
 
 func (in *instance) state() (status, migration string) {

@@ -768,3 +768,82 @@ func TestGuestSuspendsItself(t *testing.T) {
 		t.Error("the suspend and the wake-up were not logged")
 	}
 }
+
+// TestGuestSuspendedAsItSlept: a guest that suspends itself to RAM as the backend puts it to sleep
+// (after the sleep has stopped expecting it to run, before its QMP stop, which does nothing to a
+// suspended guest) is asleep, and the sleep's record says how:
+//   - pause leaves it suspended, and the next wake wakes it (system_wakeup) and keeps it: QMP cont
+//     does nothing to a suspended guest either. Before, the wake's cont left it suspended, the wait
+//     for it to run took the whole budgets.running, and the paused guest, its memory with it, was
+//     thrown away for a cold boot ("resume failed"). The test guest resets when woken from S3
+//     (TestGuestSuspendsItself), which -no-reboot makes a power-off: that reset, right after the
+//     resume, is the wake-up's proof.
+//   - snapshot and poweroff quit QEMU at once, forced, and the next wake boots. Before, the snapshot
+//     of the suspended guest restored as a guest reset on QEMU 7.2 (found with this test), and a
+//     power-off pressed a button the suspended guest does not hear for all of budgets.powerdown.
+func TestGuestSuspendedAsItSlept(t *testing.T) {
+	for _, mode := range []string{SleepPause, SleepSnapshot, SleepPoweroff} {
+		t.Run(mode, func(t *testing.T) { guestSuspendedAsItSlept(t, mode) })
+	}
+}
+
+func guestSuspendedAsItSlept(t *testing.T, mode string) {
+	g := needGuestInit(t, 5)
+	g.append += " activator_test.suspend=1"
+	r := route(t, g, mode, "machine: pc\nbudgets: {powerdown: 2m}\n")
+	tap := newLogTap(t)
+	b := openWith(t, New(Options{Logger: tap.logger()}), r)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// Wake returns once QEMU runs the guest, seconds before its init starts the web server and, a
+	// second later, suspends it.
+	if _, err := b.Wake(ctx, tenant.Discard); err != nil {
+		t.Fatalf("Wake: %v", err)
+	}
+	current := func() *instance {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.inst
+	}
+	inst := current()
+	inst.setWantRun(false) // the sleep's first step, taken early: the suspend comes before its stop
+	if err := inst.waitFor(ctx, func(s, _ string) (bool, error) { return s == "suspended", nil }); err != nil {
+		t.Fatalf("the guest did not suspend itself: %v (QMP status %q)", err, qmpStatus(t, b))
+	}
+	sctx, sleepNotes := tenant.WithSleepNotes(ctx)
+	if err := b.Sleep(sctx); err != nil {
+		t.Fatalf("Sleep of a guest that suspended itself: %v", err)
+	}
+	if !containsSub(sleepNotes.List(), "suspended itself to RAM") || sleepNotes.Forced() != (mode != SleepPause) {
+		t.Errorf("the sleep's notes %q (forced %v) do not say the guest had suspended itself, forced only where QEMU quit", sleepNotes.List(), sleepNotes.Forced())
+	}
+	if mode != SleepPause {
+		if pid := qemuPid(b.p); pid != 0 {
+			t.Fatalf("QEMU (pid %d) still runs after a %s sleep of a suspended guest", pid, mode)
+		}
+		if _, err := b.Wake(ctx, tenant.Discard); err != nil { // boots
+			t.Fatalf("Wake after a %s sleep of a suspended guest: %v", mode, err)
+		}
+		return
+	}
+	rec := &recorder{}
+	life, err := b.Wake(ctx, rec)
+	_, notes := rec.get()
+	if err != nil {
+		t.Fatalf("Wake after the guest suspended itself asleep: %v (notes %q)", err, notes)
+	}
+	if containsSub(notes, "resume failed") || inst != current() {
+		t.Fatalf("the wake threw the suspended guest away for a new one (notes %q)", notes)
+	}
+	if !containsSub(notes, "suspended itself to RAM") {
+		t.Errorf("the wake's notes %q do not say the guest had suspended itself and was woken", notes)
+	}
+	select {
+	case <-life.Done():
+	case <-ctx.Done():
+		t.Fatalf("the woken guest did not reset: was it woken? QMP status %q", qmpStatus(t, b))
+	}
+	if err := life.Err(); err == nil || !strings.Contains(err.Error(), "reset instead of resuming") {
+		t.Fatalf("the life ended with %v, want the test guest's reset at its wake-up", err)
+	}
+}

@@ -51,6 +51,9 @@ func (b *Backend) snapshot(ctx context.Context, inst *instance) error {
 		inst.stopFailed(err)
 		return err
 	}
+	if b.suspendedAtSleep(ctx, inst) {
+		return nil
+	}
 	var saved savedState
 	var err error
 	if shared {
@@ -265,7 +268,7 @@ func (b *Backend) rollback(inst *instance) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.s.Budgets.Running.D())
 	defer cancel()
 	inst.setWantRun(true)
-	if err := inst.mon.run(ctx, nil, "cont", nil); err == nil {
+	if _, err := inst.cont(ctx); err == nil {
 		return
 	} else {
 		b.log.Warn("cannot continue the guest after a failed snapshot; killing it", "err", err)
