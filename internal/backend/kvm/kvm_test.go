@@ -753,14 +753,7 @@ func TestGuestSuspendsItself(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Wake: %v", err)
 	}
-	select {
-	case <-life.Done():
-	case <-ctx.Done():
-		t.Fatalf("the guest's life has not ended 3 minutes after its wake (it suspends itself a second after its web server starts); QMP status %q", qmpStatus(t, b))
-	}
-	if err := life.Err(); err == nil || !strings.Contains(err.Error(), "suspended itself to RAM") {
-		t.Fatalf("the life ended with %v, want it to say the guest suspended itself to RAM", err)
-	}
+	lifeEnds(t, ctx, b, life, "suspended itself to RAM", "it suspends itself a second after its web server starts")
 	if pid := qemuPid(b.p); pid != 0 {
 		t.Fatalf("QEMU (pid %d) still runs after its guest suspended itself", pid)
 	}
@@ -838,12 +831,19 @@ func guestSuspendedAsItSlept(t *testing.T, mode string) {
 	if !containsSub(notes, "suspended itself to RAM") {
 		t.Errorf("the wake's notes %q do not say the guest had suspended itself and was woken", notes)
 	}
+	lifeEnds(t, ctx, b, life, "reset instead of resuming", "it resets at a wake-up from S3: was it woken?")
+}
+
+// lifeEnds waits, within ctx, for life to end with an error that says want; why is what should have
+// ended it, for the failure.
+func lifeEnds(t *testing.T, ctx context.Context, b *Backend, life *tenant.Life, want, why string) {
+	t.Helper()
 	select {
 	case <-life.Done():
 	case <-ctx.Done():
-		t.Fatalf("the woken guest did not reset: was it woken? QMP status %q", qmpStatus(t, b))
+		t.Fatalf("the guest's life has not ended (%s); QMP status %q", why, qmpStatus(t, b))
 	}
-	if err := life.Err(); err == nil || !strings.Contains(err.Error(), "reset instead of resuming") {
-		t.Fatalf("the life ended with %v, want the test guest's reset at its wake-up", err)
+	if err := life.Err(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the life ended with %v, want it to say %q", err, want)
 	}
 }
