@@ -769,8 +769,9 @@ func TestGuestSuspendsItself(t *testing.T) {
 //     does nothing to a suspended guest either. Before, the wake's cont left it suspended, the wait
 //     for it to run took the whole budgets.running, and the paused guest, its memory with it, was
 //     thrown away for a cold boot ("resume failed"). The test guest resets when woken from S3
-//     (TestGuestSuspendsItself), which -no-reboot makes a power-off: that reset, right after the
-//     resume, is the wake-up's proof.
+//     (TestGuestSuspendsItself), which -no-reboot makes a power-off: the wake's note and that reset,
+//     right after the resume (or during it, when the wake then boots a new guest), are the
+//     wake-up's proof.
 //   - snapshot and poweroff quit QEMU at once, forced, and the next wake boots. Before, the snapshot
 //     of the suspended guest restored as a guest reset on QEMU 7.2 (found with this test), and a
 //     power-off pressed a button the suspended guest does not hear for all of budgets.powerdown.
@@ -825,11 +826,17 @@ func guestSuspendedAsItSlept(t *testing.T, mode string) {
 	if err != nil {
 		t.Fatalf("Wake after the guest suspended itself asleep: %v (notes %q)", err, notes)
 	}
-	if containsSub(notes, "resume failed") || inst != current() {
-		t.Fatalf("the wake threw the suspended guest away for a new one (notes %q)", notes)
+	if !containsSub(notes, "woke it (system_wakeup)") || containsSub(notes, "still suspended") {
+		t.Fatalf("the wake did not wake the suspended guest (notes %q)", notes)
 	}
-	if !containsSub(notes, "suspended itself to RAM") {
-		t.Errorf("the wake's notes %q do not say the guest had suspended itself and was woken", notes)
+	if inst != current() {
+		// The test guest resets within milliseconds of its wake-up, which may be before the wake has
+		// seen it run: then QEMU is gone and the wake boots a new guest, as it should for one that
+		// died. (Before, the wake sent no wake-up and waited out budgets.running: "still suspended".)
+		if !containsSub(notes, "resume failed") {
+			t.Fatalf("a new guest, with no note of the resume's failure (notes %q)", notes)
+		}
+		return
 	}
 	lifeEnds(t, ctx, b, life, "reset instead of resuming", "it resets at a wake-up from S3: was it woken?")
 }
