@@ -716,13 +716,15 @@ func (b *Backend) asleep(inst *instance, forget bool) {
 // Nova presses again for the same reason (shutdown_retry_interval).
 func (b *Backend) poweroff(ctx context.Context, inst *instance) error {
 	inst.setWantRun(false)
-	if b.suspendedAtSleep(ctx, inst) {
-		return nil
-	}
-	b.asleep(inst, true)
 	budget := b.s.Budgets.Powerdown.D()
 	pctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
+	// Within the budget: a QEMU that answers nothing is quit after budgets.powerdown, as before, not
+	// after the whole sleep_budget.
+	if b.suspendedAtSleep(pctx, inst) {
+		return nil
+	}
+	b.asleep(inst, true)
 	began := time.Now()
 	again := time.NewTicker(pressEvery(budget))
 	defer again.Stop()

@@ -667,6 +667,36 @@ func TestLateStopIsTheBackendsOwn(t *testing.T) {
 	}
 }
 
+// TestPoweroffOfAStalledQEMU: a power-off sleep whose QEMU answers nothing (SIGSTOPped here) cuts the
+// power once budgets.powerdown has passed, as its record says, not once the whole sleep's time has:
+// the check for a guest that suspended itself (suspendedAtSleep) asks QEMU within the same budget.
+// Found by reading: the check first asked within the sleep's time.
+func TestPoweroffOfAStalledQEMU(t *testing.T) {
+	g := needGuest(t)
+	r := route(t, g, SleepPoweroff, "budgets: {powerdown: 1s, quit: 1s}\n")
+	b := open(t, r)
+	wake(t, b, r.Upstream, tenant.Discard)
+	b.mu.Lock()
+	inst := b.inst
+	b.mu.Unlock()
+	if err := syscall.Kill(inst.pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(inst.pid, syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sctx, notes := tenant.WithSleepNotes(ctx)
+	if err := b.Sleep(sctx); err != nil {
+		t.Fatalf("Sleep: %v", err)
+	}
+	if !containsSub(notes.List(), "within budgets.powerdown") || !notes.Forced() {
+		t.Fatalf("the sleep's notes %q (forced %v), want a forced power cut after budgets.powerdown", notes.List(), notes.Forced())
+	}
+	if pid := qemuPid(b.p); pid != 0 {
+		t.Fatalf("QEMU (pid %d) still runs after the power-off sleep", pid)
+	}
+}
+
 // TestSnapshotOverAChangedDisk: a snapshot is resumed only over the disk it was saved with, unwritten
 // since; otherwise it is refused, moved aside, and the wake cold-boots saying why. Found with reloads
 // that switched a route's snapshot_dir away and back: the snapshot left in the first dir was resumed,
