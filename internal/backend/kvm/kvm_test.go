@@ -772,11 +772,7 @@ func TestSnapshotOverAChangedDisk(t *testing.T) {
 // ignored: the guest passed for running and every request to it timed out. (A guest that resumes is
 // not covered here: the test guest cannot.)
 func TestGuestSuspendsItself(t *testing.T) {
-	g := needGuestInit(t, 5)
-	g.append += " activator_test.suspend=1"
-	r := route(t, g, SleepPause, "machine: pc\n")
-	tap := newLogTap(t)
-	b := openWith(t, New(Options{Logger: tap.logger()}), r)
+	b, tap := suspendingGuest(t, SleepPause, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	life, err := b.Wake(ctx, tenant.Discard)
@@ -812,11 +808,7 @@ func TestGuestSuspendedAsItSlept(t *testing.T) {
 }
 
 func guestSuspendedAsItSlept(t *testing.T, mode string) {
-	g := needGuestInit(t, 5)
-	g.append += " activator_test.suspend=1"
-	r := route(t, g, mode, "machine: pc\nbudgets: {powerdown: 2m}\n")
-	tap := newLogTap(t)
-	b := openWith(t, New(Options{Logger: tap.logger()}), r)
+	b, _ := suspendingGuest(t, mode, "budgets: {powerdown: 2m}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// Wake returns once QEMU runs the guest, seconds before its init starts the web server and, a
@@ -869,6 +861,17 @@ func guestSuspendedAsItSlept(t *testing.T, mode string) {
 		return
 	}
 	lifeEnds(t, ctx, b, life, "reset instead of resuming", "it resets at a wake-up from S3: was it woken?")
+}
+
+// suspendingGuest opens a route of the test guest that suspends itself to RAM a second after its web
+// server starts (machine pc, which offers S3; extra adds settings), and the log tap its backend writes.
+func suspendingGuest(t *testing.T, mode, extra string) (*Backend, *logTap) {
+	t.Helper()
+	g := needGuestInit(t, 5)
+	g.append += " activator_test.suspend=1"
+	r := route(t, g, mode, "machine: pc\n"+extra)
+	tap := newLogTap(t)
+	return openWith(t, New(Options{Logger: tap.logger()}), r), tap
 }
 
 // lifeEnds waits, within ctx, for life to end with an error that says want; why is what should have
