@@ -235,9 +235,9 @@ func (rd *reader) readAll(declared, memory int64, dir string, spills *Spills) (*
 	case rd.n == 0:
 		return nil, nil
 	case f.spilling:
-		return &Body{n: rd.n, st: newStore(nil, f.sp)}, nil
+		return newBody(rd.n, 0, nil, f.sp), nil
 	default:
-		return &Body{n: rd.n, inMemory: int64(cap(f.buf)), st: newStore(f.buf, nil)}, nil
+		return newBody(rd.n, int64(cap(f.buf)), f.buf, nil), nil
 	}
 }
 
@@ -454,9 +454,10 @@ func (sp *spill) discard() {
 // nil. A Body replays once: there is no rewind. Replay gives another Body over the same bytes, for a
 // request's GetBody.
 type Body struct {
-	n        int64 // length of the body
-	inMemory int64 // bytes of memory held for it: cap(mem) as Read left it; 0 for a Replay
-	st       *store
+	n        int64  // length of the body
+	inMemory int64  // bytes of memory held for it: cap(mem) as Read left it; 0 for a Replay
+	st       *store // own, for the Body Read returned; that Body's own, for a Replay
+	own      store  // in the Body, so that a buffered body costs one allocation, not two
 
 	mu     sync.Mutex // guards the fields below
 	off    int64      // bytes replayed so far
@@ -560,13 +561,15 @@ func (b *Body) Close() error {
 	return b.st.drop()
 }
 
-// newStore returns a store held once, by the Body Read returns.
-func newStore(mem []byte, sp *spill) *store {
-	st := &store{mem: mem, refs: 1}
+// newBody returns the Body Read returns, of n bytes in mem or in sp's file, holding its own store once.
+func newBody(n, inMemory int64, mem []byte, sp *spill) *Body {
+	b := &Body{n: n, inMemory: inMemory}
+	b.own = store{mem: mem, refs: 1}
 	if sp != nil {
-		st.f, st.name, st.spills, st.taken = sp.f, sp.name, sp.spills, sp.taken
+		b.own.f, b.own.name, b.own.spills, b.own.taken = sp.f, sp.name, sp.spills, sp.taken
 	}
-	return st
+	b.st = &b.own
+	return b
 }
 
 // hold takes one more reference to the store, unless it has been released.

@@ -303,22 +303,23 @@ func (in *instance) setWantRun(v bool) {
 // cont continues the guest (QMP cont). A guest that suspended itself to RAM (ACPI S3) as the backend
 // put it to sleep is not paused but suspended, and neither the sleep's stop nor cont does anything to
 // it: only a wake-up (system_wakeup) runs it again, its memory kept. cont sends one to such a guest and
-// reports that it did (TestGuestSuspendedAsItSlept). Before, the guest stayed suspended: the wake
+// reports that it did (TestGuestSuspendedAsItSlept), with the status it asked for ("" after a wake-up,
+// which has yet to run the guest). Before, the guest stayed suspended: the wake
 // waited out budgets.running and threw it away for a cold boot, and a failed snapshot's rollback left
 // it suspended under a Life that passed for awake.
-func (in *instance) cont(ctx context.Context) (woke bool, err error) {
+func (in *instance) cont(ctx context.Context) (status string, woke bool, err error) {
 	if err := in.mon.run(ctx, nil, "cont", nil); err != nil {
-		return false, err
+		return "", false, err
 	}
 	st, err := in.queryStatus(ctx)
 	if err != nil || st != "suspended" {
-		return false, err
+		return st, false, err
 	}
 	in.log.Warn("the guest had suspended itself to RAM (ACPI S3) as it was put to sleep: waking it", "fix", suspendFix)
 	if err := in.mon.run(ctx, nil, "system_wakeup", nil); err != nil {
-		return false, fmt.Errorf("waking the guest, which had suspended itself to RAM (ACPI S3): %w", err)
+		return "", false, fmt.Errorf("waking the guest, which had suspended itself to RAM (ACPI S3): %w", err)
 	}
-	return true, nil
+	return "", true, nil
 }
 
 func (in *instance) state() (status, migration string) {

@@ -441,8 +441,11 @@ func (b *Backend) running(ctx context.Context, t tenant.Tracker, inst *instance,
 	rctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	inst.setWantRun(true)
+	var st string // the guest's status, when cont has just asked for it
 	if cont {
-		woke, err := inst.cont(rctx)
+		var woke bool
+		var err error
+		st, woke, err = inst.cont(rctx)
 		if err != nil {
 			inst.setWantRun(false)
 			last := func() string { return "QMP cont unanswered, " + guestState(inst) }
@@ -452,7 +455,10 @@ func (b *Backend) running(ctx context.Context, t tenant.Tracker, inst *instance,
 			t.Note("the guest had suspended itself to RAM (ACPI S3) as it was put to sleep: woke it (system_wakeup)")
 		}
 	}
-	st, err := inst.queryStatus(rctx)
+	var err error
+	if st == "" {
+		st, err = inst.queryStatus(rctx)
+	}
 	if err == nil && st != "running" {
 		err = inst.waitFor(rctx, func(s, _ string) (bool, error) { return s == "running", nil })
 	}

@@ -268,7 +268,7 @@ func (b *Backend) rollback(inst *instance) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.s.Budgets.Running.D())
 	defer cancel()
 	inst.setWantRun(true)
-	if _, err := inst.cont(ctx); err == nil {
+	if _, _, err := inst.cont(ctx); err == nil {
 		return
 	} else {
 		b.log.Warn("cannot continue the guest after a failed snapshot; killing it", "err", err)
